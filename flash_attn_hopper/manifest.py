@@ -1,0 +1,302 @@
+"""The one feature manifest of flash_attn_hopper.
+
+Everything that decides *what* gets compiled and *what* a build can do reads
+this file: the instantiation generator (``tools/generate_instantiations.py``),
+``setup.py``'s build filter, the runtime "not compiled in" errors and the
+tests' skip lists.  Pure Python on purpose: it is imported by ``setup.py``
+before torch is known to be usable, so it must not import torch.
+
+Build knobs (environment variables read at build time):
+
+* ``FLASH_ATTN_HOPPER_HDIMS``   comma-separated head dims, e.g. ``64,128``
+* ``FLASH_ATTN_HOPPER_DTYPES``  comma-separated dtypes, e.g. ``bf16``
+* ``FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1``  skip the backward kernels
+
+Unset (or ``all``) means everything the manifest offers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+# --------------------------------------------------------------------------
+# What the source tree offers
+# --------------------------------------------------------------------------
+
+#: Head dims with their own kernel instantiation.  Any multiple of 8 up to
+#: 256 runs on the next one up (see :func:`round_up_headdim`).
+HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 192, 256)
+
+#: Largest head dim accepted at all, and the granularity of accepted dims.
+MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 8
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # the spelling used by the knobs and file names
+    cutlass_type: str  # the C++ element type of the instantiation
+    torch_name: str  # attribute of the torch module, e.g. torch.bfloat16
+
+
+DTYPES: Mapping[str, DType] = {
+    "fp16": DType("fp16", "cutlass::half_t", "float16"),
+    "bf16": DType("bf16", "cutlass::bfloat16_t", "bfloat16"),
+}
+
+#: Accepted alternative spellings in ``FLASH_ATTN_HOPPER_DTYPES``.
+DTYPE_ALIASES: Mapping[str, str] = {
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+}
+
+
+@dataclass(frozen=True)
+class Direction:
+    name: str  # "fwd" / "bwd"
+    entry_point: str  # the templated host launcher each instantiation file instantiates
+    registry_macro: str  # X-macro in generated/fwd_registry.h listing the compiled pairs
+    description: str
+
+
+#: Every direction the project knows how to generate files for.
+DIRECTIONS: Mapping[str, Direction] = {
+    "fwd": Direction("fwd", "flash::run_flash_fwd", "FLASH_ATTN_HOPPER_FOR_EACH_FWD", "forward"),
+    "bwd": Direction("bwd", "flash::run_flash_bwd", "FLASH_ATTN_HOPPER_FOR_EACH_BWD", "backward"),
+}
+
+#: Directions whose kernels exist in csrc/ in this version.  Adding "bwd"
+#: here (once csrc/ has run_flash_bwd) turns on its generation and build.
+AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd",)
+
+#: Attention features and whether this version has kernels for them.  The
+#: Python layer refuses an unavailable feature before any launch, naming it.
+FEATURES: Mapping[str, bool] = {
+    "causal": True,  # bottom-right aligned
+    "gqa": True,  # nheads_q a multiple of nheads_kv, K/V shared, never copied
+    "lse": True,  # return_attn_probs=True returns the float32 log-sum-exp
+    "strided_inputs": True,  # any strides with a contiguous last dim
+    "local_window": False,  # window_size other than (-1, -1) / causal
+    "softcap": False,
+    "varlen": False,
+    "paged_kv": False,
+    "fp8": False,
+    "backward": "bwd" in AVAILABLE_DIRECTIONS,
+}
+
+# --------------------------------------------------------------------------
+# Knobs and commands quoted in messages
+# --------------------------------------------------------------------------
+
+ENV_HDIMS = "FLASH_ATTN_HOPPER_HDIMS"
+ENV_DTYPES = "FLASH_ATTN_HOPPER_DTYPES"
+ENV_DISABLE_BACKWARD = "FLASH_ATTN_HOPPER_DISABLE_BACKWARD"
+
+BUILD_COMMAND = "pip install --no-build-isolation -v ."
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+# --------------------------------------------------------------------------
+# Selection: what one build compiles
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Instantiation:
+    """One generated translation unit: a (direction, head dim, dtype) triple."""
+
+    direction: str
+    hdim: int
+    dtype: str
+
+    @property
+    def filename(self) -> str:
+        return f"flash_{self.direction}_hdim{self.hdim}_{self.dtype}_sm90.cu"
+
+    @property
+    def cutlass_type(self) -> str:
+        return DTYPES[self.dtype].cutlass_type
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The subset of the manifest one build compiles (from the knobs)."""
+
+    hdims: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    directions: tuple[str, ...]
+
+    def instantiations(self) -> list[Instantiation]:
+        return [
+            Instantiation(direction, hdim, dtype)
+            for direction in self.directions
+            for hdim in self.hdims
+            for dtype in self.dtypes
+        ]
+
+    def as_dict(self) -> dict:
+        return {"hdims": list(self.hdims), "dtypes": list(self.dtypes), "directions": list(self.directions)}
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.replace(";", ",").split(",") if item.strip()]
+
+
+def parse_hdims(value: str | None) -> tuple[int, ...]:
+    """Parse ``FLASH_ATTN_HOPPER_HDIMS``; ``None``, empty or ``all`` means all."""
+    if value is None or value.strip().lower() in ("", "all"):
+        return HEAD_DIMS
+    chosen = set()
+    for item in _split(value):
+        try:
+            hdim = int(item)
+        except ValueError:
+            raise ValueError(
+                f"{ENV_HDIMS}={value!r}: {item!r} is not an integer; "
+                f"use a comma-separated subset of {','.join(map(str, HEAD_DIMS))} (or 'all')"
+            ) from None
+        if hdim not in HEAD_DIMS:
+            served_by = round_up_headdim(hdim)
+            why = (
+                f"it runs on the hdim-{served_by} kernels, so build {served_by}"
+                if served_by is not None
+                else "it is not supported at all"
+            )
+            raise ValueError(
+                f"{ENV_HDIMS}={value!r}: head dim {hdim} has no kernel of its own ({why}); "
+                f"choose from {','.join(map(str, HEAD_DIMS))} (or 'all')"
+            )
+        chosen.add(hdim)
+    if not chosen:
+        raise ValueError(f"{ENV_HDIMS}={value!r} selects no head dim")
+    return tuple(sorted(chosen))
+
+
+def parse_dtypes(value: str | None) -> tuple[str, ...]:
+    """Parse ``FLASH_ATTN_HOPPER_DTYPES``; ``None``, empty or ``all`` means all."""
+    if value is None or value.strip().lower() in ("", "all"):
+        return tuple(DTYPES)
+    chosen = set()
+    for item in _split(value):
+        name = DTYPE_ALIASES.get(item.lower(), item.lower())
+        if name not in DTYPES:
+            raise ValueError(
+                f"{ENV_DTYPES}={value!r}: unknown dtype {item!r}; choose from {','.join(DTYPES)} (or 'all')"
+            )
+        chosen.add(name)
+    if not chosen:
+        raise ValueError(f"{ENV_DTYPES}={value!r} selects no dtype")
+    return tuple(name for name in DTYPES if name in chosen)  # manifest order
+
+
+def parse_flag(name: str, value: str | None) -> bool:
+    if value is None:
+        return False
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"{name}={value!r}: expected 1/0 (or true/false, yes/no, on/off)")
+
+
+def selection_from_env(env: Mapping[str, str] | None = None) -> Selection:
+    """The build selection the knobs in ``env`` (default ``os.environ``) ask for."""
+    env = os.environ if env is None else env
+    hdims = parse_hdims(env.get(ENV_HDIMS))
+    dtypes = parse_dtypes(env.get(ENV_DTYPES))
+    directions = list(AVAILABLE_DIRECTIONS)
+    if parse_flag(ENV_DISABLE_BACKWARD, env.get(ENV_DISABLE_BACKWARD)) and "bwd" in directions:
+        directions.remove("bwd")
+    return Selection(hdims=hdims, dtypes=dtypes, directions=tuple(directions))
+
+
+def full_selection() -> Selection:
+    return selection_from_env({})
+
+
+# --------------------------------------------------------------------------
+# Run-time helpers
+# --------------------------------------------------------------------------
+
+
+def round_up_headdim(hdim: int) -> int | None:
+    """The compiled head dim that serves ``hdim``, or None if none can.
+
+    ``hdim`` must be a positive multiple of 8 and at most 256; the kernels pad
+    it up to the next manifest head dim.
+    """
+    if hdim <= 0 or hdim % HEAD_DIM_MULTIPLE != 0 or hdim > MAX_HEAD_DIM:
+        return None
+    for candidate in HEAD_DIMS:
+        if hdim <= candidate:
+            return candidate
+    return None
+
+
+def dtype_name(torch_dtype_name: str) -> str | None:
+    """Manifest name ("fp16"/"bf16") for a torch dtype's name ("float16"...)."""
+    for name, info in DTYPES.items():
+        if info.torch_name == torch_dtype_name:
+            return name
+    return None
+
+
+def rebuild_hint(hdims: Iterable[int], dtypes: Iterable[str], disable_backward: bool = False) -> str:
+    """The command line that builds a selection including ``hdims`` × ``dtypes``."""
+    parts = [
+        f"{ENV_HDIMS}={','.join(str(h) for h in sorted(set(hdims)))}",
+        f"{ENV_DTYPES}={','.join(d for d in DTYPES if d in set(dtypes))}",
+    ]
+    if disable_backward:
+        parts.append(f"{ENV_DISABLE_BACKWARD}=1")
+    return " ".join(parts + [BUILD_COMMAND])
+
+
+def direction_unavailable_message(direction: str) -> str:
+    info = DIRECTIONS[direction]
+    return (
+        f"flash_attn_hopper: {info.description} kernels are not part of this version "
+        f"(available directions: {', '.join(DIRECTIONS[d].description for d in AVAILABLE_DIRECTIONS)})."
+    )
+
+
+def not_compiled_message(
+    direction: str,
+    hdim: int,
+    dtype: str,
+    compiled: Iterable[Instantiation],
+) -> str | None:
+    """None if (direction, hdim rounded up, dtype) is in ``compiled``; else why not and how to fix.
+
+    ``hdim`` is the caller's head dim; it is rounded up to a manifest head dim.
+    """
+    compiled = set(compiled)
+    if direction not in AVAILABLE_DIRECTIONS:
+        return direction_unavailable_message(direction)
+    rounded = round_up_headdim(hdim)
+    if rounded is None:
+        return (
+            f"flash_attn_hopper: head dim {hdim} is not supported; it must be a positive multiple of "
+            f"{HEAD_DIM_MULTIPLE} and at most {MAX_HEAD_DIM}."
+        )
+    if Instantiation(direction, rounded, dtype) in compiled:
+        return None
+    ours = [inst for inst in compiled if inst.direction == direction]
+    have_hdims = sorted({inst.hdim for inst in ours})
+    have_dtypes = [d for d in DTYPES if d in {inst.dtype for inst in ours}]
+    disable_backward = direction == "fwd" and "bwd" in AVAILABLE_DIRECTIONS and not any(
+        inst.direction == "bwd" for inst in compiled
+    )
+    hint = rebuild_hint(set(have_hdims) | {rounded}, set(have_dtypes) | {dtype}, disable_backward)
+    served = f"head dim {hdim} (runs on the hdim-{rounded} kernels)" if rounded != hdim else f"head dim {hdim}"
+    return (
+        f"flash_attn_hopper was built without {DIRECTIONS[direction].description} kernels for {served} "
+        f"in {dtype}. This build has head dims {have_hdims or 'none'} and dtypes {have_dtypes or 'none'}. "
+        f"Rebuild with: {hint}"
+    )
