@@ -1,0 +1,156 @@
+"""Build flash_attn_hopper's CUDA extension against the torch already installed.
+
+    pip install --no-build-isolation -v .
+
+Knobs (see flash_attn_hopper/manifest.py): FLASH_ATTN_HOPPER_HDIMS=64,128,
+FLASH_ATTN_HOPPER_DTYPES=bf16, FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1,
+MAX_JOBS=N, CUDA_HOME=<toolkit root>, CUTLASS_HOME=<cutlass checkout>,
+FLASH_ATTN_HOPPER_VERBOSE_PTXAS=1 (register/spill report per kernel).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import build_support  # noqa: E402  (tools/, needs no torch)
+import generate_instantiations  # noqa: E402
+
+manifest = generate_instantiations.load_manifest(ROOT)
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def say(message: str) -> None:
+    print(f"flash_attn_hopper: {message}", flush=True)
+
+
+try:
+    import torch
+except ImportError:
+    fail(
+        "PyTorch is not importable in this build environment. Fix: `pip install torch`, then build against it with "
+        "`pip install --no-build-isolation -v .` (build isolation hides the installed torch)."
+    )
+
+# torch.utils.cpp_extension fixes CUDA_HOME when it is imported: settle it first.
+cuda_home, cuda_origin = build_support.resolve_cuda_home()
+if cuda_home is None:
+    fail(f"no usable CUDA toolkit ({cuda_origin}). Fix: export CUDA_HOME=<toolkit root holding bin/nvcc>, "
+         "e.g. export CUDA_HOME=/usr/local/cuda-13.0")
+os.environ["CUDA_HOME"] = cuda_home
+
+from setuptools import setup  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
+
+try:
+    selection = manifest.selection_from_env()
+except ValueError as err:
+    fail(str(err))
+
+try:
+    cutlass = build_support.find_cutlass(ROOT)
+except RuntimeError as err:
+    fail(str(err))
+
+generated = generate_instantiations.generate(selection, ROOT / "csrc" / "generated")
+binding = ROOT / "csrc" / "flash_api.cpp"
+if not binding.is_file():
+    fail(f"{binding.relative_to(ROOT)} is missing: this checkout has no torch binding to build")
+sources = [str(binding.relative_to(ROOT))] + [str(p.relative_to(ROOT)) for p in generated.sources]
+NVCC_FLAGS = build_support.nvcc_flags()
+
+
+def nvcc_version() -> str | None:
+    try:
+        out = subprocess.run(
+            [str(Path(cuda_home) / "bin" / "nvcc"), "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release [\d.]+, V([\d.]+)", out)
+    return match.group(1) if match else None
+
+
+def read_version() -> str:
+    text = (ROOT / "flash_attn_hopper" / "_version.py").read_text()
+    return re.search(r'__version__ = "([^"]+)"', text).group(1)
+
+
+class FlashBuildExtension(BuildExtension):
+    """BuildExtension that sizes MAX_JOBS, reports per-file compile times and
+    records the build configuration into the package."""
+
+    def build_extensions(self):
+        if os.environ.get("MAX_JOBS"):
+            jobs, why = int(os.environ["MAX_JOBS"]), "from $MAX_JOBS"
+        else:
+            jobs, why = build_support.default_max_jobs(
+                build_support.cpu_count(), build_support.available_memory_gb(), len(sources)
+            )
+            os.environ["MAX_JOBS"] = str(jobs)  # BuildExtension passes it to ninja -j
+        say(
+            f"compiling {len(sources)} file(s) with MAX_JOBS={jobs} ({why}); "
+            f"instantiations: {', '.join(inst.filename for inst in selection.instantiations()) or 'none'}"
+        )
+        say(f"CUDA {cuda_home} (via {cuda_origin}); CUTLASS {cutlass.version()} from {cutlass.origin}: {cutlass.root}")
+        ninja_log = Path(self.build_temp) / ".ninja_log"
+        log_offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
+        start = time.time()
+        super().build_extensions()
+        wall = time.time() - start
+
+        records = build_support.parse_ninja_log(ninja_log, log_offset) if ninja_log.is_file() else []
+        print(build_support.format_compile_report(records, wall, jobs), flush=True)
+        config = {
+            "version": read_version(),
+            "selection": selection.as_dict(),
+            "compiled": [
+                {"direction": inst.direction, "hdim": inst.hdim, "dtype": inst.dtype}
+                for inst in selection.instantiations()
+            ],
+            "torch_version": torch.__version__,
+            "torch_cuda_version": torch.version.cuda,
+            "nvcc_version": nvcc_version(),
+            "cuda_home": cuda_home,
+            "cutlass_version": cutlass.version(),
+            "cutlass_origin": cutlass.origin,
+            "cutlass_path": str(cutlass.root),
+            "nvcc_flags": NVCC_FLAGS,
+            "cxx_flags": build_support.CXX_FLAGS,
+            "max_jobs": jobs,
+            "build_seconds": round(wall, 1),
+            "compile_seconds": {Path(r.output).name: r.seconds for r in records},
+            "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "python_version": platform.python_version(),
+        }
+        targets = [ROOT / "flash_attn_hopper" / "_build_config.py"]
+        if not self.inplace:
+            targets.append(Path(self.build_lib) / "flash_attn_hopper" / "_build_config.py")
+        build_support.write_build_config(config, *targets)
+        say(f"build configuration written to {', '.join(str(t) for t in targets)}")
+
+
+setup(
+    ext_modules=[
+        CUDAExtension(
+            name="flash_attn_hopper._C",
+            sources=sources,
+            include_dirs=[str(ROOT / "csrc"), *cutlass.include_dirs, str(Path(cuda_home) / "include" / "cccl")],
+            extra_compile_args={"cxx": build_support.CXX_FLAGS, "nvcc": NVCC_FLAGS},
+        )
+    ],
+    cmdclass={"build_ext": FlashBuildExtension.with_options(use_ninja=True)},
+)
