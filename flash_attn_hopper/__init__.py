@@ -1,0 +1,26 @@
+"""flash_attn_hopper: exact attention for NVIDIA Hopper (sm_90a) with FlashAttention-3's API.
+
+    from flash_attn_hopper import flash_attn_func
+    out = flash_attn_func(q, k, v, causal=True)      # (batch, seqlen, nheads, headdim)
+
+``import flash_attn_hopper`` works on any machine; :func:`is_available` says
+whether the kernels can run here and :func:`unavailable_reason` why not.
+``python -m flash_attn_hopper`` prints the build and checks it.
+"""
+
+from ._version import __version__
+from . import manifest
+from ._build_info import build_info
+from .interface import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
+from .ops import is_available, unavailable_reason
+
+__all__ = [
+    "__version__",
+    "build_info",
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "is_available",
+    "manifest",
+    "unavailable_reason",
+]

@@ -1,0 +1,70 @@
+"""What this installation was built with, and what it can run here."""
+
+from __future__ import annotations
+
+import copy
+
+from . import manifest, ops
+from ._version import __version__
+
+
+def _read_build_config() -> dict | None:
+    try:
+        from ._build_config import CONFIG
+    except ImportError:
+        return None
+    return CONFIG
+
+
+# Read once at import: the values are fixed for the life of the process, and
+# torch.compile traces plain global reads without a graph break.
+_CONFIG: dict | None = _read_build_config()
+
+#: The (direction, hdim, dtype) set compiled into ``_C``; None when no build
+#: recorded it (then only the C++ checks guard the dispatch).
+COMPILED: frozenset[manifest.Instantiation] | None = (
+    None
+    if _CONFIG is None
+    else frozenset(manifest.Instantiation(c["direction"], c["hdim"], c["dtype"]) for c in _CONFIG["compiled"])
+)
+
+
+def build_config() -> dict | None:
+    """The configuration setup.py recorded, or None when no build wrote one."""
+    return copy.deepcopy(_CONFIG) if _CONFIG is not None else None
+
+
+def build_info() -> dict:
+    """A dict describing the build and whether it can run here.
+
+    Keys: ``version``; ``available`` and ``unavailable_reason``;
+    ``extension_loaded`` and ``load_error``; ``has_backward_op``; and, when
+    setup.py recorded the build (``build_config_found``), everything it wrote:
+    ``selection`` (the knobs' choice), ``compiled`` (list of
+    {direction, hdim, dtype}), ``torch_version`` / ``torch_cuda_version`` at
+    build time, ``nvcc_version``, ``cutlass_version`` / ``cutlass_origin`` /
+    ``cutlass_path``, ``nvcc_flags``, ``cxx_flags``, ``max_jobs``,
+    ``build_seconds``, ``compile_seconds`` per file, ``built_at``.  Also the
+    manifest's ``supported_head_dims``, ``supported_dtypes`` and ``features``.
+    """
+    import torch
+
+    reason = ops.unavailable_reason()
+    info = {
+        "version": __version__,
+        "available": reason is None,
+        "unavailable_reason": reason,
+        "extension_loaded": ops.extension_loaded(),
+        "load_error": ops.LOAD_ERROR,
+        "has_backward_op": ops.has_bwd_op(),
+        "runtime_torch_version": torch.__version__,
+        "runtime_torch_cuda_version": torch.version.cuda,
+        "supported_head_dims": list(manifest.HEAD_DIMS),
+        "supported_dtypes": list(manifest.DTYPES),
+        "features": dict(manifest.FEATURES),
+    }
+    config = build_config()
+    info["build_config_found"] = config is not None
+    if config is not None:
+        info.update(config)
+    return info
