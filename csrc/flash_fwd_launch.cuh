@@ -1,0 +1,91 @@
+// Host side of the forward kernel: builds the TMA descriptors from FwdParams, picks the tile
+// for (head dim, causal) and launches on the caller's stream. No torch headers.
+#pragma once
+
+#include "kernel/config.h"
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "flash_fwd_params.h"
+#include "kernel/flash_fwd_kernel.h"
+#include "kernel/tile_size.h"
+
+namespace flash {
+
+inline void check_cuda(cudaError_t err, char const* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("flash_attn_hopper: ") + what + ": " + cudaGetErrorString(err));
+  }
+}
+
+template <typename Kernel>
+void launch_fwd(FwdParams const& p, cudaStream_t stream) {
+  using namespace cute;
+  using Element = typename Kernel::Element;
+  using ShapeQKV = typename Kernel::ShapeQKV;
+
+  ShapeQKV const shape_q = make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch);
+  ShapeQKV const shape_k = make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch);
+  auto tensor = [](void const* ptr, ShapeQKV const& shape, int64_t row, int64_t head, int64_t batch) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), shape,
+                       make_stride(row, _1{}, head, batch));
+  };
+  Tensor mQ = tensor(p.q_ptr, shape_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+  Tensor mK = tensor(p.k_ptr, shape_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+  Tensor mV = tensor(p.v_ptr, shape_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(p.o_ptr)), shape_q,
+                          make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
+
+  using M = Int<Kernel::kBlockM>;
+  using N = Int<Kernel::kBlockN>;
+  using D = Int<Kernel::kHeadDim>;
+  typename Kernel::Params params{
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Kernel::SmemLayoutQ{}, Shape<M, D>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kernel::SmemLayoutKV{}), Shape<N, D>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Kernel::SmemLayoutKV{}), Shape<N, D>{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, mO, typename Kernel::SmemLayoutO64{}, Shape<_64, D>{}, _1{}),
+      shape_q,
+      shape_k,
+      p.lse_ptr,
+      p.seqlen_q,
+      p.seqlen_k,
+      p.heads_q,
+      p.heads_q / p.heads_kv,
+      p.softmax_scale,
+      p.softmax_scale_log2,
+  };
+
+  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM;
+  dim3 const grid(num_m_blocks, p.heads_q, p.batch);
+  auto kernel = &flash_fwd_kernel<Kernel>;
+  constexpr int smem_size = Kernel::kSharedStorageSize;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
+             "raising the kernel's shared-memory limit");
+  kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
+  check_cuda(cudaGetLastError(), "launching the forward kernel");
+}
+
+template <int kHeadDim, typename Element, bool kCausal>
+void run_flash_fwd_causal(FwdParams& p, cudaStream_t stream) {
+  constexpr FwdTile tile = fwd_tile<kHeadDim, kCausal>();
+  using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kCausal>;
+  launch_fwd<Kernel>(p, stream);
+}
+
+// Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
+template <int kHeadDim, typename Element>
+void run_flash_fwd(FwdParams& p, cudaStream_t stream) {
+  if (p.is_causal) {
+    run_flash_fwd_causal<kHeadDim, Element, true>(p, stream);
+  } else {
+    run_flash_fwd_causal<kHeadDim, Element, false>(p, stream);
+  }
+}
+
+}  // namespace flash

@@ -1,0 +1,36 @@
+// Plain parameters of one forward call, filled by the torch binding and read by
+// the host launcher. No torch (and no CUTLASS) headers: kernels build without them.
+#pragma once
+
+#include <cstdint>
+
+namespace flash {
+
+struct FwdParams {
+  // Tensors are (batch, seqlen, heads, head_dim) with a unit head_dim stride.
+  void const* q_ptr;
+  void const* k_ptr;
+  void const* v_ptr;
+  void* o_ptr;
+  float* lse_ptr;  // (batch, heads_q, seqlen_q), contiguous, natural log
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+
+  int batch;
+  int heads_q;
+  int heads_kv;     // heads_q % heads_kv == 0 (GQA / MQA)
+  int seqlen_q;
+  int seqlen_k;
+  int head_dim;     // the real head dim (a multiple of 8); the kernel's tile may be wider
+
+  float softmax_scale;       // multiplies Q.K^T
+  float softmax_scale_log2;  // softmax_scale * log2(e): the kernel works in the exp2 domain
+
+  bool is_causal;            // bottom-right aligned: row i sees keys j <= i + seqlen_k - seqlen_q
+  int num_sms;               // multiprocessors of the device (for the scheduler)
+};
+
+}  // namespace flash

@@ -1,0 +1,345 @@
+// The SM90 forward kernel: one CTA computes O and LSE for kBlockM query rows of one head.
+//
+// Warpgroup 0 is the producer: after giving registers back (setmaxnreg), one elected thread
+// issues TMA loads of the Q tile (once) and of K/V blocks into a kStages-deep shared-memory
+// pipeline whose stages complete by mbarrier transaction counts. Warpgroups 1..kBlockM/64 are
+// consumers: each owns 64 query rows, computes S = Q.K^T with WGMMA from shared memory, the
+// online softmax in registers, and O += P.V with WGMMA taking P from registers. S(j) and
+// P(j+1).V(j+1) are issued together, so the softmax of block j runs while the tensor cores
+// still work on the previous block's P.V (intra-warpgroup overlap). The epilogue writes O
+// through shared memory with a TMA store.
+#pragma once
+
+#include "kernel/config.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernel/mask.h"
+#include "kernel/named_barriers.h"
+#include "kernel/softmax.h"
+#include "kernel/utils.h"
+
+namespace flash {
+
+using namespace cute;
+
+// K-major shared-memory atom with the widest swizzle that the head dim allows.
+template <typename Element, int kHeadDim>
+constexpr auto smem_atom_k_major() {
+  if constexpr (kHeadDim % 64 == 0) {
+    return GMMA::Layout_K_SW128_Atom<Element>{};
+  } else if constexpr (kHeadDim % 32 == 0) {
+    return GMMA::Layout_K_SW64_Atom<Element>{};
+  } else {
+    return GMMA::Layout_K_SW32_Atom<Element>{};
+  }
+}
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kCausal_>
+struct FwdKernel {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kCausal = kCausal_;
+
+  static constexpr int kNumMmaWarpGroups = kBlockM / 64;
+  static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
+  static constexpr int kNumThreads = kNumMmaThreads + 128;
+  static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 1 && kNumMmaWarpGroups <= 3);
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+
+  // setmaxnreg budgets: the producer keeps the minimum, consumers share the rest of 64K.
+  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : (kNumMmaWarpGroups == 2 ? 24 : 56);
+  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : (kNumMmaWarpGroups == 2 ? 240 : 256);
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 64 * 1024);
+
+  using TileShapeMNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using AtomLayoutMNK = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
+  // S = Q.K^T: both operands K-major in shared memory.
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>(), AtomLayoutMNK{}));
+  // O += P.V: P from registers, V^T read MN-major (V is stored as it arrives, head dim fastest).
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayoutMNK{}));
+
+  using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+  // Q tiles in row-major order of atoms so that each warpgroup's 64 rows form one contiguous
+  // block laid out exactly like SmemLayoutO64: the epilogue reuses them for O.
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, Step<_2, _1>{}));
+  using SmemLayoutO64 = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}, Step<_2, _1>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // (head_dim, block_n, stages) view of V: the B operand of P.V.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  // Global tensors are (seqlen, head_dim, heads, batch) with a unit head_dim stride.
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaO = decltype(make_tma_copy(
+      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutO64{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O reuses it
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    alignas(16) typename Pipeline::SharedStorage pipeline_k;
+    alignas(16) typename Pipeline::SharedStorage pipeline_v;
+  };
+  static constexpr int kSharedStorageSize = sizeof(SharedStorage);
+  static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
+
+  struct Params {
+    TmaQ tma_q;
+    TmaKV tma_k;
+    TmaKV tma_v;
+    TmaO tma_o;
+    ShapeQKV shape_q;
+    ShapeQKV shape_k;
+    float* lse;  // (batch, heads_q, seqlen_q)
+    int seqlen_q;
+    int seqlen_k;
+    int heads_q;
+    int q_heads_per_kv_head;
+    float softmax_scale;
+    float softmax_scale_log2;
+  };
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
+    SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    int const warp_group_idx = cutlass::canonical_warp_group_idx();
+    int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
+    bool const lane_predicate = cute::elect_one_sync();
+
+    // Causal tiles with more rows have more work: launch them first.
+    int const m_block = kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+    int const head = blockIdx.y;
+    int const batch = blockIdx.z;
+    int const head_kv = head / params.q_heads_per_kv_head;
+
+    if (warp_group_idx == 0 && warp_idx_in_wg == 0 && lane_predicate) {
+      cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+      smem.barrier_q.init(/*arrive_count=*/1);
+    }
+    typename Pipeline::Params pipeline_params;
+    pipeline_params.transaction_bytes = kBytesKV;
+    pipeline_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer
+                                               : Pipeline::ThreadCategory::Consumer;
+    pipeline_params.is_leader = threadIdx.x == 0;
+    pipeline_params.num_consumers = kNumMmaThreads;
+    Pipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    __syncthreads();  // barriers initialised before anyone waits on them
+
+    BlockRange<kBlockM, kBlockN, kCausal> const range(m_block, params.seqlen_q, params.seqlen_k);
+
+    if (warp_group_idx == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if (warp_idx_in_wg == 0 && lane_predicate) {
+        load(params, smem, pipeline_k, pipeline_v, m_block, head, head_kv, batch, range);
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      consume(params, smem, pipeline_k, pipeline_v, m_block, head, batch, range,
+              threadIdx.x - 128, warp_group_idx - 1);
+    }
+  }
+
+  // Producer: Q once, then K(n_max-1); then K(n-1) ahead of V(n), matching the consumers' order.
+  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
+                           Pipeline& pipeline_v, int m_block, int head, int head_kv, int batch,
+                           BlockRange<kBlockM, kBlockN, kCausal> const& range) const {
+    if (range.n_block_max <= 0) { return; }  // nothing to attend: consumers write zeros
+    Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);     // (seqlen_q, d)
+    Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);  // (seqlen_k, d)
+    Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});    // (M, D)
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});   // (N, D, stages)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});   // (N, D, stages)
+
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+    smem.barrier_q.arrive_and_expect_tx(kBytesQ);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQgQ, tQsQ);
+
+    PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
+    PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
+    auto load_k = [&](int n) {
+      pipeline_k.producer_acquire(state_k);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
+      ++state_k;
+    };
+    auto load_v = [&](int n) {
+      pipeline_v.producer_acquire(state_v);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
+      ++state_v;
+    };
+    int n = range.n_block_max - 1;
+    load_k(n);
+    for (; n > 0; --n) {
+      load_k(n - 1);
+      load_v(n);
+    }
+    load_v(0);
+  }
+
+  // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
+  CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
+                              Pipeline& pipeline_v, int m_block, int head, int batch,
+                              BlockRange<kBlockM, kBlockN, kCausal> const& range, int mma_tidx,
+                              int wg) const {
+    TiledMmaQK tiled_mma_qk;
+    TiledMmaPV tiled_mma_pv;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
+    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
+    Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
+    Tensor tOrV = thr_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
+
+    Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // fp32
+    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // fp32
+    Tensor tOrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
+    Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));  // (rows, cols)
+    Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
+    Tensor tScS = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+    constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
+
+    OnlineSoftmax<kRows> softmax(params.softmax_scale_log2);
+    Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
+    int const row0 = m_block * kBlockM;
+    int const causal_offset = params.seqlen_k - params.seqlen_q;
+    auto mask = [&](int n) {
+      if (n >= range.n_block_unmasked) {
+        apply_mask<kCausal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, causal_offset);
+      }
+    };
+
+    if (range.n_block_max > 0) {
+      PipelineState state_k;
+      PipelineState state_v;
+      smem.barrier_q.wait(0);
+
+      int n = range.n_block_max - 1;
+      pipeline_k.consumer_wait(state_k);
+      wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+      warpgroup_wait<0>();
+      pipeline_k.consumer_release(state_k);
+      ++state_k;
+      mask(n);
+      softmax.first_block(tSrS_rc);
+      convert_into(tSrS, tOrP);
+      clear(tOrO);
+
+      for (--n; n >= 0; --n) {
+        pipeline_k.consumer_wait(state_k);
+        wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+        pipeline_v.consumer_wait(state_v);
+        wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
+        warpgroup_wait<1>();  // S(n) is ready; P.V of the previous block still runs
+        pipeline_k.consumer_release(state_k);
+        ++state_k;
+        mask(n);
+        auto rescale = softmax.next_block(tSrS_rc);
+        warpgroup_wait<0>();  // P.V done: V's stage and the P registers are free
+        pipeline_v.consumer_release(state_v);
+        ++state_v;
+        softmax.rescale_o(tOrO_rc, rescale);
+        convert_into(tSrS, tOrP);
+      }
+      pipeline_v.consumer_wait(state_v);
+      wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(state_v);
+      softmax.finalize(tOrO_rc, params.softmax_scale, lse);
+    } else {
+      clear(tOrO);
+      fill(lse, -INFINITY);
+    }
+    epilogue(params, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg);
+  }
+
+  // O goes registers -> shared memory (this warpgroup's own Q rows, no longer read) -> TMA store,
+  // which clips rows past seqlen_q and columns past the real head dim. LSE goes straight out.
+  template <typename TensorO, typename TensorL>
+  CUTLASS_DEVICE void epilogue(Params const& params, SharedStorage& smem, TiledMmaPV const& tiled_mma_pv,
+                               TensorO const& tOrO, TensorL const& lse, int m_block, int head,
+                               int batch, int mma_tidx, int wg) const {
+    Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
+    convert_into(tOrO, tOrO_out);
+    auto smem_tiled_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
+    auto smem_thr_copy_o = smem_tiled_copy_o.get_thread_slice(mma_tidx);
+    Tensor sO = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+    Tensor taccOrO = smem_thr_copy_o.retile_S(tOrO_out);
+    Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
+    copy(smem_tiled_copy_o, taccOrO, taccOsO);
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, seen by the TMA engine
+    cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
+
+    int const warp_idx_in_wg = (threadIdx.x / 32) % 4;
+    if (warp_idx_in_wg == 0 && cute::elect_one_sync()) {
+      Tensor mO = params.tma_o.get_tma_tensor(params.shape_q)(_, _, head, batch);
+      Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(m_block * kNumMmaWarpGroups + wg, _0{}));
+      Tensor sOwg = make_tensor(make_smem_ptr(smem.q.data() + wg * 64 * kHeadDim), SmemLayoutO64{});
+      auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
+      copy(params.tma_o, tOsO, tOgO);
+      tma_store_arrive();
+      tma_store_wait<0>();
+    }
+
+    // One lane of each quad holds a row's LSE.
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
+    Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
+    if (get<1>(tOcO_rc(0, 0)) == 0) {
+      float* lse_row = params.lse + (int64_t(batch) * params.heads_q + head) * params.seqlen_q;
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size(lse); ++r) {
+        int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
+        if (row < params.seqlen_q) { lse_row[row] = lse(r); }
+      }
+    }
+  }
+};
+
+template <typename Kernel>
+__global__ void __launch_bounds__(Kernel::kNumThreads, 1)
+    flash_fwd_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+  extern __shared__ __align__(1024) char smem_buf[];
+  Kernel{}(params, smem_buf);
+}
+
+}  // namespace flash

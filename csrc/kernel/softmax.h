@@ -1,0 +1,103 @@
+// Online softmax of one consumer thread's rows, in the exp2 domain.
+//
+// Scores S = Q.K^T arrive unscaled. With c = softmax_scale * log2(e), the kernel keeps the
+// running row max m (of the raw scores) and computes p = exp2(s * c - m * c): one FFMA and one
+// MUFU.EX2 per element. O is rescaled only by the factor that the max moved.
+#pragma once
+
+#include "kernel/config.h"
+
+#include <cmath>
+#include <cute/tensor.hpp>
+
+#include "utils.h"
+
+namespace flash {
+
+using namespace cute;
+
+template <int kRows>
+struct OnlineSoftmax {
+  Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> row_max;
+  Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> row_sum;  // per-thread partial sums
+  float const scale_log2;
+
+  CUTLASS_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {}
+
+  // A row whose max is -inf has seen only masked scores: subtract 0 so exp2 gives 0, not NaN.
+  CUTLASS_DEVICE float scaled_max(float m) const { return m == -INFINITY ? 0.f : m * scale_log2; }
+
+  // First block of a tile: set max and sum, turn scores into unnormalised probabilities.
+  template <typename TensorS>
+  CUTLASS_DEVICE void first_block(TensorS& s /* (rows, cols) view of the accumulator */) {
+    static_assert(decltype(size<0>(s))::value == kRows);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = -INFINITY;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
+      m = quad_allreduce(m, MaxOp{});
+      row_max(r) = m;
+      float const m_scaled = scaled_max(m);
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
+        sum += s(r, c);
+      }
+      row_sum(r) = sum;
+    }
+  }
+
+  // A later block: update the max, return per-row factors by which O must be rescaled.
+  template <typename TensorS>
+  CUTLASS_DEVICE auto next_block(TensorS& s) {
+    Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> rescale;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max(r);
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
+      m = quad_allreduce(m, MaxOp{});
+      float const m_scaled = scaled_max(m);
+      // Nothing seen before (old max -inf): O and the sum are 0, so the factor is 0 (never inf*0).
+      // Otherwise the new max is finite too and the factor is exp2 of a non-positive number.
+      rescale(r) = row_max(r) == -INFINITY ? 0.f : exp2f(row_max(r) * scale_log2 - m_scaled);
+      row_max(r) = m;
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
+        sum += s(r, c);
+      }
+      row_sum(r) = row_sum(r) * rescale(r) + sum;
+    }
+    return rescale;
+  }
+
+  template <typename TensorO, typename TensorR>
+  CUTLASS_DEVICE static void rescale_o(TensorO& o /* (rows, cols) */, TensorR const& rescale) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= rescale(r); }
+    }
+  }
+
+  // End of the tile: normalise O, return the natural-log LSE per row (-inf for empty rows,
+  // whose O becomes 0).
+  template <typename TensorO, typename TensorL>
+  CUTLASS_DEVICE void finalize(TensorO& o, float softmax_scale, TensorL& lse) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_allreduce(row_sum(r), SumOp{});
+      bool const empty = !(sum > 0.f);  // also catches NaN
+      float const inv = empty ? 0.f : 1.f / sum;
+      lse(r) = empty ? -INFINITY : row_max(r) * softmax_scale + logf(sum);
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= inv; }
+    }
+  }
+};
+
+}  // namespace flash

@@ -1,0 +1,89 @@
+// Small device helpers shared by the forward kernel: WGMMA issue, register layout
+// conversions between the accumulator and the A operand, quad reductions.
+#pragma once
+
+#include "kernel/config.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+namespace flash {
+
+using namespace cute;
+
+// Issue one warpgroup GEMM over all K blocks of the operands: C (+)= A * B.
+// The caller fences and commits; this only sets the accumulate flag per K block.
+template <bool kZeroInit, typename TiledMma, typename TA, typename TB, typename TC>
+CUTLASS_DEVICE void wgmma_issue(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+}
+
+// Fence, issue, commit: the GEMM runs asynchronously until warpgroup_wait<N>.
+// A in registers (P.V) needs its registers fenced too; A as smem descriptors must not be.
+template <bool kZeroInit, typename TiledMma, typename TA, typename TB, typename TC>
+CUTLASS_DEVICE void wgmma_async(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  constexpr bool kARegs = !cute::is_same_v<typename TA::value_type, GMMA::DescriptorIterator::value_type>;
+  if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  wgmma_issue<kZeroInit>(tiled_mma, tCrA, tCrB, tCrC);
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(tCrC);
+  if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
+}
+
+// The SM90 accumulator fragment of one warpgroup is ((2, 2, N/8), MMA_M, MMA_N):
+// mode 0.0 = column pair, 0.1 = row half (+8), 0.2 = 8-column chunk.
+// View it as (rows, cols) = ((2, MMA_M), (2, N/8, MMA_N)).
+template <typename Layout>
+CUTLASS_HOST_DEVICE constexpr auto acc_layout_rowcol(Layout const& acc) {
+  static_assert(decltype(rank<0>(acc))::value == 3, "expects an SM90 accumulator layout");
+  auto l = acc;
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)),
+                     make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+}
+
+// The same registers as the A operand of a 16-bit WGMMA with K = 16 per block:
+// ((2, 2, 2), MMA_M, N/16), where the last 2 of mode 0 is the low bit of the 8-column chunk.
+template <typename Layout>
+CUTLASS_HOST_DEVICE constexpr auto acc_layout_as_a_operand(Layout const& acc) {
+  static_assert(decltype(rank<0>(acc))::value == 3, "expects an SM90 accumulator layout");
+  static_assert(decltype(size<0, 2>(acc))::value % 2 == 0, "block N must be a multiple of 16");
+  auto chunks = logical_divide(get<0, 2>(acc), Int<2>{});  // (2, N/16)
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0>(chunks)),
+                     get<1>(acc),
+                     coalesce(make_layout(get<1>(chunks), get<2>(acc))));
+}
+
+// Element type conversion of a register tensor into another of the same size
+// (vectorised: cvt packs pairs for bf16/fp16).
+template <typename EngineIn, typename LayoutIn, typename EngineOut, typename LayoutOut>
+CUTLASS_DEVICE void convert_into(Tensor<EngineIn, LayoutIn> const& src, Tensor<EngineOut, LayoutOut>& dst) {
+  using From = typename EngineIn::value_type;
+  using To = typename EngineOut::value_type;
+  constexpr int kNumel = decltype(size(src))::value;
+  static_assert(kNumel == decltype(size(dst))::value);
+  cutlass::NumericArrayConverter<To, From, kNumel> converter;
+  *reinterpret_cast<cutlass::Array<To, kNumel>*>(dst.data()) =
+      converter(*reinterpret_cast<cutlass::Array<From, kNumel> const*>(src.data()));
+}
+
+// Four consecutive lanes of a warp hold one accumulator row between them.
+template <typename Op>
+CUTLASS_DEVICE float quad_allreduce(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffff, x, 1));
+  x = op(x, __shfl_xor_sync(0xffffffff, x, 2));
+  return x;
+}
+
+struct MaxOp { CUTLASS_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); } };
+struct SumOp { CUTLASS_DEVICE float operator()(float a, float b) const { return a + b; } };
+
+}  // namespace flash
