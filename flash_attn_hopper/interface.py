@@ -116,9 +116,9 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap) -> tup
             f"and at most {manifest.MAX_HEAD_DIM} (kernels exist for {list(manifest.HEAD_DIMS)}; "
             "other multiples of 8 run on the next one up); pad the head dim with zeros if needed"
         )
-    if nheads_kv == 0 and nheads_q != 0:
-        raise ValueError(f"k and v have 0 heads but q has {nheads_q}")
-    if nheads_kv != 0 and nheads_q % nheads_kv != 0:
+    if nheads_kv == 0:
+        raise ValueError(f"k and v must have at least one head, got k shape {_describe_shape(k)}")
+    if nheads_q % nheads_kv != 0:
         raise ValueError(
             f"nheads_q ({nheads_q}) must be a multiple of nheads_kv ({nheads_kv}) for grouped-query attention "
             f"(q shape {_describe_shape(q)}, k shape {_describe_shape(k)})"
@@ -132,11 +132,12 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap) -> tup
 
     if softmax_scale is None:
         softmax_scale = head_dim ** (-0.5)
-    if isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
-    softmax_scale = float(softmax_scale)
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    else:
+        if isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
+        softmax_scale = float(softmax_scale)
+        if not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
 

@@ -1,0 +1,177 @@
+"""``python -m flash_attn_hopper``: print the build, check it against a float32
+reference on a few shapes, and time it against torch's cuDNN SDPA.
+
+On a machine that cannot run the kernels it prints the build and why, and
+exits 0.  Exits 1 when a self-check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+
+import torch
+
+import flash_attn_hopper
+from flash_attn_hopper import manifest
+
+
+def _yes(flag) -> str:
+    return "yes" if flag else "no"
+
+
+def print_build_info(info: dict) -> None:
+    print(f"flash_attn_hopper {info['version']}")
+    if info["extension_loaded"]:
+        print("  extension:  loaded")
+    else:
+        print(f"  extension:  not loaded -- {info['load_error']}")
+    if info["build_config_found"]:
+        compiled = ", ".join(f"{c['direction']} hdim{c['hdim']} {c['dtype']}" for c in info["compiled"]) or "nothing"
+        print(f"  compiled:   {compiled}")
+        print(
+            f"  built:      {info['built_at']} in {info['build_seconds']} s (MAX_JOBS={info['max_jobs']}) with "
+            f"torch {info['torch_version']}, CUDA {info['torch_cuda_version']}, nvcc {info['nvcc_version']}, "
+            f"CUTLASS {info['cutlass_version']} ({info['cutlass_origin']})"
+        )
+        slowest = sorted(info.get("compile_seconds", {}).items(), key=lambda kv: -kv[1])[:3]
+        if slowest:
+            print("  slowest:    " + ", ".join(f"{name} {sec:.0f} s" for name, sec in slowest))
+    else:
+        print("  compiled:   unknown (no build record: flash_attn_hopper/_build_config.py is absent)")
+    print(f"  runtime:    torch {info['runtime_torch_version']}, CUDA {info['runtime_torch_cuda_version']}")
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(index)
+            print(f"  device {index}:   {torch.cuda.get_device_name(index)} (sm_{major}{minor})")
+    features = ", ".join(f"{name} {_yes(on)}" for name, on in info["features"].items())
+    print(f"  features:   {features}")
+    print(f"  backward op registered: {_yes(info['has_backward_op'])}")
+
+
+def _torch_attention(q, k, v, scale: float, causal: bool, dtype: torch.dtype):
+    """softmax(q kᵀ scale) v with plain torch ops in ``dtype``; (out, lse). Independent of the kernels."""
+    q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))  # (b, h, s, d)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q * scale) @ k.transpose(-1, -2)
+    sq, sk = scores.shape[-2:]
+    if causal:
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(v.dtype)  # rows that see nothing: 0
+    return (probs @ v).transpose(1, 2), lse
+
+
+def self_check(compiled: list[tuple[int, str]]) -> bool:
+    shapes = [  # (batch, seqlen_q, seqlen_k, nheads_q, nheads_kv)
+        (2, 113, 203, 6, 2),
+        (1, 1024, 1024, 8, 8),
+        (3, 799, 3, 4, 1),
+    ]
+    cases = [(hdim, dtype, shape, causal) for hdim, dtype in compiled for shape in shapes for causal in (False, True)]
+    print(f"\nSelf-check: {len(cases)} cases against a float32 reference (FlashAttention's rule: "
+          "error <= 2 x torch's own low-precision error + rounding noise)")
+    all_ok = True
+    for i, (hdim, dtype_name, (b, sq, sk, hq, hk), causal) in enumerate(cases, 1):
+        dtype = getattr(torch, manifest.DTYPES[dtype_name].torch_name)
+        gen = torch.Generator(device="cuda").manual_seed(i)
+        q = torch.randn(b, sq, hq, hdim, device="cuda", dtype=dtype, generator=gen)
+        k = torch.randn(b, sk, hk, hdim, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(b, sk, hk, hdim, device="cuda", dtype=dtype, generator=gen)
+        scale = hdim**-0.5
+        label = f"[{i:2d}/{len(cases)}] hdim {hdim} {dtype_name} causal={causal!s:5} b={b} sq={sq} sk={sk} h={hq}/{hk}"
+        try:
+            out, lse = flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+            torch.cuda.synchronize()
+        except Exception as err:  # report and go on: the summary says which failed
+            print(f"{label}: FAILED with {type(err).__name__}: {err}")
+            all_ok = False
+            continue
+        ref, lse_ref = _torch_attention(q, k, v, scale, causal, torch.float32)
+        low, _ = _torch_attention(q, k, v, scale, causal, dtype)
+        err = (out.float() - ref).abs().max().item()
+        torch_err = (low.float() - ref).abs().max().item()
+        noise = 2 * (ref.to(dtype) + 0.3 - 0.3 - ref.to(dtype)).abs().max().item()
+        finite = torch.isfinite(lse_ref)
+        lse_ok = torch.equal(torch.isfinite(lse), finite) and (
+            not finite.any() or (lse - lse_ref)[finite].abs().max().item() <= 1e-2
+        )
+        ok = math.isfinite(err) and err <= 2 * torch_err + noise and lse_ok
+        all_ok &= ok
+        print(f"{label}: max err {err:.2e} (torch {dtype_name}: {torch_err:.2e}) lse {'ok' if lse_ok else 'WRONG'}"
+              f" -> {'ok' if ok else 'FAILED'}", flush=True)
+    return all_ok
+
+
+def _time_ms(fn) -> float:
+    try:
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    except ImportError:
+        pass
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def benchmark(compiled: list[tuple[int, str]]) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    points = [(hdim, dtype, s, causal) for hdim, dtype in compiled for s in (1024, 4096) for causal in (False, True)]
+    print(f"\nBenchmark: {len(points)} points, forward TFLOP/s, 16k tokens, nheads x hdim = 2048 "
+          "(see benchmarks/benchmark_attn.py for the full method)")
+    for i, (hdim, dtype_name, seqlen, causal) in enumerate(points, 1):
+        dtype = getattr(torch, manifest.DTYPES[dtype_name].torch_name)
+        batch, nheads = 16384 // seqlen, max(1, 2048 // hdim)
+        q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=dtype) for _ in range(3))
+        flops = 4 * batch * nheads * seqlen * seqlen * hdim / (2 if causal else 1)
+        ours = _time_ms(lambda: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal))
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        try:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                peer = _time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
+            peer_text = f"cuDNN SDPA {flops / peer / 1e9:6.1f} TFLOP/s -> ratio {peer / ours:.2f}x"
+        except RuntimeError as err:
+            peer_text = f"cuDNN SDPA unavailable ({str(err).splitlines()[0][:80]})"
+        print(f"[{i}/{len(points)}] hdim {hdim} {dtype_name} causal={causal!s:5} seqlen {seqlen:5d}: "
+              f"flash_attn_hopper {flops / ours / 1e9:6.1f} TFLOP/s, {peer_text}", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flash_attn_hopper", description=__doc__.splitlines()[0])
+    parser.add_argument("--no-bench", action="store_true", help="skip the benchmark")
+    args = parser.parse_args(argv)
+
+    info = flash_attn_hopper.build_info()
+    print_build_info(info)
+    if not info["available"]:
+        print(f"\nflash_attn_hopper cannot run here: {info['unavailable_reason']}.")
+        print("Nothing to check on this machine; the build information above is all there is.")
+        return 0
+    if info["build_config_found"]:
+        compiled = [(c["hdim"], c["dtype"]) for c in info["compiled"] if c["direction"] == "fwd"]
+    else:
+        compiled = [(128, "bf16")]
+        print("\nNo build record: checking hdim 128 bf16 only.")
+    ok = self_check(compiled)
+    if not args.no_bench:
+        benchmark([(h, d) for h, d in compiled if d == "bf16"] or compiled)
+    print(f"\nSelf-check {'passed' if ok else 'FAILED'}.")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The float32 oracle every kernel test compares against, and FlashAttention's tolerance rule.
+
+``attention_ref`` computes attention with plain torch ops in
+(batch, seqlen, nheads, headdim) layout: bottom-right aligned causal and
+local-window masks, softcap, grouped-query attention.  With ``upcast=True``
+(the reference) it computes in float32; with ``upcast=False`` it does the
+same maths in the inputs' dtype, which is what "PyTorch's own error" means in
+the tolerance rule:
+
+    |kernel - ref|.max() <= rtol * |pytorch_lowprec - ref|.max() + atol
+
+with rtol = 2 and atol the rounding noise of the output dtype (FlashAttention's
+tests use exactly this).  ``attention_ref_varlen`` does variable-length
+batches by splitting them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def local_mask(
+    seqlen_q: int,
+    seqlen_k: int,
+    window_size: tuple[int, int] = (-1, -1),
+    causal: bool = False,
+    device=None,
+) -> torch.Tensor:
+    """Boolean (seqlen_q, seqlen_k) mask, True where the key is *masked out*.
+
+    Bottom-right alignment: query i sits at key position i + seqlen_k - seqlen_q.
+    It sees key j when i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right
+    (-1 = unbounded on that side); causal is window (-1, 0).
+    """
+    left, right = window_size
+    if causal:
+        right = 0
+    row = torch.arange(seqlen_q, device=device).view(-1, 1) + (seqlen_k - seqlen_q)
+    col = torch.arange(seqlen_k, device=device).view(1, -1)
+    masked = torch.zeros(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        masked |= col > row + right
+    if left >= 0:
+        masked |= col < row - left
+    return masked
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    upcast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q (b, sq, hq, d) over k, v (b, sk, hk, d); returns (out, lse).
+
+    ``out`` is (b, sq, hq, d) -- float32 when ``upcast`` else q's dtype --
+    and ``lse`` float32 (b, hq, sq), natural log.  Query rows that see no key
+    give out = 0 and lse = -inf, as the kernels do.
+    """
+    batch, seqlen_q, nheads_q, head_dim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    compute_dtype = torch.float32 if upcast else q.dtype
+    q, k, v = (t.to(compute_dtype) for t in (q, k, v))
+    if nheads_kv != nheads_q:
+        # GQA: query head h reads kv head h // (nheads_q // nheads_kv).
+        group = nheads_q // nheads_kv
+        k = k.repeat_interleave(group, dim=2)
+        v = v.repeat_interleave(group, dim=2)
+
+    # q is scaled before the product, as in FlashAttention's reference.
+    scores = torch.einsum("bthd,bshd->bhts", q * softmax_scale, k)  # (b, hq, sq, sk)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    masked = local_mask(seqlen_q, seqlen_k, window_size, causal, device=q.device)
+    scores = scores.masked_fill(masked, float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1)  # (b, hq, sq)
+    attn = torch.softmax(scores, dim=-1)
+    # A row with every key masked is NaN after softmax; the kernels give 0.
+    attn = attn.masked_fill(masked.all(dim=-1, keepdim=True), 0.0).to(v.dtype)
+    out = torch.einsum("bhts,bshd->bthd", attn, v)
+    return out, lse
+
+
+def attention_ref_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen attention by splitting: q (total_q, hq, d), k/v (total_k, hk, d).
+
+    Sequence i is rows cu_seqlens_q[i]:cu_seqlens_q[i+1] of q (likewise k, v).
+    Returns out (total_q, hq, d) and lse (hq, total_q), FlashAttention's varlen layout.
+    """
+    bounds_q = cu_seqlens_q.tolist()
+    bounds_k = cu_seqlens_k.tolist()
+    if len(bounds_q) != len(bounds_k):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must describe the same number of sequences")
+    outs, lses = [], []
+    for i in range(len(bounds_q) - 1):
+        qi = q[bounds_q[i] : bounds_q[i + 1]].unsqueeze(0)
+        ki = k[bounds_k[i] : bounds_k[i + 1]].unsqueeze(0)
+        vi = v[bounds_k[i] : bounds_k[i + 1]].unsqueeze(0)
+        out, lse = attention_ref(qi, ki, vi, **kwargs)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+# --------------------------------------------------------------------------
+# FlashAttention's tolerance rule
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class ToleranceReport:
+    name: str
+    error: float  # max |actual - ref| over finite entries
+    pytorch_error: float  # max |lowprec - ref|
+    bound: float  # rtol * pytorch_error + atol
+    mismatched_infinities: int  # entries where exactly one of actual/ref is infinite, or signs differ
+    nan_count: int
+
+    @property
+    def ok(self) -> bool:
+        return self.nan_count == 0 and self.mismatched_infinities == 0 and self.error <= self.bound
+
+    def __str__(self) -> str:
+        return (
+            f"{self.name}: max error {self.error:.3e} vs bound {self.bound:.3e} "
+            f"(= rtol x pytorch low-precision error {self.pytorch_error:.3e} + atol); "
+            f"NaNs {self.nan_count}, mismatched infinities {self.mismatched_infinities}"
+        )
+
+
+def rounding_noise(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """FlashAttention's atol: twice the rounding error of ``dtype`` at magnitude ~0.3 around ``ref``."""
+    r = ref.detach().to(dtype)
+    finite = torch.isfinite(r)
+    if not bool(finite.any()):
+        return 0.0
+    r = r[finite]
+    return 2.0 * float((r + 0.3 - 0.3 - r).abs().max())
+
+
+def fa_tolerance_report(
+    actual: torch.Tensor,
+    ref: torch.Tensor,
+    lowprec: torch.Tensor,
+    *,
+    name: str = "out",
+    rtol: float = 2.0,
+    atol: float | None = None,
+    noise_dtype: torch.dtype | None = None,
+) -> ToleranceReport:
+    """Compare ``actual`` against ``ref`` with FlashAttention's relative rule.
+
+    ``lowprec`` is the same maths done by PyTorch in the inputs' precision
+    (``attention_ref(..., upcast=False)``).  ``atol`` defaults to the rounding
+    noise of ``noise_dtype`` (default: ``actual``'s dtype).  Infinite entries
+    of ``ref`` (lse of a row that sees no key) must match exactly.
+    """
+    if actual.shape != ref.shape or lowprec.shape != ref.shape:
+        raise AssertionError(
+            f"{name}: shapes differ: actual {tuple(actual.shape)}, ref {tuple(ref.shape)}, "
+            f"lowprec {tuple(lowprec.shape)}"
+        )
+    a, r, p = (t.detach().float() for t in (actual, ref, lowprec))
+    nan_count = int(torch.isnan(a).sum())
+    ref_inf = torch.isinf(r)
+    mismatched = int(((torch.isinf(a) != ref_inf) | (ref_inf & (a != r))).sum())
+    finite = ~ref_inf & torch.isfinite(a)
+    error = float((a - r)[finite].abs().max()) if bool(finite.any()) else 0.0
+    p_finite = ~ref_inf & torch.isfinite(p)
+    pytorch_error = float((p - r)[p_finite].abs().max()) if bool(p_finite.any()) else 0.0
+    if atol is None:
+        atol = rounding_noise(r, noise_dtype or actual.dtype)
+    return ToleranceReport(name, error, pytorch_error, rtol * pytorch_error + atol, mismatched, nan_count)
+
+
+def assert_fa_close(actual, ref, lowprec, **kwargs) -> ToleranceReport:
+    """Raise AssertionError unless ``actual`` meets FlashAttention's rule (see fa_tolerance_report)."""
+    report = fa_tolerance_report(actual, ref, lowprec, **kwargs)
+    if not report.ok:
+        raise AssertionError(str(report))
+    return report

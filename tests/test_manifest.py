@@ -1,0 +1,115 @@
+"""The feature manifest: knob parsing, head-dim rounding and the 'not compiled in' messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from flash_attn_hopper import manifest as m
+
+
+def test_default_selection_is_everything_available():
+    sel = m.selection_from_env({})
+    assert sel.hdims == (64, 96, 128, 192, 256)
+    assert sel.dtypes == ("fp16", "bf16")
+    assert sel.directions == m.AVAILABLE_DIRECTIONS
+    assert len(sel.instantiations()) == 5 * 2 * len(m.AVAILABLE_DIRECTIONS)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("128", (128,)), (" 256, 64 ,128", (64, 128, 256)), ("all", m.HEAD_DIMS), ("", m.HEAD_DIMS), ("64;96", (64, 96))],
+)
+def test_parse_hdims(value, expected):
+    assert m.parse_hdims(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value, must_mention",
+    [
+        ("72", ["FLASH_ATTN_HOPPER_HDIMS", "hdim-96", "64,96,128,192,256"]),
+        ("512", ["FLASH_ATTN_HOPPER_HDIMS", "not supported"]),
+        ("abc", ["FLASH_ATTN_HOPPER_HDIMS", "not an integer"]),
+        (",", ["selects no head dim"]),
+    ],
+)
+def test_parse_hdims_rejects_with_a_fix(value, must_mention):
+    with pytest.raises(ValueError) as err:
+        m.parse_hdims(value)
+    for text in must_mention:
+        assert text in str(err.value)
+
+
+def test_parse_dtypes():
+    assert m.parse_dtypes("bf16") == ("bf16",)
+    assert m.parse_dtypes("bfloat16, FP16") == ("fp16", "bf16")  # manifest order, aliases, any case
+    assert m.parse_dtypes(None) == ("fp16", "bf16")
+    with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DTYPES.*unknown dtype 'fp32'"):
+        m.parse_dtypes("fp32")
+
+
+def test_disable_backward_knob():
+    on = m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "1"})
+    off = m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "0"})
+    assert "bwd" not in on.directions
+    assert off.directions == m.AVAILABLE_DIRECTIONS
+    with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_BACKWARD"):
+        m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "maybe"})
+
+
+def test_knobs_combine():
+    sel = m.selection_from_env({"FLASH_ATTN_HOPPER_HDIMS": "128", "FLASH_ATTN_HOPPER_DTYPES": "bf16"})
+    assert sel.instantiations() == [m.Instantiation("fwd", 128, "bf16")]
+    assert sel.instantiations()[0].filename == "flash_fwd_hdim128_bf16_sm90.cu"
+    assert sel.instantiations()[0].cutlass_type == "cutlass::bfloat16_t"
+
+
+def _expected_round(d: int) -> int:
+    # The rule in the kernel contract, written out independently of the manifest.
+    if d <= 64:
+        return 64
+    if d <= 96:
+        return 96
+    if d <= 128:
+        return 128
+    if d <= 192:
+        return 192
+    return 256
+
+
+@pytest.mark.parametrize("d", range(8, 257, 8))
+def test_round_up_headdim(d):
+    assert m.round_up_headdim(d) == _expected_round(d)
+
+
+@pytest.mark.parametrize("d", [0, -8, 4, 12, 100, 257, 264, 512])
+def test_round_up_headdim_rejects(d):
+    assert m.round_up_headdim(d) is None
+
+
+def test_not_compiled_message_names_knobs_and_command():
+    compiled = [m.Instantiation("fwd", 128, "bf16")]
+    assert m.not_compiled_message("fwd", 128, "bf16", compiled) is None
+    assert m.not_compiled_message("fwd", 120, "bf16", compiled) is None  # rounds up to 128
+    msg = m.not_compiled_message("fwd", 72, "fp16", compiled)
+    assert "head dim 72 (runs on the hdim-96 kernels)" in msg
+    assert "FLASH_ATTN_HOPPER_HDIMS=96,128" in msg
+    assert "FLASH_ATTN_HOPPER_DTYPES=fp16,bf16" in msg
+    assert m.BUILD_COMMAND in msg
+    msg = m.not_compiled_message("fwd", 128, "fp16", compiled)
+    assert "FLASH_ATTN_HOPPER_HDIMS=128 " in msg and "FLASH_ATTN_HOPPER_DTYPES=fp16,bf16" in msg
+    assert "not supported" in m.not_compiled_message("fwd", 300, "bf16", compiled)
+
+
+def test_backward_direction_state_is_consistent():
+    assert set(m.AVAILABLE_DIRECTIONS) <= set(m.DIRECTIONS)
+    assert m.FEATURES["backward"] == ("bwd" in m.AVAILABLE_DIRECTIONS)
+    if "bwd" not in m.AVAILABLE_DIRECTIONS:
+        msg = m.not_compiled_message("bwd", 128, "bf16", [m.Instantiation("fwd", 128, "bf16")])
+        assert "backward kernels are not part of this version" in msg
+
+
+def test_dtype_names_match_torch():
+    torch = pytest.importorskip("torch")
+    for name, info in m.DTYPES.items():
+        assert m.dtype_name(str(getattr(torch, info.torch_name)).removeprefix("torch.")) == name
+    assert m.dtype_name("float32") is None
