@@ -40,6 +40,8 @@ def raises(exc, *fragments):
 
         def __exit__(self, *args):
             suppressed = self.ctx.__exit__(*args)
+            if not suppressed:
+                return False
             message = str(self.info.value)
             for fragment in fragments:
                 assert fragment in message, f"{fragment!r} not in {message!r}"
@@ -166,7 +168,7 @@ def test_window_normalisation():
         interface._normalize_window((-2, 0), False, 16, 24)
 
 
-def test_wide_window_is_accepted_as_no_window():
+def test_wide_window_is_accepted_as_no_window(everything_compiled):
     # Passes every feature check and stops only at the device check.
     q, k, v = qkv()
     with raises(ValueError, "are on cpu"):
@@ -214,7 +216,7 @@ def test_qkvpacked_layout_errors():
         flash_attn_qkvpacked_func(torch.randn(8, 64, dtype=BF16))
 
 
-def test_qkvpacked_reaches_the_device_check_with_valid_layouts():
+def test_qkvpacked_reaches_the_device_check_with_valid_layouts(everything_compiled):
     with raises(ValueError, "are on cpu"):
         flash_attn_qkvpacked_func(torch.randn(2, 8, 3, 4, 64, dtype=BF16))
     with raises(ValueError, "are on cpu"):
@@ -275,6 +277,7 @@ _BLOCKED_EXTENSION = """
 import sys
 sys.modules["flash_attn_hopper._C"] = None   # as if the extension had never been built
 import flash_attn_hopper, torch
+flash_attn_hopper._build_info.COMPILED = None   # and no build record either
 assert not flash_attn_hopper.is_available()
 print("REASON:", flash_attn_hopper.unavailable_reason())
 info = flash_attn_hopper.build_info()
