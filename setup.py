@@ -136,9 +136,9 @@ class FlashBuildExtension(BuildExtension):
             "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python_version": platform.python_version(),
         }
-        targets = [ROOT / "flash_attn_hopper" / "_build_config.py"]
-        if not self.inplace:
-            targets.append(Path(self.build_lib) / "flash_attn_hopper" / "_build_config.py")
+        # Next to the _C it describes: the source tree for in-place/editable builds, else the wheel's tree.
+        package_dir = ROOT if self.inplace else Path(self.build_lib)
+        targets = [package_dir / "flash_attn_hopper" / "_build_config.py"]
         build_support.write_build_config(config, *targets)
         say(f"build configuration written to {', '.join(str(t) for t in targets)}")
 

@@ -17,6 +17,7 @@ reason and the build command.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import torch
 
@@ -34,6 +35,13 @@ except ModuleNotFoundError as err:
         LOAD_ERROR = f"importing flash_attn_hopper._C failed: {err}"
     else:
         LOAD_ERROR = "the CUDA extension flash_attn_hopper._C is not built"
+        if (Path(__file__).resolve().parent.parent / "setup.py").is_file():
+            # `python -m ...` or `python -c ...` run from a checkout import its source tree
+            # rather than the installed package.
+            LOAD_ERROR += (
+                f" in {Path(__file__).resolve().parent}, a source checkout (run from another directory "
+                "to use the installed package, or build in place with `python setup.py build_ext --inplace`)"
+            )
 except (ImportError, OSError) as err:
     # Typically an undefined symbol: the extension was built against another torch.
     LOAD_ERROR = (
