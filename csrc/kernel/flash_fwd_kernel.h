@@ -212,6 +212,31 @@ struct FwdKernel {
     load_v(0);
   }
 
+  // Inter-warpgroup ping-pong: the consumer warpgroups take turns issuing GEMMs, so one
+  // warpgroup's softmax runs while the tensor cores serve another's GEMMs.
+  static constexpr bool kPingPong = kNumMmaWarpGroups >= 2;
+  static constexpr int kSchedulerThreads = 2 * 128;
+
+  CUTLASS_DEVICE static void scheduler_sync(int wg) {
+    if constexpr (kPingPong) {
+      cutlass::arch::NamedBarrier::sync(kSchedulerThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1) + wg);
+    }
+  }
+  CUTLASS_DEVICE static void scheduler_arrive(int wg) {
+    if constexpr (kPingPong) {
+      int const next = wg + 1 == kNumMmaWarpGroups ? 0 : wg + 1;
+      cutlass::arch::NamedBarrier::arrive(kSchedulerThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1) + next);
+    }
+  }
+  // The first warpgroup's first turn needs no predecessor: it arrives on its own barrier.
+  CUTLASS_DEVICE static void scheduler_init(int wg) {
+    if constexpr (kPingPong) {
+      if (wg == 0) {
+        cutlass::arch::NamedBarrier::arrive(kSchedulerThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1));
+      }
+    }
+  }
+
   // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
   CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
                               Pipeline& pipeline_v, int m_block, int head, int batch,
@@ -249,13 +274,16 @@ struct FwdKernel {
     };
 
     if (range.n_block_max > 0) {
+      scheduler_init(wg);
       PipelineState state_k;
       PipelineState state_v;
       smem.barrier_q.wait(0);
 
       int n = range.n_block_max - 1;
+      scheduler_sync(wg);
       pipeline_k.consumer_wait(state_k);
       wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+      scheduler_arrive(wg);
       warpgroup_wait<0>();
       pipeline_k.consumer_release(state_k);
       ++state_k;
@@ -265,10 +293,12 @@ struct FwdKernel {
       clear(tOrO);
 
       for (--n; n >= 0; --n) {
+        scheduler_sync(wg);
         pipeline_k.consumer_wait(state_k);
         wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
         pipeline_v.consumer_wait(state_v);
         wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
+        scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
         warpgroup_wait<1>();  // S(n) is ready; P.V of the previous block still runs
         pipeline_k.consumer_release(state_k);
         ++state_k;
@@ -280,8 +310,10 @@ struct FwdKernel {
         softmax.rescale_o(tOrO_rc, rescale);
         convert_into(tSrS, tOrP);
       }
+      scheduler_sync(wg);
       pipeline_v.consumer_wait(state_v);
       wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
+      scheduler_arrive(wg);
       warpgroup_wait<0>();
       pipeline_v.consumer_release(state_v);
       softmax.finalize(tOrO_rc, params.softmax_scale, lse);

@@ -7,6 +7,11 @@ enum class FwdNamedBarrier : int {
   kEpilogueWG1 = 1,  // + consumer warpgroup index: that warpgroup's O tile is in shared memory
   kEpilogueWG2 = 2,
   kEpilogueWG3 = 3,
+  // Ping-pong: consumer warpgroup w may issue its GEMMs once warpgroup w-1 (cyclically) has
+  // issued its own. 128 threads sync on their barrier + 128 arrive from the predecessor.
+  kSchedulerWG1 = 4,
+  kSchedulerWG2 = 5,
+  kSchedulerWG3 = 6,
 };
 
 }  // namespace flash
