@@ -10,13 +10,16 @@
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <type_traits>
 
 #include "flash_fwd_params.h"
+#ifndef FLASH_ATTN_HOPPER_REGISTRY_PROVIDED  // developer variant builds define their own list
 #include "generated/fwd_registry.h"
+#endif
 
 namespace flash {
 template <int kHeadDim, typename Element>
@@ -66,7 +69,8 @@ bool tma_compatible(at::Tensor const& t) {
 at::Tensor tma_ready(at::Tensor const& t) { return tma_compatible(t) ? t : t.contiguous(); }
 
 std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
-                                           double softmax_scale, bool causal) {
+                                           double softmax_scale, bool causal, int64_t window_size_left,
+                                           int64_t window_size_right, bool top_left) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "flash_attn_hopper: q, k and v must be CUDA tensors");
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
               "flash_attn_hopper: q, k and v must be on the same device");
@@ -89,8 +93,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
               "flash_attn_hopper: nheads of q (", heads_q, ") must be a multiple of nheads of k/v (", heads_kv, ")");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "flash_attn_hopper: the last dimension of q, k and v must be contiguous");
-  TORCH_CHECK(seqlen_q < (int64_t(1) << 31) && seqlen_k < (int64_t(1) << 31) && batch < 65536,
-              "flash_attn_hopper: sizes too large");
+  TORCH_CHECK(seqlen_q + seqlen_k < (int64_t(1) << 29) && batch < 65536 && heads_q < 65536,
+              "flash_attn_hopper: sizes too large (seqlen_q + seqlen_k must be < 2^29, batch and nheads < 65536)");
 
   c10::cuda::CUDAGuard device_guard(q.device());
   int const device = q.get_device();
@@ -142,7 +146,14 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
   params.head_dim = int(head_dim);
   params.softmax_scale = float(softmax_scale);
   params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
-  params.is_causal = causal;
+  // Windows as FlashAttention defines them (-1 = unbounded; causal = right window 0), measured
+  // from the bottom-right diagonal, or from the top-left one as torch's SDPA does.
+  int const unbounded = int(seqlen_q + seqlen_k);
+  int64_t const right = causal ? 0 : window_size_right;
+  params.is_local = causal || window_size_left >= 0 || window_size_right >= 0;
+  params.window_left = window_size_left < 0 ? unbounded : int(std::min<int64_t>(window_size_left, unbounded));
+  params.window_right = right < 0 ? unbounded : int(std::min<int64_t>(right, unbounded));
+  params.diag_offset = top_left ? 0 : int(seqlen_k - seqlen_q);
   params.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
 
   fwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
@@ -151,14 +162,33 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
 
 }  // namespace
 
-TORCH_LIBRARY(flash_attn_hopper, m) {
-  m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal) -> (Tensor out, Tensor softmax_lse)");
+// Developer builds of kernel variants (tools/variants.py) load side by side under other names.
+#ifndef FLASH_ATTN_HOPPER_OP_NAMESPACE
+#define FLASH_ATTN_HOPPER_OP_NAMESPACE flash_attn_hopper
+#endif
+#define FLASH_ATTN_HOPPER_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define FLASH_ATTN_HOPPER_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+
+FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
+  // window sizes: -1 = unbounded; top_left: measure the causal diagonal / window from the top-left
+  // corner (torch SDPA's is_causal) instead of the bottom-right one (FlashAttention's).
+  m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
+        "int window_size_right=-1, bool top_left=False) -> (Tensor out, Tensor softmax_lse)");
 }
 
-TORCH_LIBRARY_IMPL(flash_attn_hopper, CUDA, m) { m.impl("fwd", &mha_fwd); }
+FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) { m.impl("fwd", &mha_fwd); }
 
-// Importing flash_attn_hopper._C loads this library, which registers the ops above.
-extern "C" PyMODINIT_FUNC PyInit__C(void) {
-  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "flash_attn_hopper kernels (ops live in torch.ops.flash_attn_hopper)", -1, nullptr};
+// Importing the extension module loads this library, which registers the ops above.
+#ifndef TORCH_EXTENSION_NAME
+#define TORCH_EXTENSION_NAME _C
+#endif
+#define FLASH_ATTN_HOPPER_CONCAT_(a, b) a##b
+#define FLASH_ATTN_HOPPER_CONCAT(a, b) FLASH_ATTN_HOPPER_CONCAT_(a, b)
+#define FLASH_ATTN_HOPPER_STR_(a) #a
+#define FLASH_ATTN_HOPPER_STR(a) FLASH_ATTN_HOPPER_STR_(a)
+
+extern "C" PyMODINIT_FUNC FLASH_ATTN_HOPPER_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, FLASH_ATTN_HOPPER_STR(TORCH_EXTENSION_NAME),
+                                   "flash_attn_hopper kernels (the ops live in torch.ops)", -1, nullptr};
   return PyModule_Create(&module_def);
 }

@@ -57,6 +57,9 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.seqlen_k,
       p.heads_q,
       p.heads_q / p.heads_kv,
+      p.diag_offset,
+      p.window_left,
+      p.window_right,
       p.softmax_scale,
       p.softmax_scale_log2,
   };
@@ -71,20 +74,20 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the forward kernel");
 }
 
-template <int kHeadDim, typename Element, bool kCausal>
-void run_flash_fwd_causal(FwdParams& p, cudaStream_t stream) {
-  constexpr FwdTile tile = fwd_tile<kHeadDim, kCausal>();
-  using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kCausal>;
+template <int kHeadDim, typename Element, bool kLocal>
+void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
+  constexpr FwdTile tile = fwd_tile<kHeadDim, kLocal>();
+  using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal>;
   launch_fwd<Kernel>(p, stream);
 }
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& p, cudaStream_t stream) {
-  if (p.is_causal) {
-    run_flash_fwd_causal<kHeadDim, Element, true>(p, stream);
+  if (p.is_local) {
+    run_flash_fwd_mask<kHeadDim, Element, true>(p, stream);
   } else {
-    run_flash_fwd_causal<kHeadDim, Element, false>(p, stream);
+    run_flash_fwd_mask<kHeadDim, Element, false>(p, stream);
   }
 }
 

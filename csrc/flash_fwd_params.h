@@ -29,7 +29,14 @@ struct FwdParams {
   float softmax_scale;       // multiplies Q.K^T
   float softmax_scale_log2;  // softmax_scale * log2(e): the kernel works in the exp2 domain
 
-  bool is_causal;            // bottom-right aligned: row i sees keys j <= i + seqlen_k - seqlen_q
+  // Local (sliding-window) attention, causal included. Query row i sees key j iff
+  //   i + diag_offset - window_left <= j <= i + diag_offset + window_right,
+  // diag_offset = seqlen_k - seqlen_q (bottom-right aligned, FlashAttention) or 0 (top-left, torch).
+  // Unbounded sides are stored as seqlen_q + seqlen_k, so no sum overflows.
+  bool is_local;
+  int window_left;
+  int window_right;
+  int diag_offset;
   int num_sms;               // multiprocessors of the device (for the scheduler)
 };
 

@@ -79,7 +79,7 @@ FEATURES: Mapping[str, bool] = {
     "gqa": True,  # nheads_q a multiple of nheads_kv, K/V shared, never copied
     "lse": True,  # return_attn_probs=True returns the float32 log-sum-exp
     "strided_inputs": True,  # any strides with a contiguous last dim
-    "local_window": False,  # window_size other than (-1, -1) / causal
+    "local_window": True,  # window_size other than (-1, -1) / causal
     "softcap": False,
     "varlen": False,
     "paged_kv": False,

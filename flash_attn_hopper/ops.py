@@ -103,18 +103,22 @@ def backward_unavailable_message() -> str:
 if _C is not None:
 
     @torch.library.register_fake("flash_attn_hopper::fwd")
-    def _fwd_fake(q, k, v, softmax_scale, causal):
+    def _fwd_fake(q, k, v, softmax_scale, causal, *window_and_alignment):
+        # The output shapes depend on q alone; the window arguments (window_size_left,
+        # window_size_right, top_left) only choose which keys each query sees.
         batch, seqlen_q, nheads_q, head_dim = q.shape
         out = q.new_empty((batch, seqlen_q, nheads_q, head_dim))
         softmax_lse = q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
         return out, softmax_lse
 
     def _fwd_setup_context(ctx, inputs, output):
-        q, k, v, softmax_scale, causal = inputs
+        # inputs has every schema argument, defaults filled in by torch.
+        q, k, v, softmax_scale, causal = inputs[:5]
         out, softmax_lse = output
         ctx.save_for_backward(q, k, v, out, softmax_lse)
         ctx.softmax_scale = softmax_scale
         ctx.causal = causal
+        ctx.num_inputs = len(inputs)
 
     def _fwd_backward(ctx, grad_out, grad_lse):
         # Like FlashAttention, the gradient flowing into softmax_lse is not
@@ -130,7 +134,7 @@ if _C is not None:
             )
         q, k, v, out, softmax_lse = ctx.saved_tensors
         dq, dk, dv = op(grad_out, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal)
-        return dq, dk, dv, None, None
+        return (dq, dk, dv) + (None,) * (ctx.num_inputs - 3)
 
     torch.library.register_autograd("flash_attn_hopper::fwd", _fwd_backward, setup_context=_fwd_setup_context)
 

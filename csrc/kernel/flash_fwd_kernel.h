@@ -39,14 +39,14 @@ constexpr auto smem_atom_k_major() {
   }
 }
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kCausal_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_>
 struct FwdKernel {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  static constexpr bool kCausal = kCausal_;
+  static constexpr bool kLocal = kLocal_;
 
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
   static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
@@ -122,6 +122,9 @@ struct FwdKernel {
     int seqlen_k;
     int heads_q;
     int q_heads_per_kv_head;
+    int diag_offset;   // local attention (kLocal): see FwdParams
+    int window_left;
+    int window_right;
     float softmax_scale;
     float softmax_scale_log2;
   };
@@ -132,8 +135,8 @@ struct FwdKernel {
     int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
     bool const lane_predicate = cute::elect_one_sync();
 
-    // Causal tiles with more rows have more work: launch them first.
-    int const m_block = kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+    // With a causal mask, later tiles have more work: launch them first.
+    int const m_block = kLocal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
     int const head = blockIdx.y;
     int const batch = blockIdx.z;
     int const head_kv = head / params.q_heads_per_kv_head;
@@ -155,7 +158,8 @@ struct FwdKernel {
     Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on them
 
-    BlockRange<kBlockM, kBlockN, kCausal> const range(m_block, params.seqlen_q, params.seqlen_k);
+    BlockRange<kBlockM, kBlockN, kLocal> const range(m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
+                                                     params.window_left, params.window_right);
 
     if (warp_group_idx == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
@@ -172,8 +176,8 @@ struct FwdKernel {
   // Producer: Q once, then K(n_max-1); then K(n-1) ahead of V(n), matching the consumers' order.
   CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
                            Pipeline& pipeline_v, int m_block, int head, int head_kv, int batch,
-                           BlockRange<kBlockM, kBlockN, kCausal> const& range) const {
-    if (range.n_block_max <= 0) { return; }  // nothing to attend: consumers write zeros
+                           BlockRange<kBlockM, kBlockN, kLocal> const& range) const {
+    if (range.empty()) { return; }  // nothing to attend: consumers write zeros
     Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);     // (seqlen_q, d)
     Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);  // (seqlen_k, d)
     Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
@@ -205,11 +209,11 @@ struct FwdKernel {
     };
     int n = range.n_block_max - 1;
     load_k(n);
-    for (; n > 0; --n) {
+    for (; n > range.n_block_min; --n) {
       load_k(n - 1);
       load_v(n);
     }
-    load_v(0);
+    load_v(range.n_block_min);
   }
 
   // Inter-warpgroup ping-pong: the consumer warpgroups take turns issuing GEMMs, so one
@@ -240,7 +244,7 @@ struct FwdKernel {
   // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
   CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
                               Pipeline& pipeline_v, int m_block, int head, int batch,
-                              BlockRange<kBlockM, kBlockN, kCausal> const& range, int mma_tidx,
+                              BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx,
                               int wg) const {
     TiledMmaQK tiled_mma_qk;
     TiledMmaPV tiled_mma_pv;
@@ -266,14 +270,14 @@ struct FwdKernel {
     OnlineSoftmax<kRows> softmax(params.softmax_scale_log2);
     Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
     int const row0 = m_block * kBlockM;
-    int const causal_offset = params.seqlen_k - params.seqlen_q;
     auto mask = [&](int n) {
-      if (n >= range.n_block_unmasked) {
-        apply_mask<kCausal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, causal_offset);
+      if (range.needs_mask(n)) {
+        apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+                           params.window_left, params.window_right);
       }
     };
 
-    if (range.n_block_max > 0) {
+    if (!range.empty()) {
       scheduler_init(wg);
       PipelineState state_k;
       PipelineState state_v;
@@ -291,26 +295,30 @@ struct FwdKernel {
       softmax.first_block(tSrS_rc);
       convert_into(tSrS, tOrP);
       clear(tOrO);
+      // Factor for O before P(n+1).V(n+1) is added; applied while S(n) runs on the tensor cores.
+      Tensor rescale = make_tensor<float>(Shape<Int<kRows>>{});
+      fill(rescale, 1.f);
 
-      for (--n; n >= 0; --n) {
+      for (--n; n >= range.n_block_min; --n) {
         scheduler_sync(wg);
         pipeline_k.consumer_wait(state_k);
         wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+        softmax.rescale_o(tOrO_rc, rescale);
         pipeline_v.consumer_wait(state_v);
         wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
         scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
-        warpgroup_wait<1>();  // S(n) is ready; P.V of the previous block still runs
+        warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
         pipeline_k.consumer_release(state_k);
         ++state_k;
         mask(n);
-        auto rescale = softmax.next_block(tSrS_rc);
-        warpgroup_wait<0>();  // P.V done: V's stage and the P registers are free
+        softmax.next_block(tSrS_rc, rescale);
+        warpgroup_wait<0>();   // P.V done: V's stage and the P registers are free
         pipeline_v.consumer_release(state_v);
         ++state_v;
-        softmax.rescale_o(tOrO_rc, rescale);
         convert_into(tSrS, tOrP);
       }
       scheduler_sync(wg);
+      softmax.rescale_o(tOrO_rc, rescale);
       pipeline_v.consumer_wait(state_v);
       wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
       scheduler_arrive(wg);

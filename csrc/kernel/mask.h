@@ -10,43 +10,59 @@ namespace flash {
 
 using namespace cute;
 
-// Causal is bottom-right aligned: query row i sees key j iff j <= i + (seqlen_k - seqlen_q).
-template <bool kCausal, typename TensorS, typename TensorC>
+// Row i (global) sees key j iff j < seqlen_k and, for local attention,
+// i + diag - left <= j <= i + diag + right (causal: right = 0).
+template <bool kLocal, typename TensorS, typename TensorC>
 CUTLASS_DEVICE void apply_mask(TensorS& s,         // (rows, cols) view of the score accumulator
                                TensorC const& c,   // same shape: (row, col) coordinates in the tile
-                               int row0, int col0, int seqlen_k, int causal_offset) {
+                               int row0, int col0, int seqlen_k, int diag, int left, int right) {
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < size<0>(s); ++r) {
-    int col_limit = seqlen_k - col0;  // exclusive, relative to this block
-    if constexpr (kCausal) {
-      col_limit = min(col_limit, row0 + get<0>(c(r, 0)) + causal_offset + 1 - col0);
+    int hi = seqlen_k - col0;  // exclusive, relative to this block
+    int lo = 0;                // inclusive
+    if constexpr (kLocal) {
+      int const diag_col = row0 + get<0>(c(r, 0)) + diag - col0;
+      hi = min(hi, diag_col + right + 1);
+      lo = diag_col - left;
     }
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size<1>(s); ++j) {
-      if (get<1>(c(r, j)) >= col_limit) { s(r, j) = -INFINITY; }
+      int const col = get<1>(c(r, j));
+      if (col >= hi || col < lo) { s(r, j) = -INFINITY; }
     }
   }
 }
 
-// Which key blocks one query tile visits, and from which block downwards no mask is needed.
-template <int kBlockM, int kBlockN, bool kCausal>
-struct BlockRange {
-  int n_block_max;       // exclusive; 0 means the tile attends to nothing
-  int n_block_unmasked;  // blocks n < this need no mask at all
+CUTLASS_HOST_DEVICE int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+CUTLASS_HOST_DEVICE int ceil_div_int(int a, int b) { return -floor_div(-a, b); }
 
-  CUTLASS_DEVICE BlockRange(int m_block, int seqlen_q, int seqlen_k) {
-    n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
-    n_block_unmasked = seqlen_k / kBlockN;  // the partial last block needs the seqlen mask
-    if constexpr (kCausal) {
-      int const offset = seqlen_k - seqlen_q;
-      // Exclusive key limit of the tile's last real row.
-      int const last_row_limit = min((m_block + 1) * kBlockM, seqlen_q) + offset;
-      n_block_max = min(n_block_max, last_row_limit <= 0 ? 0 : (last_row_limit + kBlockN - 1) / kBlockN);
-      // Blocks entirely at or left of the first row's diagonal are unmasked.
-      int const first_row_limit = m_block * kBlockM + offset + 1;
-      n_block_unmasked = min(n_block_unmasked, first_row_limit <= 0 ? 0 : first_row_limit / kBlockN);
+// Which key blocks one query tile visits, and which of them need a mask. Blocks are visited
+// from n_block_max - 1 down to n_block_min; block n needs the mask iff
+// n >= n_unmasked_hi (seqlen end or right window edge) or n < n_unmasked_lo (left window edge).
+template <int kBlockM, int kBlockN, bool kLocal>
+struct BlockRange {
+  int n_block_min;
+  int n_block_max;  // exclusive; n_block_max <= n_block_min means the tile attends to nothing
+  int n_unmasked_lo;
+  int n_unmasked_hi;
+
+  CUTLASS_DEVICE BlockRange(int m_block, int seqlen_q, int seqlen_k, int diag, int left, int right) {
+    n_block_min = 0;
+    n_block_max = ceil_div_int(seqlen_k, kBlockN);
+    n_unmasked_lo = 0;
+    n_unmasked_hi = seqlen_k / kBlockN;  // the partial last block needs the seqlen mask
+    if constexpr (kLocal) {
+      int const first_row = m_block * kBlockM;
+      int const last_row = min((m_block + 1) * kBlockM, seqlen_q) - 1;
+      n_block_max = min(n_block_max, max(0, ceil_div_int(last_row + diag + right + 1, kBlockN)));
+      n_unmasked_hi = min(n_unmasked_hi, max(0, floor_div(first_row + diag + right + 1, kBlockN)));
+      n_block_min = max(0, floor_div(first_row + diag - left, kBlockN));
+      n_unmasked_lo = max(0, ceil_div_int(last_row + diag - left, kBlockN));
     }
   }
+
+  CUTLASS_DEVICE bool empty() const { return n_block_max <= n_block_min; }
+  CUTLASS_DEVICE bool needs_mask(int n) const { return n >= n_unmasked_hi || n < n_unmasked_lo; }
 };
 
 }  // namespace flash

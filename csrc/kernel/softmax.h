@@ -49,10 +49,9 @@ struct OnlineSoftmax {
     }
   }
 
-  // A later block: update the max, return per-row factors by which O must be rescaled.
-  template <typename TensorS>
-  CUTLASS_DEVICE auto next_block(TensorS& s) {
-    Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> rescale;
+  // A later block: update the max; `rescale` receives the per-row factors for O.
+  template <typename TensorS, typename TensorR>
+  CUTLASS_DEVICE void next_block(TensorS& s, TensorR& rescale) {
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float m = row_max(r);
@@ -72,7 +71,6 @@ struct OnlineSoftmax {
       }
       row_sum(r) = row_sum(r) * rescale(r) + sum;
     }
-    return rescale;
   }
 
   template <typename TensorO, typename TensorR>

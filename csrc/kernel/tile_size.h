@@ -13,14 +13,19 @@ struct FwdTile {
   int stages;
 };
 
-template <int kHeadDim, bool kCausal>
+// kLocal: causal or sliding window (fewer keys per row, smaller key blocks waste less).
+template <int kHeadDim, bool kLocal>
 constexpr FwdTile fwd_tile() {
+#if defined(FLASH_FWD_DEV_BLOCK_M) && defined(FLASH_FWD_DEV_BLOCK_N)
+  // Developer builds (tools/variants.py) sweep tiles without editing this table.
+  return {FLASH_FWD_DEV_BLOCK_M, FLASH_FWD_DEV_BLOCK_N, FLASH_FWD_DEV_STAGES};
+#endif
   if constexpr (kHeadDim <= 64) {
     return {192, 128, 2};
   } else if constexpr (kHeadDim <= 96) {
     return {128, 128, 2};
   } else if constexpr (kHeadDim <= 128) {
-    return kCausal ? FwdTile{128, 128, 2} : FwdTile{128, 176, 2};
+    return kLocal ? FwdTile{128, 128, 2} : FwdTile{128, 176, 2};
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
   } else {

@@ -1,0 +1,135 @@
+"""Developer tool for the GPU machine: build several variants of one forward kernel side by side
+(tile sizes and other compile-time knobs), check each on a few awkward shapes, and time them
+against cuDNN in one run. Each variant is its own extension with its own op namespace.
+
+    python3 tools/variants.py --hdim 128 --variant base --variant n128:M=128,N=128,S=2 ...
+
+A variant is NAME[:KEY=VALUE,...] with keys M, N, S (block M, block N, stages; all three or
+none) or any other macro (passed as -DKEY=VALUE).
+"""
+import argparse
+import importlib.util
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = Path(os.environ.get("FLASH_VARIANTS_BUILD", "/tmp/flash_variants"))
+
+
+def cutlass_root():
+    if os.environ.get("CUTLASS_HOME"):
+        return Path(os.environ["CUTLASS_HOME"])
+    spec = importlib.util.find_spec("cutlass_library")
+    return Path(spec.submodule_search_locations[0]) / "source"
+
+
+def parse_variant(text):
+    name, _, rest = text.partition(":")
+    defines = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        key = {"M": "FLASH_FWD_DEV_BLOCK_M", "N": "FLASH_FWD_DEV_BLOCK_N", "S": "FLASH_FWD_DEV_STAGES"}.get(key, key)
+        defines[key] = value
+    return name, defines
+
+
+def sources(name, hdim, dtype):
+    ctype = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}[dtype]
+    d = BUILD / name
+    d.mkdir(parents=True, exist_ok=True)
+    api = d / "api.cpp"
+    api.write_text(
+        f"#define FLASH_ATTN_HOPPER_REGISTRY_PROVIDED\n"
+        f"#define FLASH_ATTN_HOPPER_FOR_EACH_FWD(X) X({hdim}, {ctype})\n"
+        f'#include "flash_api.cpp"\n')
+    inst = d / "inst.cu"
+    inst.write_text(
+        f'#include "flash_fwd_launch.cuh"\n'
+        f"template void flash::run_flash_fwd<{hdim}, {ctype}>(flash::FwdParams&, cudaStream_t);\n")
+    return [str(api), str(inst)]
+
+
+def build(args):
+    name, defines, hdim, dtype = args
+    from torch.utils.cpp_extension import load
+    cutlass = cutlass_root()
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    ns = f"fahv_{name}"
+    common = [f"-DFLASH_ATTN_HOPPER_OP_NAMESPACE={ns}", "-std=c++20", "-O3"]
+    nvcc = common + ["-gencode=arch=compute_90a,code=sm_90a", "-DNDEBUG", "--expt-relaxed-constexpr",
+                     "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__", "-lineinfo",
+                     "-Xptxas=-v"] + [f"-D{k}={v}" for k, v in defines.items()]
+    start = time.time()
+    load(name=ns, sources=sources(name, hdim, dtype), extra_cflags=common, extra_cuda_cflags=nvcc,
+         extra_include_paths=[str(ROOT / "csrc"), str(cutlass / "include"), str(cutlass / "tools/util/include"),
+                              f"{cuda_home}/include/cccl"],
+         build_directory=str(BUILD / name), verbose=False)
+    return name, time.time() - start
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--variant", action="append", required=True)
+    ap.add_argument("--seqlens", default="512,2048,8192")
+    ap.add_argument("--causal", default="0,1")
+    args = ap.parse_args()
+    variants = [parse_variant(v) for v in args.variant]
+    with mp.get_context("spawn").Pool(len(variants)) as pool:
+        for name, secs in pool.imap_unordered(build, [(n, d, args.hdim, args.dtype) for n, d in variants]):
+            print(f"built {name} in {secs:.0f} s", flush=True)
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+    sys.path.insert(0, str(ROOT / "tools"))
+    from fwd_check import reference
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    ops = {}
+    for name, defines in variants:
+        build((name, defines, args.hdim, args.dtype))  # already built: only loads
+        ops[name] = getattr(torch.ops, f"fahv_{name}").fwd
+
+    d = args.hdim
+    for name, op in ops.items():  # correctness first: a moving error is a race
+        worst = 0.0
+        for (sq, sk, causal) in [(113, 203, False), (799, 3, True), (1024, 1024, True), (2048, 2049, False),
+                                 (300, 4000, True)]:
+            for rep in range(2):
+                q = torch.randn(2, sq, 6, d, device="cuda", dtype=dtype)
+                k = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)
+                v = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)
+                out, lse = op(q, k, v, d ** -0.5, causal)
+                o_ref, _ = reference(q, k, v, causal, d ** -0.5)
+                o_low, _ = reference(q, k, v, causal, d ** -0.5, dtype=dtype)
+                err = (out.float() - o_ref).abs().max().item()
+                bound = 2 * (o_low.float() - o_ref).abs().max().item() + 1e-3
+                worst = max(worst, err / bound)
+        print(f"{name}: worst error / bound = {worst:.2f} {'ok' if worst <= 1 else 'FAIL'}", flush=True)
+
+    h = 2048 // d
+    rows = []
+    for causal in [bool(int(c)) for c in args.causal.split(",")]:
+        for s in [int(x) for x in args.seqlens.split(",")]:
+            b = 16384 // s
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                t = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),
+                             warmup=50, rep=300, return_mode="median")
+            line = f"causal={int(causal)} seqlen={s:5d} cuDNN {flops / t / 1e9:6.1f}"
+            for name, op in ops.items():
+                t2 = do_bench(lambda: op(q, k, v, d ** -0.5, causal), warmup=50, rep=300, return_mode="median")
+                line += f" | {name} {flops / t2 / 1e9:6.1f} ({t / t2:.3f})"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
