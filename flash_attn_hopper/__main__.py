@@ -143,7 +143,7 @@ def benchmark(compiled: list[tuple[int, str]]) -> None:
         try:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 peer = _time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
-            peer_text = f"cuDNN SDPA {flops / peer / 1e9:6.1f} TFLOP/s -> ratio {peer / ours:.2f}x"
+            peer_text = f"cuDNN SDPA {flops / peer / 1e9:6.1f} TFLOP/s, ours/cuDNN {peer / ours:.2f}x"
         except RuntimeError as err:
             peer_text = f"cuDNN SDPA unavailable ({str(err).splitlines()[0][:80]})"
         print(f"[{i}/{len(points)}] hdim {hdim} {dtype_name} causal={causal!s:5} seqlen {seqlen:5d}: "

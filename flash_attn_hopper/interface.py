@@ -73,8 +73,11 @@ def _normalize_window(window_size, causal: bool, seqlen_q: int, seqlen_k: int) -
     return left, right
 
 
-def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap) -> tuple[float, bool]:
-    """Validate a forward call; return (softmax_scale, causal) for the op.
+def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
+    """Validate a forward call; return (softmax_scale, causal, window) for the op.
+
+    ``window`` is None for no window or plain causal, else the effective
+    (left, right) of a sliding window, -1 = unbounded.
 
     Order: structure (types, ranks, dtypes, shapes, strides), then features,
     then what this build compiled, then the device, so each message names the
@@ -142,9 +145,12 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap) -> tup
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
 
     left, right = _normalize_window(window_size, causal, seqlen_q, seqlen_k)
+    window = None
     if (left, right) == (-1, 0):
         causal = True
     elif (left, right) != (-1, -1):
+        window = (left, right)
+    if window is not None and not manifest.FEATURES["local_window"]:
         raise _feature_error(
             "local_window",
             f"sliding-window (local) attention with window_size={tuple(window_size)} "
@@ -180,7 +186,7 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap) -> tup
                 f"{q.device} is an sm_{capability[0]}{capability[1]} GPU ({torch.cuda.get_device_name(index)}); "
                 "flash_attn_hopper's kernels are built for sm_90a only (H100, H200, H20, GH200)"
             )
-    return softmax_scale, causal
+    return softmax_scale, causal, window
 
 
 def _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
@@ -250,8 +256,11 @@ def flash_attn_func(
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
-    softmax_scale, causal = _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap)
-    out, softmax_lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, causal)
+    softmax_scale, causal, window = _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap)
+    if window is None:
+        out, softmax_lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, causal)
+    else:
+        out, softmax_lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, causal, window[0], window[1])
     return (out, softmax_lse) if return_attn_probs else out
 
 

@@ -39,10 +39,27 @@ def _fake(*shape, dtype=DTYPE, device="cuda", requires_grad=False):
 
 def test_schema_is_the_contract():
     schema = torch.ops.flash_attn_hopper.fwd.default._schema
-    assert [a.name for a in schema.arguments] == ["q", "k", "v", "softmax_scale", "causal"]
-    assert [str(a.type) for a in schema.arguments] == ["Tensor", "Tensor", "Tensor", "float", "bool"]
+    assert [a.name for a in schema.arguments[:5]] == ["q", "k", "v", "softmax_scale", "causal"]
+    assert [str(a.type) for a in schema.arguments[:5]] == ["Tensor", "Tensor", "Tensor", "float", "bool"]
+    # Later arguments (the local window) must default to plain attention, so the 5-argument call stays valid.
+    assert [a.name for a in schema.arguments[5:]] in ([], ["window_size_left", "window_size_right", "top_left"])
+    assert [a.default_value for a in schema.arguments[5:]] in ([], [-1, -1, False])
     assert [r.name for r in schema.returns] == ["out", "softmax_lse"]
     assert not schema.is_mutable
+
+
+def test_local_window_reaches_the_op():
+    if not manifest.FEATURES["local_window"]:
+        pytest.skip("this version has no local-window kernels (manifest feature 'local_window' is off)")
+    torch._dynamo.reset()
+    recorder = _GraphRecorder()
+    with FakeTensorMode():
+        q, k = _fake(2, 64, 4, HDIM), _fake(2, 80, 2, HDIM)
+        fn = torch.compile(lambda q, k: flash_attn_hopper.flash_attn_func(q, k, k, window_size=(8, 0)),
+                           fullgraph=True, backend=recorder)
+        assert fn(q, k).shape == (2, 64, 4, HDIM)
+    (call,) = recorder.op_calls()
+    assert call.args[4:] == (False, 8, 0)
 
 
 @pytest.mark.parametrize(
