@@ -148,7 +148,16 @@ def test_scale_and_causal_types():
 
 
 @pytest.mark.parametrize("window", [(3, 3), (0, -1), (5, 0)])
-def test_local_window_refused(window):
+def test_local_window_passes_the_feature_checks(window, everything_compiled):
+    # Local windows have kernels: the call gets as far as the device check.
+    q, k, v = qkv()
+    with raises(ValueError, "are on cpu"):
+        flash_attn_func(q, k, v, window_size=window)
+
+
+@pytest.mark.parametrize("window", [(3, 3), (0, -1)])
+def test_local_window_refused_when_the_manifest_has_no_kernels(window, monkeypatch):
+    monkeypatch.setitem(manifest.FEATURES, "local_window", False)
     q, k, v = qkv()
     with raises(RuntimeError, "sliding-window (local) attention", "local_window", "window_size=(-1, -1)"):
         flash_attn_func(q, k, v, window_size=window)

@@ -195,6 +195,19 @@ def test_many_batches():
     run_and_check(q, k, v, True)
 
 
+@pytest.mark.parametrize("window", [(0, 0), (17, 5), (64, -1), (-1, 33), (100, 0)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (799, 3), (1024, 1024), (1, 239)])
+@pytest.mark.parametrize("gqa", [1, 6])
+def test_local_window(window, causal, seqlen_q, seqlen_k, gqa):
+    if not manifest.FEATURES["local_window"]:
+        pytest.skip("this version has no local-window kernels (manifest feature 'local_window' is off)")
+    d, dtype = compiled_config()
+    seed = hash((window, causal, seqlen_q, seqlen_k, gqa)) % (2**31)
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, d, dtype, seed)
+    run_and_check(q, k, v, causal, window_size=window)
+
+
 def test_custom_softmax_scale():
     d, dtype = compiled_config()
     q, k, v = random_qkv(2, 200, 300, 4, 2, d, dtype, seed=4)
