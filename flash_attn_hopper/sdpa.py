@@ -1,0 +1,284 @@
+"""``torch.nn.functional.scaled_dot_product_attention`` on flash_attn_hopper's kernels.
+
+:func:`scaled_dot_product_attention` has torch's signature and torch's
+semantics: ``(batch, heads, seqlen, head_dim)`` inputs (handled as transposed
+views, never copied), ``is_causal`` aligned to the top-left corner of the
+attention matrix, ``scale`` defaulting to ``1/sqrt(E)``, ``enable_gqa``, the
+output in the query's dtype.  It runs our kernel when the call is one the
+kernel computes exactly and calls torch's own function otherwise (a mask,
+dropout, float32, CPU, a head dim without a kernel, inputs that need
+gradients while there is no backward kernel, ...);
+:func:`sdpa_fallback_reason` says which, and why.
+
+:class:`patch_sdpa` routes code that calls
+``torch.nn.functional.scaled_dot_product_attention`` itself through this
+function, as a context manager or as a switch.
+
+The fast path is forward-only (inference) until flash_attn_hopper has a
+backward kernel: with grad mode on and an input that requires grad, torch's
+own SDPA runs.  :data:`BACKWARD_READY` is the one switch that changes this.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.overrides import has_torch_function
+
+from . import _build_info, manifest, ops
+
+#: torch's own function, taken at import: fallbacks must not re-enter a patched
+#: ``torch.nn.functional.scaled_dot_product_attention``.
+TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _compiled_forward_pairs() -> frozenset[tuple[int, str]] | None:
+    """(manifest head dim, dtype name) pairs with a forward kernel in this build; None if unrecorded."""
+    if _build_info.COMPILED is None:
+        return None
+    return frozenset((inst.hdim, inst.dtype) for inst in _build_info.COMPILED if inst.direction == "fwd")
+
+
+# Plain module constants: torch.compile reads them without guards or graph breaks.
+_COMPILED_FWD = _compiled_forward_pairs()
+
+
+def _backward_ready() -> bool:
+    """Whether gradients may flow through the fast path.
+
+    They may once csrc/ defines a backward op that knows the forward's masks:
+    the fast path calls the forward with ``top_left=True`` for ``is_causal``,
+    and a backward that ignored it would return wrong gradients for L != S.
+    """
+    if not ops.has_bwd_op():
+        return False
+    names = {arg.name for arg in torch.ops.flash_attn_hopper.bwd.default._schema.arguments}
+    return "top_left" in names
+
+
+#: True when the fast path also serves inputs that require grad; until then
+#: torch's SDPA computes those (forward and backward).
+BACKWARD_READY: bool = _backward_ready()
+
+
+# --------------------------------------------------------------------------
+# What the kernel can compute
+# --------------------------------------------------------------------------
+
+
+def kernel_refusal(device: torch.device) -> str | None:
+    """Why flash_attn_hopper's kernel cannot run on ``device``; None when it can.
+
+    Host-side queries only (no synchronisation); ``get_device_properties`` is
+    cached by torch and folded to a constant by torch.compile.
+    """
+    if not ops.extension_loaded():
+        return f"the CUDA extension is not available ({ops.LOAD_ERROR})"
+    if device.type != "cuda":
+        return f"the inputs are on {device.type}, and flash_attn_hopper runs on CUDA (sm_90) devices only"
+    props = torch.cuda.get_device_properties(device)
+    if (props.major, props.minor) != (9, 0):
+        return (
+            f"{device} is an sm_{props.major}{props.minor} GPU ({props.name}); "
+            "flash_attn_hopper's kernels are built for sm_90 (H100, H200, H20, GH200)"
+        )
+    return None
+
+
+def flash_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why the forward op cannot take q, k, v in (batch, seqlen, heads, head_dim); None when it can.
+
+    Shared by the SDPA drop-in and torch's flash-attention registry
+    (:mod:`flash_attn_hopper.torch_registry`), which see the same op.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "the inputs are not 4-dimensional"
+    if q.dtype not in _DTYPE_NAMES:
+        return f"the dtype is {q.dtype}; the kernels take torch.float16 and torch.bfloat16"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"query, key and value have different dtypes ({q.dtype}, {k.dtype}, {v.dtype})"
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    if k.size(0) != batch or v.size(0) != batch:
+        return "query, key and value have different batch sizes (torch broadcasts them)"
+    if k.size(-1) != head_dim:
+        return f"key's head dim ({k.size(-1)}) differs from query's ({head_dim})"
+    if v.size(-1) != head_dim:
+        return f"value's head dim ({v.size(-1)}) differs from query's ({head_dim}); the kernels need one head dim"
+    if k.size(1) != v.size(1) or k.size(2) != v.size(2):
+        return "key and value have different shapes"
+    heads_kv = k.size(2)
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        return f"the query heads ({heads_q}) are not a multiple of the key/value heads ({heads_kv})"
+    if q.numel() == 0 or k.numel() == 0:
+        return "an input is empty"
+    rounded = manifest.round_up_headdim(head_dim)
+    if rounded is None:
+        return (
+            f"head dim {head_dim} has no kernel: it must be a multiple of {manifest.HEAD_DIM_MULTIPLE} "
+            f"and at most {manifest.MAX_HEAD_DIM}"
+        )
+    if _COMPILED_FWD is not None and (rounded, _DTYPE_NAMES[q.dtype]) not in _COMPILED_FWD:
+        return manifest.not_compiled_message("fwd", head_dim, _DTYPE_NAMES[q.dtype], _build_info.COMPILED)
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return "the last dimension of query, key or value is not contiguous (stride 1)"
+    if k.device != q.device or v.device != q.device:
+        return f"the inputs are on different devices ({q.device}, {k.device}, {v.device})"
+    return kernel_refusal(q.device)
+
+
+def sdpa_fallback_reason(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+) -> str | None:
+    """None when :func:`scaled_dot_product_attention` runs our kernel on these arguments.
+
+    Otherwise a sentence saying why torch's own function computes the call.
+    Takes exactly the arguments of ``scaled_dot_product_attention``.
+    """
+    for t in (query, key, value):
+        if not isinstance(t, torch.Tensor):
+            return "query, key and value are not all tensors"
+    if has_torch_function((query, key, value)):
+        return "an input is a tensor subclass with its own __torch_function__ (torch dispatches it)"
+    if query.is_nested or key.is_nested or value.is_nested:
+        return "nested tensors are not supported"
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return (
+            f"the inputs are not 4-dimensional (batch, heads, seqlen, head_dim): "
+            f"query {query.dim()}-D, key {key.dim()}-D, value {value.dim()}-D"
+        )
+    if attn_mask is not None:
+        return "attn_mask is given; the kernels compute no arbitrary masks (only is_causal)"
+    if dropout_p != 0.0:
+        return f"dropout_p={dropout_p}; the kernels have no dropout"
+    if scale is not None and not math.isfinite(scale):
+        return f"scale={scale} is not finite"
+    heads_q, heads_kv = query.size(1), key.size(1)
+    if heads_q != heads_kv and not enable_gqa:
+        return (
+            f"query has {heads_q} heads and key {heads_kv} without enable_gqa=True "
+            "(torch broadcasts or rejects that)"
+        )
+    # The op's layout is (batch, seqlen, heads, head_dim): transposed views, no copies.
+    reason = flash_refusal(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+    if reason is not None:
+        return reason
+    if not BACKWARD_READY and torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad
+    ):
+        return (
+            "an input requires grad and flash_attn_hopper has no backward kernel yet "
+            "(the fast path is forward-only: use torch.no_grad() or torch.inference_mode())"
+        )
+    if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != query.dtype:
+        return (
+            f"autocast casts the inputs to {torch.get_autocast_dtype('cuda')} while they are {query.dtype}"
+        )
+    return None
+
+
+# --------------------------------------------------------------------------
+# The drop-in
+# --------------------------------------------------------------------------
+
+
+def _flash_forward(q, k, v, softmax_scale: float, causal: bool):
+    """The op in torch SDPA's convention: (batch, seqlen, heads, head_dim) in and out, top-left causal."""
+    out, _ = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, causal, -1, -1, True)
+    return out
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+):
+    """``torch.nn.functional.scaled_dot_product_attention`` with flash_attn_hopper's kernel.
+
+    Same arguments, semantics, output shape and dtype as torch's function:
+    query (N, Hq, L, E), key (N, H, S, E), value (N, H, S, Ev) -> (N, Hq, L, Ev);
+    ``is_causal`` masks with the top-left aligned lower triangle (query i sees
+    keys j <= i, also when L != S); ``scale`` defaults to 1/sqrt(E);
+    ``enable_gqa`` lets Hq be a multiple of H.
+
+    Our kernel runs for fp16/bf16 CUDA tensors on sm_90 with no ``attn_mask``,
+    ``dropout_p == 0``, E == Ev a multiple of 8 up to 256 compiled into this
+    build, and no input requiring grad (forward only, until the backward
+    kernel exists).  Any other call goes to torch's own function unchanged;
+    :func:`sdpa_fallback_reason` tells which path a call takes.  The output of
+    the fast path is a (N, Hq, L, E) view of a contiguous (N, L, Hq, E) tensor.
+    """
+    reason = sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if reason is not None:
+        return TORCH_SDPA(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+    softmax_scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
+    out = _flash_forward(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale, bool(is_causal)
+    )
+    return out.transpose(1, 2)
+
+
+class patch_sdpa:
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` through flash_attn_hopper.
+
+    As a context manager::
+
+        with flash_attn_hopper.patch_sdpa():
+            model(x)            # F.scaled_dot_product_attention calls inside run our kernel
+
+    or as a switch: ``patch = flash_attn_hopper.patch_sdpa()`` ... ``patch.restore()``.
+    On exit (or ``restore()``) the function that was there before comes back.
+    Only lookups of ``torch.nn.functional.scaled_dot_product_attention`` at
+    call time are affected: a module that did ``from torch.nn.functional
+    import scaled_dot_product_attention`` keeps torch's function.
+    """
+
+    def __init__(self) -> None:
+        self._previous = torch.nn.functional.scaled_dot_product_attention
+        torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+        self._active = True
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def restore(self) -> None:
+        """Put back the function that was there before this patch (idempotent).
+
+        When something else has replaced our function since, it is left in
+        place: restoring must not undo another library's patch.
+        """
+        if not self._active:
+            return
+        if torch.nn.functional.scaled_dot_product_attention is scaled_dot_product_attention:
+            torch.nn.functional.scaled_dot_product_attention = self._previous
+        self._active = False
+
+    def __enter__(self) -> "patch_sdpa":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.restore()
