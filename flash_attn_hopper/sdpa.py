@@ -24,8 +24,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.overrides import has_torch_function
-
 from . import _build_info, manifest, ops
 
 #: torch's own function, taken at import: fallbacks must not re-enter a patched
@@ -33,6 +31,20 @@ from . import _build_info, manifest, ops
 TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+# __torch_function__ implementations that do nothing special (plain tensors, parameters, fake tensors).
+_PLAIN_TORCH_FUNCTION = (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl)
+
+
+def _overrides_torch_function(t: torch.Tensor) -> bool:
+    """Whether ``t``'s class intercepts torch functions (DTensor, user subclasses...).
+
+    A type check, not ``torch.overrides.has_torch_function``: that one is also
+    true whenever a TorchFunctionMode is active, e.g. all through torch.export's
+    tracing, where the inputs are plain fake tensors that must take the fast path.
+    """
+    impl = type(t).__torch_function__
+    return getattr(impl, "__func__", impl) not in _PLAIN_TORCH_FUNCTION
 
 
 def _compiled_forward_pairs() -> frozenset[tuple[int, str]] | None:
@@ -147,7 +159,7 @@ def sdpa_fallback_reason(
     for t in (query, key, value):
         if not isinstance(t, torch.Tensor):
             return "query, key and value are not all tensors"
-    if has_torch_function((query, key, value)):
+    if _overrides_torch_function(query) or _overrides_torch_function(key) or _overrides_torch_function(value):
         return "an input is a tensor subclass with its own __torch_function__ (torch dispatches it)"
     if query.is_nested or key.is_nested or value.is_nested:
         return "nested tensors are not supported"
