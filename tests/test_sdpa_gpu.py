@@ -1,0 +1,271 @@
+"""The SDPA drop-in on the GPU: torch's semantics from our kernel (L != S causal both
+ways, GQA, scale, head dims, layouts) by FlashAttention's tolerance rule, every fallback
+bitwise equal to torch, torch.compile(fullgraph=True) with and without patch_sdpa,
+torch.export, CUDA-graph capture and replay, and opcheck of the op as SDPA calls it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flash_attn_hopper
+from flash_attn_hopper import sdpa
+
+from reference import assert_fa_close
+from sdpa_reference import (
+    compiled_config,
+    cuda_kernel_names,
+    is_our_forward_kernel,
+    random_bhsd,
+    sdpa_ref,
+    skip_unless_compiled,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+def inputs(b, hq, hk, sq, sk, e, dtype, seed=0, layout="bshd_memory"):
+    return (
+        random_bhsd(b, hq, sq, e, dtype, seed, layout),
+        random_bhsd(b, hk, sk, e, dtype, seed + 1, layout),
+        random_bhsd(b, hk, sk, e, dtype, seed + 2, layout),
+    )
+
+
+def check_against_torch_semantics(out, q, k, v, is_causal, scale):
+    ref = sdpa_ref(q, k, v, is_causal, scale)
+    # The restated reference is torch's semantics: check it against torch itself first.
+    torch.testing.assert_close(
+        ref,
+        sdpa.TORCH_SDPA(q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale, enable_gqa=True),
+        atol=2e-5,
+        rtol=2e-5,
+    )
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    assert_fa_close(out, ref, sdpa_ref(q, k, v, is_causal, scale, upcast=False))
+
+
+MATRIX = [
+    # b, hq, hk, sq, sk, causal, scale
+    (2, 8, 8, 512, 512, False, None),
+    (2, 8, 8, 512, 512, True, None),
+    (1, 6, 2, 113, 203, True, None),  # top-left causal, L < S
+    (1, 6, 2, 203, 113, True, None),  # top-left causal, L > S
+    (2, 4, 4, 3, 799, True, None),
+    (2, 4, 4, 799, 3, True, None),
+    (2, 16, 2, 1, 300, True, None),  # one query, top-left: it sees key 0 only
+    (2, 4, 1, 256, 384, False, 0.3),  # MQA, custom scale
+    (1, 6, 3, 1000, 1000, True, 0.05),
+]
+
+
+@pytest.mark.parametrize("b, hq, hk, sq, sk, causal, scale", MATRIX)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_drop_in_matches_torch(dtype, b, hq, hk, sq, sk, causal, scale):
+    e, _ = compiled_config()
+    skip_unless_compiled(e, dtype)
+    q, k, v = inputs(b, hq, hk, sq, sk, e, dtype, seed=sq * 7 + sk)
+    enable_gqa = hq != hk
+    assert sdpa.sdpa_fallback_reason(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa) is None
+    out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
+    check_against_torch_semantics(out, q, k, v, causal, scale)
+
+
+@pytest.mark.parametrize("e", [64, 72, 96, 128, 136, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(e, causal):
+    skip_unless_compiled(e, torch.bfloat16)
+    q, k, v = inputs(2, 4, 2, 177, 233, e, torch.bfloat16, seed=e)
+    out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    check_against_torch_semantics(out, q, k, v, causal, None)
+
+
+@pytest.mark.parametrize("layout", ["bshd_memory", "bhsd_contiguous", "packed_qkv"])
+def test_layouts_are_not_copied(layout):
+    e, dtype = compiled_config()
+    if layout == "packed_qkv":
+        packed = torch.randn(2, 300, 3 * 4, e, device="cuda", dtype=dtype)
+        q, k, v = (t.transpose(1, 2) for t in packed.split(4, dim=2))
+    else:
+        q, k, v = inputs(2, 4, 4, 300, 300, e, dtype, layout=layout)
+    out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True)
+    check_against_torch_semantics(out, q, k, v, True, None)
+    names = cuda_kernel_names(lambda: flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert sum(map(is_our_forward_kernel, names)) == 1, names
+    # Any strides that are multiples of 16 bytes go to TMA as they are: no copy kernels.
+    assert not any("copy" in n.lower() or "elementwise" in n.lower() for n in names), names
+
+
+def test_profiler_shows_our_kernel_and_not_torchs():
+    e, dtype = compiled_config()
+    q, k, v = inputs(2, 8, 2, 1024, 1024, e, dtype)
+    names = cuda_kernel_names(lambda: flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    assert any(map(is_our_forward_kernel, names)), names
+    assert not any("pytorch_flash" in n or "fmha" in n or "cudnn" in n for n in names), names
+
+
+# --------------------------------------------------------------------------
+# Fallbacks: torch's function, unchanged
+# --------------------------------------------------------------------------
+
+
+def _fallback_case(name):
+    e, dtype = compiled_config()
+    q, k, v = inputs(2, 8, 2, 200, 300, e, dtype, seed=11)
+    mask = torch.rand(200, 300, device="cuda") > 0.3
+    cases = {
+        "attn_mask": ((q, k, v), dict(attn_mask=mask, enable_gqa=True), "attn_mask"),
+        "dropout": ((q, k, v), dict(dropout_p=0.2, enable_gqa=True), "dropout"),
+        "float32": ((q.float(), k.float(), v.float()), dict(is_causal=True, enable_gqa=True), "float32"),
+        "head_dim_36": (inputs(2, 4, 4, 100, 100, 36, dtype), dict(is_causal=True), "head dim 36"),
+        "head_dim_264": (inputs(2, 4, 4, 100, 100, 264, dtype), dict(), "head dim 264"),
+        "value_head_dim_differs": ((q, k, v[..., :64]), dict(enable_gqa=True), "value's head dim"),
+        "three_dims": ((q[0], k[0], v[0]), dict(enable_gqa=True), "4-dimensional"),
+        "mqa_broadcast_without_enable_gqa": ((q, k[:, :1], v[:, :1]), dict(), "enable_gqa"),
+        "cpu": ((q.cpu(), k.cpu(), v.cpu()), dict(is_causal=True, enable_gqa=True), "cpu"),
+        "grad": (
+            tuple(t.detach().requires_grad_() for t in (q, k, v)),
+            dict(is_causal=True, enable_gqa=True),
+            "requires grad",
+        ),
+    }
+    return cases[name]
+
+
+FALLBACKS = [
+    "attn_mask",
+    "dropout",
+    "float32",
+    "head_dim_36",
+    "head_dim_264",
+    "value_head_dim_differs",
+    "three_dims",
+    "mqa_broadcast_without_enable_gqa",
+    "cpu",
+    "grad",
+]
+
+
+@pytest.mark.parametrize("name", FALLBACKS)
+def test_fallbacks_are_torch_bitwise(name):
+    args, kwargs, word = _fallback_case(name)
+    if name == "grad" and sdpa.BACKWARD_READY:
+        pytest.skip("the backward kernel exists: inputs that require grad take the fast path")
+    reason = sdpa.sdpa_fallback_reason(*args, **kwargs)
+    assert reason is not None and word in reason, reason
+    try:
+        torch.manual_seed(5)
+        expected = sdpa.TORCH_SDPA(*args, **kwargs)
+    except RuntimeError as err:
+        with pytest.raises(RuntimeError, match=re.escape(str(err).splitlines()[0])):
+            flash_attn_hopper.scaled_dot_product_attention(*args, **kwargs)
+        return
+    torch.manual_seed(5)
+    out = flash_attn_hopper.scaled_dot_product_attention(*args, **kwargs)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    if name == "grad":
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, args, dout)
+        expected_grads = torch.autograd.grad(expected, args, dout)
+        for got, want in zip(grads, expected_grads):
+            # The same torch kernels, but FlashAttention-2 accumulates dq with atomics.
+            torch.testing.assert_close(got, want, atol=1e-3, rtol=2e-2)
+
+
+def test_a_head_dim_missing_from_the_build_falls_back():
+    from flash_attn_hopper import _build_info, manifest
+
+    compiled = _build_info.COMPILED
+    missing = [h for h in manifest.HEAD_DIMS if compiled is not None and manifest.Instantiation("fwd", h, "bf16") not in compiled]
+    if not missing:
+        pytest.skip("this build has every head dim in bf16")
+    q, k, v = inputs(1, 2, 2, 64, 64, missing[0], torch.bfloat16)
+    reason = sdpa.sdpa_fallback_reason(q, k, v)
+    assert reason is not None and manifest.ENV_HDIMS in reason
+    assert torch.equal(flash_attn_hopper.scaled_dot_product_attention(q, k, v), sdpa.TORCH_SDPA(q, k, v))
+
+
+# --------------------------------------------------------------------------
+# Compiler, export, graphs, opcheck
+# --------------------------------------------------------------------------
+
+
+class Block(torch.nn.Module):
+    """Attention between two exactly-rounded elementwise ops (so compiled == eager bitwise)."""
+
+    def __init__(self, causal=True, through_functional=False):
+        super().__init__()
+        self.causal = causal
+        self.through_functional = through_functional
+
+    def forward(self, q, k, v):
+        attend = F.scaled_dot_product_attention if self.through_functional else flash_attn_hopper.scaled_dot_product_attention
+        return attend(q * 2, k, v, is_causal=self.causal, enable_gqa=True) * 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_compile_fullgraph_matches_eager(causal):
+    e, dtype = compiled_config()
+    q, k, v = inputs(2, 8, 2, 300, 400, e, dtype, seed=3)
+    torch._dynamo.reset()
+    compiled = torch.compile(Block(causal), fullgraph=True)
+    eager = Block(causal)(q, k, v)
+    assert torch.equal(compiled(q, k, v), eager)
+    names = cuda_kernel_names(lambda: compiled(q, k, v))
+    assert any(map(is_our_forward_kernel, names)), names
+
+
+def test_compile_fullgraph_of_code_calling_torch_sdpa_under_patch_sdpa():
+    e, dtype = compiled_config()
+    q, k, v = inputs(2, 8, 2, 256, 256, e, dtype, seed=4)
+    torch._dynamo.reset()
+    with flash_attn_hopper.patch_sdpa():
+        compiled = torch.compile(Block(True, through_functional=True), fullgraph=True)
+        out = compiled(q, k, v)
+        names = cuda_kernel_names(lambda: compiled(q, k, v))
+    torch._dynamo.reset()
+    assert torch.equal(out, Block(True)(q, k, v))
+    assert any(map(is_our_forward_kernel, names)), names
+
+
+def test_export_has_the_op_and_runs():
+    e, dtype = compiled_config()
+    q, k, v = inputs(2, 8, 2, 128, 192, e, dtype, seed=5)
+    exported = torch.export.export(Block(True), (q, k, v))
+    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert "flash_attn_hopper.fwd.default" in targets, targets
+    assert torch.equal(exported.module()(q, k, v), Block(True)(q, k, v))
+
+
+def test_cuda_graph_capture_and_replay():
+    e, dtype = compiled_config()
+    q, k, v = inputs(2, 8, 2, 512, 512, e, dtype, seed=6)
+    before = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # warm-up
+        with torch.cuda.graph(graph, stream=stream):
+            captured = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    new_q, new_k, new_v = inputs(2, 8, 2, 512, 512, e, dtype, seed=7)
+    for t, new in ((q, new_q), (k, new_k), (v, new_v)):
+        t.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.equal(captured, expected)
+    assert not torch.equal(captured, before)
+
+
+@pytest.mark.parametrize("sq, sk", [(100, 100), (77, 130), (130, 77)])
+def test_opcheck_as_sdpa_calls_the_op(sq, sk):
+    e, dtype = compiled_config()
+    q, k, v = (t.transpose(1, 2) for t in inputs(2, 4, 2, sq, sk, e, dtype, seed=8))
+    torch.library.opcheck(torch.ops.flash_attn_hopper.fwd.default, (q, k, v, e**-0.5, True, -1, -1, True))
