@@ -57,6 +57,8 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.seqlen_k,
       p.heads_q,
       p.heads_q / p.heads_kv,
+      (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM,
+      p.batch,
       p.diag_offset,
       p.window_left,
       p.window_right,
@@ -64,8 +66,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.softmax_scale_log2,
   };
 
-  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM;
-  dim3 const grid(num_m_blocks, p.heads_q, p.batch);
+  dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms);
   auto kernel = &flash_fwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
@@ -76,7 +77,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
 
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
-  constexpr FwdTile tile = fwd_tile<kHeadDim, kLocal>();
+  constexpr FwdTileShape tile = fwd_tile<kHeadDim, kLocal>();
   using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal>;
   launch_fwd<Kernel>(p, stream);
 }

@@ -10,6 +10,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit 1
 fi
+# BG_CMD: something to build beside the main build (e.g. tools/variants.py --build-only ...).
+if [ -n "$BG_CMD" ]; then (bash -c "$BG_CMD" > "$OUT/bg.log" 2>&1 &); fi
 export FLASH_ATTN_HOPPER_HDIMS=${HDIMS:-128} FLASH_ATTN_HOPPER_DTYPES=${DTYPES:-bf16} MAX_JOBS=${MAX_JOBS:-16}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee "$OUT/gpu.txt"
 start=$(date +%s)

@@ -15,7 +15,7 @@ def fwd(*args):
     return torch.ops.flash_attn_hopper.fwd(*args)
 
 
-def reference(q, k, v, causal, scale, dtype=torch.float32):
+def reference(q, k, v, causal, scale, dtype=torch.float32, window=(-1, -1), top_left=False):
     qf, kf, vf = (t.to(dtype) for t in (q, k, v))
     hq, hk = q.shape[2], k.shape[2]
     if hq != hk:
@@ -23,17 +23,22 @@ def reference(q, k, v, causal, scale, dtype=torch.float32):
         vf = vf.repeat_interleave(hq // hk, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", qf, kf).float() * scale
     sq, sk = q.shape[1], k.shape[1]
+    left, right = window
     if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+        right = 0
+    i = torch.arange(sq, device=q.device)[:, None] + (0 if top_left else sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
+    if right >= 0:
+        s = s.masked_fill(j > i + right, float("-inf"))
+    if left >= 0:
+        s = s.masked_fill(j < i - left, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0).to(dtype)
     o = torch.einsum("bhqk,bkhd->bqhd", p, vf)
     return o, lse
 
 
-def check(b, sq, sk, hq, hk, d, causal, dtype, packed=False):
+def check(b, sq, sk, hq, hk, d, causal, dtype, packed=False, window=(-1, -1), top_left=False):
     torch.manual_seed(sq * 131 + sk * 7 + d + hq)
     dev = "cuda"
     if packed:
@@ -44,10 +49,10 @@ def check(b, sq, sk, hq, hk, d, causal, dtype, packed=False):
         k = torch.randn(b, sk, hk, d, device=dev, dtype=dtype)
         v = torch.randn(b, sk, hk, d, device=dev, dtype=dtype)
     scale = 1.0 / math.sqrt(d)
-    out, lse = fwd(q, k, v, scale, causal)
+    out, lse = fwd(q, k, v, scale, causal, window[0], window[1], top_left)
     torch.cuda.synchronize()
-    o_ref, lse_ref = reference(q, k, v, causal, scale)
-    o_low, _ = reference(q, k, v, causal, scale, dtype=dtype)
+    o_ref, lse_ref = reference(q, k, v, causal, scale, window=window, top_left=top_left)
+    o_low, _ = reference(q, k, v, causal, scale, dtype=dtype, window=window, top_left=top_left)
     err = (out.float() - o_ref).abs().max().item()
     err_low = (o_low.float() - o_ref).abs().max().item()
     finite = torch.isfinite(lse_ref)
@@ -55,7 +60,7 @@ def check(b, sq, sk, hq, hk, d, causal, dtype, packed=False):
     lse_inf_ok = bool(torch.all(lse[~finite] == float("-inf"))) if (~finite).any() else True
     ok = (not torch.isnan(out).any()) and err <= 2 * err_low + 1e-3 and lse_err < 1e-3 and lse_inf_ok
     print(f"{'ok  ' if ok else 'FAIL'} b={b} sq={sq} sk={sk} hq={hq} hk={hk} d={d} causal={int(causal)} "
-          f"{str(dtype)[6:]} packed={int(packed)}: max|err|={err:.2e} (torch low-precision {err_low:.2e}) "
+          f"{str(dtype)[6:]} packed={int(packed)} window={window} top_left={int(top_left)}: max|err|={err:.2e} (torch low-precision {err_low:.2e}) "
           f"lse err={lse_err:.1e}", flush=True)
     return ok
 
@@ -96,6 +101,10 @@ def main():
                     all_ok &= check(2, sq, sk, 6, 2, d, causal, dtype)
                 all_ok &= check(1, 4224, 4224, 4, 4, d, causal, dtype)
                 all_ok &= check(3, 300, 500, 4, 1, d, causal, dtype, packed=True)
+                for (sq, sk) in [(113, 203), (799, 300), (1000, 1000), (257, 3000)]:
+                    all_ok &= check(2, sq, sk, 4, 2, d, causal, dtype, top_left=True)
+                    for window in [(0, 0), (17, 5), (200, -1), (-1, 300), (64, 0)]:
+                        all_ok &= check(2, sq, sk, 4, 2, d, causal, dtype, window=window)
     print("ALL OK" if all_ok else "SOME FAILED", flush=True)
     if args.bench:
         bench(hdims, dtypes[0])

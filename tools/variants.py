@@ -79,11 +79,14 @@ def main():
     ap.add_argument("--variant", action="append", required=True)
     ap.add_argument("--seqlens", default="512,2048,8192")
     ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--build-only", action="store_true")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
     with mp.get_context("spawn").Pool(len(variants)) as pool:
         for name, secs in pool.imap_unordered(build, [(n, d, args.hdim, args.dtype) for n, d in variants]):
             print(f"built {name} in {secs:.0f} s", flush=True)
+    if args.build_only:
+        return
 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -21,7 +21,12 @@
 #include "kernel/mask.h"
 #include "kernel/named_barriers.h"
 #include "kernel/softmax.h"
+#include "kernel/tile_scheduler.h"
 #include "kernel/utils.h"
+
+#ifndef FLASH_FWD_PERSISTENT
+#define FLASH_FWD_PERSISTENT 0
+#endif
 
 namespace flash {
 
@@ -93,6 +98,7 @@ struct FwdKernel {
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutO64{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
 
+  using Scheduler = FwdTileScheduler<bool(FLASH_FWD_PERSISTENT), kLocal>;
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -103,7 +109,8 @@ struct FwdKernel {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O reuses it
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q tile landed
+    alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // O of the last tile stored
     alignas(16) typename Pipeline::SharedStorage pipeline_k;
     alignas(16) typename Pipeline::SharedStorage pipeline_v;
   };
@@ -122,6 +129,8 @@ struct FwdKernel {
     int seqlen_k;
     int heads_q;
     int q_heads_per_kv_head;
+    int num_m_blocks;
+    int batch;
     int diag_offset;   // local attention (kLocal): see FwdParams
     int window_left;
     int window_right;
@@ -135,18 +144,13 @@ struct FwdKernel {
     int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
     bool const lane_predicate = cute::elect_one_sync();
 
-    // With a causal mask, later tiles have more work: launch them first.
-    int const m_block = kLocal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-    int const head = blockIdx.y;
-    int const batch = blockIdx.z;
-    int const head_kv = head / params.q_heads_per_kv_head;
-
     if (warp_group_idx == 0 && warp_idx_in_wg == 0 && lane_predicate) {
       cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
       smem.barrier_q.init(/*arrive_count=*/1);
+      smem.barrier_q_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
     }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = kBytesKV;
@@ -158,26 +162,47 @@ struct FwdKernel {
     Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on them
 
-    BlockRange<kBlockM, kBlockN, kLocal> const range(m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
-                                                     params.window_left, params.window_right);
+    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch);
+    auto range_of = [&](FwdTile const& t) {
+      return BlockRange<kBlockM, kBlockN, kLocal>(t.m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
+                                                  params.window_left, params.window_right);
+    };
 
     if (warp_group_idx == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if (warp_idx_in_wg == 0 && lane_predicate) {
-        load(params, smem, pipeline_k, pipeline_v, m_block, head, head_kv, batch, range);
+        PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
+        PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
+        int iteration = 0;
+        for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile), ++iteration) {
+          FwdTile const t = scheduler.decode(tile);
+          // The Q buffer holds the previous tile's O until its TMA store has read it.
+          if (iteration > 0) { smem.barrier_q_empty.wait((iteration - 1) & 1); }
+          load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range_of(t));
+        }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      consume(params, smem, pipeline_k, pipeline_v, m_block, head, batch, range,
-              threadIdx.x - 128, warp_group_idx - 1);
+      int const wg = warp_group_idx - 1;
+      scheduler_init(wg);
+      PipelineState state_k;
+      PipelineState state_v;
+      int q_phase = 0;
+      for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) {
+        FwdTile const t = scheduler.decode(tile);
+        consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
+                threadIdx.x - 128, wg);
+      }
     }
   }
 
   // Producer: Q once, then K(n_max-1); then K(n-1) ahead of V(n), matching the consumers' order.
   CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
-                           Pipeline& pipeline_v, int m_block, int head, int head_kv, int batch,
-                           BlockRange<kBlockM, kBlockN, kLocal> const& range) const {
+                           Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
+                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range) const {
     if (range.empty()) { return; }  // nothing to attend: consumers write zeros
+    int const m_block = t.m_block, head = t.head, batch = t.batch;
+    int const head_kv = head / params.q_heads_per_kv_head;
     Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);     // (seqlen_q, d)
     Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);  // (seqlen_k, d)
     Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
@@ -195,8 +220,6 @@ struct FwdKernel {
     smem.barrier_q.arrive_and_expect_tx(kBytesQ);
     copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQgQ, tQsQ);
 
-    PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
-    PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
@@ -243,9 +266,10 @@ struct FwdKernel {
 
   // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
   CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
-                              Pipeline& pipeline_v, int m_block, int head, int batch,
-                              BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx,
-                              int wg) const {
+                              Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
+                              int& q_phase, FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
+                              int mma_tidx, int wg) const {
+    int const m_block = t.m_block, head = t.head, batch = t.batch;
     TiledMmaQK tiled_mma_qk;
     TiledMmaPV tiled_mma_pv;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
@@ -278,10 +302,8 @@ struct FwdKernel {
     };
 
     if (!range.empty()) {
-      scheduler_init(wg);
-      PipelineState state_k;
-      PipelineState state_v;
-      smem.barrier_q.wait(0);
+      smem.barrier_q.wait(q_phase);
+      q_phase ^= 1;
 
       int n = range.n_block_max - 1;
       scheduler_sync(wg);
@@ -357,7 +379,8 @@ struct FwdKernel {
       auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO, tOgO);
       tma_store_arrive();
-      tma_store_wait<0>();
+      tma_store_wait<0>();  // the store has read shared memory: the producer may refill Q
+      smem.barrier_q_empty.arrive();
     }
 
     // One lane of each quad holds a row's LSE.

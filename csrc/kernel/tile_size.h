@@ -7,7 +7,7 @@
 
 namespace flash {
 
-struct FwdTile {
+struct FwdTileShape {
   int block_m;
   int block_n;
   int stages;
@@ -15,7 +15,7 @@ struct FwdTile {
 
 // kLocal: causal or sliding window (fewer keys per row, smaller key blocks waste less).
 template <int kHeadDim, bool kLocal>
-constexpr FwdTile fwd_tile() {
+constexpr FwdTileShape fwd_tile() {
 #if defined(FLASH_FWD_DEV_BLOCK_M) && defined(FLASH_FWD_DEV_BLOCK_N)
   // Developer builds (tools/variants.py) sweep tiles without editing this table.
   return {FLASH_FWD_DEV_BLOCK_M, FLASH_FWD_DEV_BLOCK_N, FLASH_FWD_DEV_STAGES};
@@ -25,7 +25,7 @@ constexpr FwdTile fwd_tile() {
   } else if constexpr (kHeadDim <= 96) {
     return {128, 128, 2};
   } else if constexpr (kHeadDim <= 128) {
-    return kLocal ? FwdTile{128, 128, 2} : FwdTile{128, 176, 2};
+    return kLocal ? FwdTileShape{128, 128, 2} : FwdTileShape{128, 176, 2};
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
   } else {
