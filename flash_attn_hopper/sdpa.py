@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.overrides import has_torch_function
+
 from . import _build_info, manifest, ops
 
 #: torch's own function, taken at import: fallbacks must not re-enter a patched
@@ -39,10 +41,15 @@ _PLAIN_TORCH_FUNCTION = (torch.Tensor.__torch_function__.__func__, torch._C._dis
 def _overrides_torch_function(t: torch.Tensor) -> bool:
     """Whether ``t``'s class intercepts torch functions (DTensor, user subclasses...).
 
-    A type check, not ``torch.overrides.has_torch_function``: that one is also
-    true whenever a TorchFunctionMode is active, e.g. all through torch.export's
-    tracing, where the inputs are plain fake tensors that must take the fast path.
+    Outside torch.compile a type check, not ``torch.overrides.has_torch_function``:
+    that one is also true whenever a TorchFunctionMode is active, e.g. all
+    through torch.export's tracing, where the inputs are plain fake tensors
+    that must take the fast path.  Inside dynamo, ``has_torch_function`` is
+    answered from the traced tensors' classes, and the type check is not
+    traceable on every torch version (2.11 cannot compare the methods).
     """
+    if torch.compiler.is_dynamo_compiling():
+        return has_torch_function((t,))
     impl = type(t).__torch_function__
     return getattr(impl, "__func__", impl) not in _PLAIN_TORCH_FUNCTION
 
