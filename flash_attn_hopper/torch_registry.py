@@ -49,7 +49,7 @@ REGISTRATION_ERROR: str | None = None
 _FORWARD_OPS = (
     "_scaled_dot_product_flash_attention",
     "_flash_attention_forward",
-    "_flash_attention_forward_no_dropout_inplace",  # torch >= 2.12: writes into a given `out`
+    "_flash_attention_forward_no_dropout_inplace",  # writes into a given `out`; in 2.14, not in 2.11
 )
 
 
@@ -259,7 +259,8 @@ class Activation:
         return sorted(self.originals)
 
     def remove(self) -> None:
-        if self.library is not None:
+        # Library._destroy deregisters at once; dropping the last reference would too, later.
+        if self.library is not None and hasattr(self.library, "_destroy"):
             self.library._destroy()
         self.library = None
 
