@@ -93,6 +93,12 @@ class FlashBuildExtension(BuildExtension):
     """BuildExtension that sizes MAX_JOBS, reports per-file compile times and
     records the build configuration into the package."""
 
+    def run(self):
+        # setuptools clears self.inplace while it builds and copies the result into the source
+        # tree afterwards: remember where the _C will end up.
+        self._into_source_tree = bool(self.inplace) or bool(getattr(self, "editable_mode", False))
+        super().run()
+
     def build_extensions(self):
         if os.environ.get("MAX_JOBS"):
             jobs, why = int(os.environ["MAX_JOBS"]), "from $MAX_JOBS"
@@ -137,8 +143,9 @@ class FlashBuildExtension(BuildExtension):
             "python_version": platform.python_version(),
         }
         # Next to the _C it describes: the source tree for in-place/editable builds, else the wheel's tree.
-        package_dir = ROOT if self.inplace else Path(self.build_lib)
-        targets = [package_dir / "flash_attn_hopper" / "_build_config.py"]
+        targets = [Path(self.build_lib) / "flash_attn_hopper" / "_build_config.py"]
+        if getattr(self, "_into_source_tree", False):
+            targets.append(ROOT / "flash_attn_hopper" / "_build_config.py")
         build_support.write_build_config(config, *targets)
         say(f"build configuration written to {', '.join(str(t) for t in targets)}")
 

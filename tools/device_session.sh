@@ -1,0 +1,21 @@
+#!/bin/bash
+# A whole GPU session in one bounded call (device time is the scarce thing): build the benchmark
+# head dims, check that an uncompiled head dim raises cleanly, benchmark against the peers, then
+# run the test suite. Every step writes under $OUT as it goes, so a cut-off run still reports.
+set -o pipefail
+export OUT=${OUT:-/tmp/flash_attn_hopper_out}
+HDIMS=${HDIMS:-64,128,256} DTYPES=${DTYPES:-bf16} bash tools/device_run.sh bash -c '
+  python3 -c "
+import torch, flash_attn_hopper._C
+q = torch.randn(1, 8, 2, 72, device=\"cuda\", dtype=torch.bfloat16)
+try:
+    torch.ops.flash_attn_hopper.fwd(q, q, q, 0.1, False)
+    print(\"uncompiled head dim: ran (it was compiled?)\")
+except RuntimeError as e:
+    print(\"uncompiled head dim raised:\", str(e)[:200])
+" 2>&1 | tail -3; echo "diag exit $?"
+  timeout ${BENCH_TIMEOUT:-130} python3 benchmarks/benchmark_attn.py --providers flash_attn_hopper,sdpa-cudnn,sdpa-flash \
+      --no-check --out-dir $OUT/bench > $OUT/bench.log 2>&1; echo "bench exit $?"; tail -45 $OUT/bench.log
+  timeout ${TEST_TIMEOUT:-90} python3 -m pytest tests -v -n 4 -p no:cacheprovider > $OUT/pytest.log 2>&1
+  echo "pytest exit $?"; grep -E "FAILED|ERROR|passed|failed|crashed" $OUT/pytest.log | tail -40
+'
