@@ -76,6 +76,7 @@ def emulated_op(monkeypatch: pytest.MonkeyPatch, device_type: str = "cpu"):
 
     kernel = EmulatedKernel()
     monkeypatch.setattr(sdpa, "kernel_refusal", lambda device: None)
+    monkeypatch.setattr(sdpa, "_COMPILED_FWD", None)  # the emulation covers every head dim and dtype
     if ops.extension_loaded():
         library = torch.library.Library("flash_attn_hopper", "IMPL")
 

@@ -47,8 +47,9 @@ def assert_bf16_close(out, ref):
 
 @pytest.fixture
 def hopper_here(monkeypatch):
-    """Pretend the device can run the kernel, so every other rule is what decides."""
+    """Pretend the device can run the kernel and the build has every kernel, so every other rule decides."""
     monkeypatch.setattr(sdpa, "kernel_refusal", lambda device: None)
+    monkeypatch.setattr(sdpa, "_COMPILED_FWD", None)
 
 
 class _Logged(torch.Tensor):
