@@ -21,9 +21,20 @@
 #include "generated/fwd_registry.h"
 #endif
 
+#if defined(FLASH_ATTN_HOPPER_HAS_BWD) && FLASH_ATTN_HOPPER_HAS_BWD
+#include "flash_bwd_params.h"
+#define FLASH_ATTN_HOPPER_BUILD_BWD 1
+#else
+#define FLASH_ATTN_HOPPER_BUILD_BWD 0
+#endif
+
 namespace flash {
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& params, cudaStream_t stream);
+#if FLASH_ATTN_HOPPER_BUILD_BWD
+template <int kHeadDim, typename Element>
+void run_flash_bwd(BwdParams& params, cudaStream_t stream);
+#endif
 }  // namespace flash
 
 namespace {
@@ -68,9 +79,15 @@ bool tma_compatible(at::Tensor const& t) {
 
 at::Tensor tma_ready(at::Tensor const& t) { return tma_compatible(t) ? t : t.contiguous(); }
 
-std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
-                                           double softmax_scale, bool causal, int64_t window_size_left,
-                                           int64_t window_size_right, bool top_left) {
+// Sizes of one attention problem, after the checks both directions share.
+struct Problem {
+  int64_t batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv;
+  int head_dim_rounded;
+  bool is_bf16;
+  int device;
+};
+
+Problem check_problem(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "flash_attn_hopper: q, k and v must be CUDA tensors");
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
               "flash_attn_hopper: q, k and v must be on the same device");
@@ -81,34 +98,70 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
               "flash_attn_hopper: q, k and v must have the same dtype");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "flash_attn_hopper: q, k and v must be 4-D (batch, seqlen, nheads, headdim)");
-  int64_t const batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2), head_dim = q.size(3);
-  int64_t const seqlen_k = k.size(1), heads_kv = k.size(2);
-  TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, "flash_attn_hopper: batch sizes of q, k, v differ");
-  TORCH_CHECK(k.size(3) == head_dim && v.size(3) == head_dim,
+  Problem pb{};
+  pb.batch = q.size(0);
+  pb.seqlen_q = q.size(1);
+  pb.heads_q = q.size(2);
+  pb.head_dim = q.size(3);
+  pb.seqlen_k = k.size(1);
+  pb.heads_kv = k.size(2);
+  TORCH_CHECK(k.size(0) == pb.batch && v.size(0) == pb.batch, "flash_attn_hopper: batch sizes of q, k, v differ");
+  TORCH_CHECK(k.size(3) == pb.head_dim && v.size(3) == pb.head_dim,
               "flash_attn_hopper: q, k and v must have the same head dim");
-  TORCH_CHECK(v.size(1) == seqlen_k && v.size(2) == heads_kv, "flash_attn_hopper: k and v shapes differ");
-  TORCH_CHECK(head_dim > 0 && head_dim <= 256 && head_dim % 8 == 0,
-              "flash_attn_hopper: head dim must be a multiple of 8 and at most 256, got ", head_dim);
-  TORCH_CHECK(heads_kv > 0 && heads_q % heads_kv == 0,
-              "flash_attn_hopper: nheads of q (", heads_q, ") must be a multiple of nheads of k/v (", heads_kv, ")");
+  TORCH_CHECK(v.size(1) == pb.seqlen_k && v.size(2) == pb.heads_kv, "flash_attn_hopper: k and v shapes differ");
+  TORCH_CHECK(pb.head_dim > 0 && pb.head_dim <= 256 && pb.head_dim % 8 == 0,
+              "flash_attn_hopper: head dim must be a multiple of 8 and at most 256, got ", pb.head_dim);
+  TORCH_CHECK(pb.heads_kv > 0 && pb.heads_q % pb.heads_kv == 0, "flash_attn_hopper: nheads of q (", pb.heads_q,
+              ") must be a multiple of nheads of k/v (", pb.heads_kv, ")");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "flash_attn_hopper: the last dimension of q, k and v must be contiguous");
-  TORCH_CHECK(seqlen_q + seqlen_k < (int64_t(1) << 29) && batch < 65536 && heads_q < 65536,
+  TORCH_CHECK(pb.seqlen_q + pb.seqlen_k < (int64_t(1) << 29) && pb.batch < 65536 && pb.heads_q < 65536,
               "flash_attn_hopper: sizes too large (seqlen_q + seqlen_k must be < 2^29, batch and nheads < 65536)");
-
-  c10::cuda::CUDAGuard device_guard(q.device());
-  int const device = q.get_device();
-  int const cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
-  int const cc_minor = device_attribute(cudaDevAttrComputeCapabilityMinor, device);
+  pb.device = q.get_device();
+  int const cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor, pb.device);
+  int const cc_minor = device_attribute(cudaDevAttrComputeCapabilityMinor, pb.device);
   TORCH_CHECK(cc_major == 9 && cc_minor == 0, "flash_attn_hopper: needs an sm_90 (Hopper) GPU, this device is sm_",
               cc_major, cc_minor);
+  pb.head_dim_rounded = round_head_dim(int(pb.head_dim));
+  pb.is_bf16 = dtype == at::kBFloat16;
+  return pb;
+}
 
-  int const head_dim_rounded = round_head_dim(int(head_dim));
-  bool const is_bf16 = dtype == at::kBFloat16;
+// Windows as FlashAttention defines them (-1 = unbounded; causal = right window 0), measured
+// from the bottom-right diagonal, or from the top-left one as torch's SDPA does.
+struct Window {
+  bool is_local;
+  int left, right, diag_offset;
+};
+
+Window make_window(Problem const& pb, bool causal, int64_t window_size_left, int64_t window_size_right,
+                   bool top_left) {
+  int const unbounded = int(pb.seqlen_q + pb.seqlen_k);
+  int64_t const right = causal ? 0 : window_size_right;
+  Window w{};
+  w.is_local = causal || window_size_left >= 0 || window_size_right >= 0;
+  w.left = window_size_left < 0 ? unbounded : int(std::min<int64_t>(window_size_left, unbounded));
+  w.right = right < 0 ? unbounded : int(std::min<int64_t>(right, unbounded));
+  w.diag_offset = top_left ? 0 : int(pb.seqlen_k - pb.seqlen_q);
+  return w;
+}
+
+std::string not_compiled(char const* direction, Problem const& pb) {
+  char const* dt = pb.is_bf16 ? "bf16" : "fp16";
+  return std::string("flash_attn_hopper: the ") + direction + " kernel for head dim " +
+         std::to_string(pb.head_dim_rounded) + " and " + dt +
+         " was not compiled in; rebuild with FLASH_ATTN_HOPPER_HDIMS including " +
+         std::to_string(pb.head_dim_rounded) + " and FLASH_ATTN_HOPPER_DTYPES including " + dt;
+}
+
+std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
+                                           double softmax_scale, bool causal, int64_t window_size_left,
+                                           int64_t window_size_right, bool top_left) {
+  Problem const pb = check_problem(q, k, v);
+  c10::cuda::CUDAGuard device_guard(q.device());
+  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
   FwdFn const fwd = find_fwd(head_dim_rounded, is_bf16);
-  TORCH_CHECK(fwd != nullptr, "flash_attn_hopper: the forward kernel for head dim ", head_dim_rounded, " and ",
-              is_bf16 ? "bf16" : "fp16", " was not compiled in; rebuild with FLASH_ATTN_HOPPER_HDIMS including ",
-              head_dim_rounded, " and FLASH_ATTN_HOPPER_DTYPES including ", is_bf16 ? "bf16" : "fp16");
+  TORCH_CHECK(fwd != nullptr, not_compiled("forward", pb));
 
   at::Tensor out = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
   at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(at::kFloat));
@@ -146,19 +199,120 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
   params.head_dim = int(head_dim);
   params.softmax_scale = float(softmax_scale);
   params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
-  // Windows as FlashAttention defines them (-1 = unbounded; causal = right window 0), measured
-  // from the bottom-right diagonal, or from the top-left one as torch's SDPA does.
-  int const unbounded = int(seqlen_q + seqlen_k);
-  int64_t const right = causal ? 0 : window_size_right;
-  params.is_local = causal || window_size_left >= 0 || window_size_right >= 0;
-  params.window_left = window_size_left < 0 ? unbounded : int(std::min<int64_t>(window_size_left, unbounded));
-  params.window_right = right < 0 ? unbounded : int(std::min<int64_t>(right, unbounded));
-  params.diag_offset = top_left ? 0 : int(seqlen_k - seqlen_q);
+  Window const window = make_window(pb, causal, window_size_left, window_size_right, top_left);
+  params.is_local = window.is_local;
+  params.window_left = window.left;
+  params.window_right = window.right;
+  params.diag_offset = window.diag_offset;
   params.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
 
   fwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
   return {out, lse};
 }
+
+#if FLASH_ATTN_HOPPER_BUILD_BWD
+using BwdFn = void (*)(flash::BwdParams&, cudaStream_t);
+
+BwdFn find_bwd(int head_dim_rounded, bool is_bf16) {
+#define FLASH_ATTN_HOPPER_MATCH_BWD(D, T)                                            \
+  if (head_dim_rounded == D && std::is_same_v<T, cutlass::bfloat16_t> == is_bf16) { \
+    return &flash::run_flash_bwd<D, T>;                                              \
+  }
+  FLASH_ATTN_HOPPER_FOR_EACH_BWD(FLASH_ATTN_HOPPER_MATCH_BWD)
+#undef FLASH_ATTN_HOPPER_MATCH_BWD
+  return nullptr;
+}
+
+// Gradients of fwd. The per-row preparation (D = rowsum(dO * O), LSE in the log2 domain, a zeroed
+// float32 dQ accumulator) and the final dQ scaling run as ATen ops around the one kernel.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, at::Tensor const& q,
+                                                       at::Tensor const& k, at::Tensor const& v,
+                                                       at::Tensor const& out, at::Tensor const& softmax_lse,
+                                                       double softmax_scale, bool causal, int64_t window_size_left,
+                                                       int64_t window_size_right, bool top_left, bool deterministic) {
+  Problem const pb = check_problem(q, k, v);
+  c10::cuda::CUDAGuard device_guard(q.device());
+  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
+  TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(),
+              "flash_attn_hopper: dout and out must have q's shape (batch, seqlen_q, nheads, headdim)");
+  TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+              "flash_attn_hopper: dout and out must have q's dtype");
+  TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && softmax_lse.device() == q.device(),
+              "flash_attn_hopper: dout, out and softmax_lse must be on q's device");
+  TORCH_CHECK(dout.stride(3) == 1, "flash_attn_hopper: the last dimension of dout must be contiguous");
+  TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 3 && softmax_lse.size(0) == batch &&
+                  softmax_lse.size(1) == heads_q && softmax_lse.size(2) == seqlen_q,
+              "flash_attn_hopper: softmax_lse must be float32 (batch, nheads, seqlen_q) as fwd returns it");
+  TORCH_CHECK(!deterministic,
+              "flash_attn_hopper: deterministic=True is not available yet: dQ is accumulated with atomics");
+  BwdFn const bwd = find_bwd(head_dim_rounded, is_bf16);
+  TORCH_CHECK(bwd != nullptr, not_compiled("backward", pb));
+
+  at::Tensor dq = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
+  at::Tensor dk = at::empty({batch, seqlen_k, heads_kv, head_dim}, q.options());
+  at::Tensor dv = at::empty({batch, seqlen_k, heads_kv, head_dim}, q.options());
+  if (batch == 0 || heads_q == 0 || seqlen_q == 0 || seqlen_k == 0) {  // no query sees any key
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+
+  int64_t const seqlen_q_padded = (seqlen_q + flash::kBwdBlockM - 1) / flash::kBwdBlockM * flash::kBwdBlockM;
+  auto const f32 = q.options().dtype(at::kFloat);
+  float const inf = std::numeric_limits<float>::infinity();
+  // Empty rows (LSE -inf) and padding rows get +inf, so that their P = exp2(s - LSE2) is 0.
+  at::Tensor lse_log2 = at::full({batch, heads_q, seqlen_q_padded}, inf, f32);
+  lse_log2.narrow(2, 0, seqlen_q).copy_(at::where(softmax_lse == -inf, inf, softmax_lse * M_LOG2E));
+  at::Tensor dsum = at::zeros({batch, heads_q, seqlen_q_padded}, f32);
+  dsum.narrow(2, 0, seqlen_q).copy_((dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(1, 2));
+  at::Tensor dq_accum = at::zeros({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
+
+  at::Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v), dot = tma_ready(dout);
+  flash::BwdParams params{};
+  params.q_ptr = qt.data_ptr();
+  params.k_ptr = kt.data_ptr();
+  params.v_ptr = vt.data_ptr();
+  params.do_ptr = dot.data_ptr();
+  params.dk_ptr = dk.data_ptr();
+  params.dv_ptr = dv.data_ptr();
+  params.dq_accum_ptr = dq_accum.data_ptr<float>();
+  params.lse_log2_ptr = lse_log2.data_ptr<float>();
+  params.dsum_ptr = dsum.data_ptr<float>();
+  params.q_batch_stride = qt.stride(0);
+  params.q_row_stride = qt.stride(1);
+  params.q_head_stride = qt.stride(2);
+  params.k_batch_stride = kt.stride(0);
+  params.k_row_stride = kt.stride(1);
+  params.k_head_stride = kt.stride(2);
+  params.v_batch_stride = vt.stride(0);
+  params.v_row_stride = vt.stride(1);
+  params.v_head_stride = vt.stride(2);
+  params.do_batch_stride = dot.stride(0);
+  params.do_row_stride = dot.stride(1);
+  params.do_head_stride = dot.stride(2);
+  params.batch = int(batch);
+  params.heads_q = int(heads_q);
+  params.heads_kv = int(heads_kv);
+  params.seqlen_q = int(seqlen_q);
+  params.seqlen_q_padded = int(seqlen_q_padded);
+  params.seqlen_k = int(seqlen_k);
+  params.head_dim = int(head_dim);
+  params.head_dim_rounded = head_dim_rounded;
+  params.softmax_scale = float(softmax_scale);
+  params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
+  Window const window = make_window(pb, causal, window_size_left, window_size_right, top_left);
+  params.is_local = window.is_local;
+  params.window_left = window.left;
+  params.window_right = window.right;
+  params.diag_offset = window.diag_offset;
+
+  bwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
+  // dq = softmax_scale * accumulator, back in (batch, seqlen, nheads, headdim) and the input dtype.
+  dq.copy_(dq_accum.narrow(2, 0, seqlen_q).narrow(3, 0, head_dim).mul(softmax_scale).transpose(1, 2));
+  return {dq, dk, dv};
+}
+#endif  // FLASH_ATTN_HOPPER_BUILD_BWD
 
 }  // namespace
 
@@ -174,9 +328,19 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   // corner (torch SDPA's is_causal) instead of the bottom-right one (FlashAttention's).
   m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
         "int window_size_right=-1, bool top_left=False) -> (Tensor out, Tensor softmax_lse)");
+#if FLASH_ATTN_HOPPER_BUILD_BWD
+  m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
+        "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
+        "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+#endif
 }
 
-FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) { m.impl("fwd", &mha_fwd); }
+FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
+  m.impl("fwd", &mha_fwd);
+#if FLASH_ATTN_HOPPER_BUILD_BWD
+  m.impl("bwd", &mha_bwd);
+#endif
+}
 
 // Importing the extension module loads this library, which registers the ops above.
 #ifndef TORCH_EXTENSION_NAME

@@ -14,4 +14,8 @@ enum class FwdNamedBarrier : int {
   kSchedulerWG3 = 6,
 };
 
+enum class BwdNamedBarrier : int {
+  kPdSReady = 1,  // all consumer warpgroups wrote their part of P^T and dS^T to shared memory
+};
+
 }  // namespace flash

@@ -1,0 +1,91 @@
+// Host side of the backward kernel: TMA descriptors from BwdParams, tile choice, launch.
+// The per-row float32 buffers (LSE in log2, D, the dQ accumulator) are prepared by the caller.
+#pragma once
+
+#include "kernel/config.h"
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "flash_bwd_params.h"
+#include "flash_fwd_launch.cuh"  // check_cuda
+#include "kernel/flash_bwd_kernel.h"
+#include "kernel/tile_size.h"
+
+namespace flash {
+
+template <typename Kernel>
+void launch_bwd(BwdParams const& p, cudaStream_t stream) {
+  using namespace cute;
+  using Element = typename Kernel::Element;
+  using ShapeQKV = typename Kernel::ShapeQKV;
+  static_assert(Kernel::kBlockM == kBwdBlockM);
+
+  ShapeQKV const shape_q = make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch);
+  ShapeQKV const shape_k = make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch);
+  auto tensor = [](void const* ptr, ShapeQKV const& shape, int64_t row, int64_t head, int64_t batch) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), shape, make_stride(row, _1{}, head, batch));
+  };
+  Tensor mQ = tensor(p.q_ptr, shape_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+  Tensor mdO = tensor(p.do_ptr, shape_q, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
+  Tensor mK = tensor(p.k_ptr, shape_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+  Tensor mV = tensor(p.v_ptr, shape_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+
+  using M = Int<Kernel::kBlockM>;
+  using N = Int<Kernel::kBlockN>;
+  using D = Int<Kernel::kHeadDim>;
+  auto const smem_q = take<0, 2>(typename Kernel::SmemLayoutQ{});
+  typename Kernel::Params params{
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, smem_q, Shape<M, D>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mdO, smem_q, Shape<M, D>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, typename Kernel::SmemLayoutK{}, Shape<N, D>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mV, typename Kernel::SmemLayoutK{}, Shape<N, D>{}, _1{}),
+      shape_q,
+      shape_k,
+      static_cast<Element*>(p.dk_ptr),
+      static_cast<Element*>(p.dv_ptr),
+      p.dq_accum_ptr,
+      p.lse_log2_ptr,
+      p.dsum_ptr,
+      p.seqlen_q,
+      p.seqlen_q_padded,
+      p.seqlen_k,
+      p.heads_q,
+      p.heads_q / p.heads_kv,
+      p.head_dim,
+      p.heads_kv,
+      p.softmax_scale,
+      p.softmax_scale_log2,
+      p.diag_offset,
+      p.window_left,
+      p.window_right,
+  };
+
+  dim3 const grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
+  auto kernel = &flash_bwd_kernel<Kernel>;
+  constexpr int smem_size = Kernel::kSharedStorageSize;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
+             "raising the backward kernel's shared-memory limit");
+  kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
+  check_cuda(cudaGetLastError(), "launching the backward kernel");
+}
+
+template <int kHeadDim, typename Element, bool kLocal>
+void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
+  constexpr FwdTileShape tile = bwd_tile<kHeadDim>();
+  launch_bwd<BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal>>(p, stream);
+}
+
+// Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
+template <int kHeadDim, typename Element>
+void run_flash_bwd(BwdParams& p, cudaStream_t stream) {
+  if (p.is_local) {
+    run_flash_bwd_mask<kHeadDim, Element, true>(p, stream);
+  } else {
+    run_flash_bwd_mask<kHeadDim, Element, false>(p, stream);
+  }
+}
+
+}  // namespace flash

@@ -1,0 +1,412 @@
+// The SM90 backward kernel: one CTA owns kBlockN keys of one KV head and loops over every
+// (query head of its group, query block) that sees them, accumulating dK and dV in registers
+// and adding each query block's dQ contribution into a float32 buffer with atomics.
+//
+// With S = Q.K^T (unscaled), P = exp2(S * scale * log2e - LSE2), D = rowsum(dO * O):
+//   S^T  = K  . Q^T     dP^T = V . dO^T        (WGMMA, all operands in shared memory)
+//   dS^T = P^T * (dP^T - D)                     (registers)
+//   dV  += P^T  . dO    dK  += dS^T . Q         (A = P^T, dS^T written to shared memory)
+//   dQ   = dS   . K     (atomically added; scaled by softmax_scale afterwards, as is dK)
+// Computing the transposes keeps the keys on the MMA's M side, so dK and dV accumulate in the
+// same threads for the whole loop. Warpgroup 0 is the producer (TMA: K and V once, Q and dO
+// per query block through a kStages pipeline); two consumer warpgroups do the maths.
+#pragma once
+
+#include "kernel/config.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernel/flash_fwd_kernel.h"  // smem_atom_k_major
+#include "kernel/named_barriers.h"
+#include "kernel/utils.h"
+
+namespace flash {
+
+using namespace cute;
+
+// Query blocks that see key block n_block, and whether a block needs the causal/window mask.
+template <int kBlockM, int kBlockN, bool kLocal>
+struct BwdBlockRange {
+  int m_block_min;
+  int m_block_max;  // exclusive
+
+  CUTLASS_DEVICE BwdBlockRange(int n_block, int seqlen_q, int diag, int left, int right) {
+    m_block_min = 0;
+    m_block_max = (seqlen_q + kBlockM - 1) / kBlockM;
+    if constexpr (kLocal) {
+      int const first_key = n_block * kBlockN;
+      int const last_key = first_key + kBlockN - 1;
+      // Query i sees key j iff i + diag - left <= j <= i + diag + right.
+      m_block_min = max(m_block_min, floor_div(first_key - diag - right, kBlockM));
+      m_block_max = min(m_block_max, floor_div(last_key - diag + left, kBlockM) + 1);
+    }
+  }
+  CUTLASS_DEVICE int count() const { return max(0, m_block_max - m_block_min); }
+};
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_>
+struct BwdKernel {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // queries per step
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA
+  static constexpr int kStages = kStages_;
+  static constexpr bool kLocal = kLocal_;
+
+  static constexpr int kNumMmaWarpGroups = 2;
+  static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
+  static constexpr int kNumThreads = kNumMmaThreads + 128;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 64 * 1024);
+  static_assert(kBlockM == 64, "the dQ tiling assumes 64 query rows per step");
+  static_assert(kBlockN == 64 || kBlockN == 128);
+
+  // The two consumer warpgroups split the keys when there are 128 of them, else the other
+  // dimension (queries for S^T/dP^T, head dim for dK/dV).
+  static constexpr int kKeyWGs = kBlockN / 64;
+  static constexpr int kOtherWGs = kNumMmaWarpGroups / kKeyWGs;
+  using AtomLayoutKeys = Layout<Shape<Int<kKeyWGs>, Int<kOtherWGs>, _1>>;
+
+  // S^T, dP^T: (keys, queries), K = head dim; A = K or V, B = Q or dO, both K-major.
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / kOtherWGs>, Int<kHeadDim>>>(),
+      AtomLayoutKeys{}));
+  // dV, dK: (keys, head dim), K = queries; A = P^T or dS^T (K-major), B = dO^T or Q^T (MN-major).
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kOtherWGs>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayoutKeys{}));
+  // dQ: (queries, head dim), K = keys; A = dS (MN-major view of dS^T), B = K^T (MN-major).
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
+
+  using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  // P^T and dS^T: (keys, queries, 2 buffers), queries contiguous.
+  using SmemAtomPdS = decltype(smem_atom_k_major<Element, kBlockM>());
+  using SmemLayoutPdSt = decltype(tile_to_shape(SmemAtomPdS{}, Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
+  using SmemLayoutdS = decltype(composition(
+      SmemLayoutPdSt{}, make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, _2>{}, Step<_2, _1, _3>{})));
+
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seqlen, d, heads, batch)
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> pt;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> dst;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
+  };
+  static constexpr int kSharedStorageSize = sizeof(SharedStorage);
+  static_assert(kSharedStorageSize <= 227 * 1024, "backward tile does not fit in shared memory");
+
+  struct Params {
+    TmaQ tma_q;
+    TmaQ tma_do;
+    TmaK tma_k;
+    TmaK tma_v;
+    ShapeQKV shape_q;
+    ShapeQKV shape_k;
+    Element* dk;
+    Element* dv;
+    float* dq_accum;
+    float const* lse_log2;
+    float const* dsum;
+    int seqlen_q;
+    int seqlen_q_padded;
+    int seqlen_k;
+    int heads_q;
+    int q_heads_per_kv_head;
+    int head_dim;
+    int heads_kv;
+    float softmax_scale;
+    float softmax_scale_log2;
+    int diag_offset;
+    int window_left;
+    int window_right;
+  };
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
+    SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    int const warp_group_idx = cutlass::canonical_warp_group_idx();
+    int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
+    bool const lane_predicate = cute::elect_one_sync();
+    int const n_block = blockIdx.x;
+    int const head_kv = blockIdx.y;
+    int const batch = blockIdx.z;
+
+    if (warp_group_idx == 0 && warp_idx_in_wg == 0 && lane_predicate) {
+      cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+      smem.barrier_kv.init(/*arrive_count=*/1);
+    }
+    typename Pipeline::Params pipeline_params;
+    pipeline_params.transaction_bytes = 2 * kBytesQ;  // Q and dO of one query block
+    pipeline_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer
+                                               : Pipeline::ThreadCategory::Consumer;
+    pipeline_params.is_leader = threadIdx.x == 0;
+    pipeline_params.num_consumers = kNumMmaThreads;
+    Pipeline pipeline(smem.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
+    __syncthreads();
+
+    BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n_block, params.seqlen_q, params.diag_offset,
+                                                        params.window_left, params.window_right);
+    int const num_steps = range.count() * params.q_heads_per_kv_head;
+
+    if (warp_group_idx == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if (warp_idx_in_wg == 0 && lane_predicate) {
+        load(params, smem, pipeline, range, num_steps, n_block, head_kv, batch);
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      consume(params, smem, pipeline, range, num_steps, n_block, head_kv, batch, threadIdx.x - 128);
+    }
+  }
+
+  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline,
+                           BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                           int head_kv, int batch) const {
+    if (num_steps == 0) { return; }
+    Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
+    Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutK{});
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    smem.barrier_kv.arrive_and_expect_tx(2 * kBytesK);
+    copy(params.tma_k.with(reinterpret_cast<uint64_t&>(smem.barrier_kv)), tKgK, tKsK);
+    copy(params.tma_v.with(reinterpret_cast<uint64_t&>(smem.barrier_kv)), tVgV, tVsV);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{});
+    PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+    for (int step = 0; step < num_steps; ++step) {
+      int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
+      int const m_block = range.m_block_min + step % range.count();
+      Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);
+      Tensor mdO = params.tma_do.get_tma_tensor(params.shape_q)(_, _, head, batch);
+      Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
+      Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tdOgdO, tdOsdO] =
+          tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      pipeline.producer_acquire(state);
+      copy(params.tma_q.with(*pipeline.producer_get_barrier(state)), tQgQ, tQsQ(_, state.index()));
+      copy(params.tma_do.with(*pipeline.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
+      ++state;
+    }
+  }
+
+  CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline,
+                              BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                              int head_kv, int batch, int mma_tidx) const {
+    TiledMmaSdP mma_sdp;
+    TiledMmadKV mma_dkv;
+    TiledMmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(mma_tidx);
+    auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
+    auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});        // (M, D, stages)
+    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQt{});      // (D, M, stages)
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQt{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});        // (N, D)
+    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{});      // (D, N)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutK{});
+    Tensor sPt = make_tensor(make_smem_ptr(smem.pt.data()), SmemLayoutPdSt{});   // (N, M, 2)
+    Tensor sdSt = make_tensor(make_smem_ptr(smem.dst.data()), SmemLayoutPdSt{}); // (N, M, 2)
+    Tensor sdS = make_tensor(make_smem_ptr(smem.dst.data()), SmemLayoutdS{});    // (M, N, 2)
+
+    // Operand descriptors.
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+    Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (..., stages)
+    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+    Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);  // (..., 2)
+    Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
+    Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (..., stages)
+    Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (..., 2)
+    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+
+    // Accumulators.
+    Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    clear(tdVrdV);
+    clear(tdKrdK);
+
+    // (key, query) coordinates of this thread's S^T elements, as (rows, cols).
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+    constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+
+    auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, mma_sdp);
+    auto smem_thr_copy_pds = smem_copy_pds.get_thread_slice(mma_tidx);
+    Tensor tPsPt = smem_thr_copy_pds.partition_D(sPt);    // (CPY, CPY_N, CPY_M, 2)
+    Tensor tPsdSt = smem_thr_copy_pds.partition_D(sdSt);
+
+    Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor tdQcdQ_rc = make_tensor(tdQcdQ.data(), acc_layout_rowcol(tdQcdQ.layout()));
+
+    int const n0 = n_block * kBlockN;
+    if (num_steps > 0) { smem.barrier_kv.wait(0); }
+
+    PipelineState state;
+    for (int step = 0; step < num_steps; ++step) {
+      int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
+      int const m_block = range.m_block_min + step % range.count();
+      int const m0 = m_block * kBlockM;
+      int const buf = step & 1;
+      int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
+
+      pipeline.consumer_wait(state);
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), tSrS);
+      wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, state.index()), tSrdP);
+
+      // Per-query LSE (log2 domain) and D for this thread's columns, loaded while the GEMMs run.
+      float lse2[kCols];
+      float dsum[kCols];
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        int const query = m0 + get<1>(tScS_rc(0, c));
+        lse2[c] = params.lse_log2[row_base + query];
+        dsum[c] = params.dsum[row_base + query];
+      }
+
+      Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
+      Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
+      warpgroup_wait<1>();  // S^T ready
+      bool const needs_mask =
+          kLocal && (n0 + kBlockN - 1 > m0 + params.diag_offset + params.window_right ||
+                     n0 < m0 + kBlockM - 1 + params.diag_offset - params.window_left);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(tSrS_rc); ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2[c];
+          if (needs_mask) {
+            int const key = n0 + get<0>(tScS_rc(r, c));
+            int const diag_key = m0 + get<1>(tScS_rc(r, c)) + params.diag_offset;
+            if (key > diag_key + params.window_right || key < diag_key - params.window_left) { s = -INFINITY; }
+          }
+          tSrS_rc(r, c) = exp2f(s);  // P^T
+        }
+      }
+      warpgroup_wait<0>();  // dP^T ready
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kCols; ++c) { tSrdP_rc(r, c) = tSrS_rc(r, c) * (tSrdP_rc(r, c) - dsum[c]); }  // dS^T
+      }
+
+      // P^T and dS^T to shared memory: the next GEMMs read them from both warpgroups.
+      Tensor tPrP = make_tensor<Element>(tSrS.layout());
+      Tensor tPrdS = make_tensor<Element>(tSrdP.layout());
+      convert_into(tSrS, tPrP);
+      convert_into(tSrdP, tPrdS);
+      copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrP), tPsPt(_, _, _, buf));
+      copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrdS), tPsdSt(_, _, _, buf));
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
+
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+      wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, state.index()), tdVrdV);
+      wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, state.index()), tdKrdK);
+      wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ);
+      warpgroup_wait<0>();
+      pipeline.consumer_release(state);
+      ++state;
+
+      // dQ(m_block) += dS . K: float32 atomics, pairs of neighbouring head-dim columns at once.
+      Tensor tdQrdQ_rc = make_tensor(tdQrdQ.data(), acc_layout_rowcol(tdQrdQ.layout()));
+      float* dq_rows = params.dq_accum + row_base * kHeadDim;
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(tdQrdQ_rc); ++r) {
+        int const query = m0 + get<0>(tdQcdQ_rc(r, 0));
+        if (query < params.seqlen_q) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < size<1>(tdQrdQ_rc); c += 2) {
+            int const col = get<1>(tdQcdQ_rc(r, c));
+            atomicAdd(reinterpret_cast<float2*>(dq_rows + int64_t(query) * kHeadDim + col),
+                      make_float2(tdQrdQ_rc(r, c), tdQrdQ_rc(r, c + 1)));
+          }
+        }
+      }
+    }
+    epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
+  }
+
+  // dK (scaled) and dV straight from registers; rows past seqlen_k and columns past the real
+  // head dim are dropped. A CTA that no query sees writes zeros.
+  template <typename TensorAcc>
+  CUTLASS_DEVICE void epilogue(Params const& params, TiledMmadKV const& mma_dkv, TensorAcc& tdKrdK,
+                               TensorAcc& tdVrdV, int n_block, int head_kv, int batch, int mma_tidx) const {
+    auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
+    Tensor tc = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    Tensor tc_rc = make_tensor(tc.data(), acc_layout_rowcol(tc.layout()));
+    Tensor dk_rc = make_tensor(tdKrdK.data(), acc_layout_rowcol(tdKrdK.layout()));
+    Tensor dv_rc = make_tensor(tdVrdV.data(), acc_layout_rowcol(tdVrdV.layout()));
+    int const n0 = n_block * kBlockN;
+    int64_t const row_stride = int64_t(params.heads_kv) * params.head_dim;  // dk, dv are contiguous
+    int64_t const base = (int64_t(batch) * params.seqlen_k) * row_stride + int64_t(head_kv) * params.head_dim;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(dk_rc); ++r) {
+      int const key = n0 + get<0>(tc_rc(r, 0));
+      if (key >= params.seqlen_k) { continue; }
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(dk_rc); c += 2) {
+        int const col = get<1>(tc_rc(r, c));
+        if (col >= params.head_dim) { continue; }  // head dims are multiples of 8: pairs stay whole
+        int64_t const offset = base + int64_t(key) * row_stride + col;
+        Element dk_pair[2] = {Element(dk_rc(r, c) * params.softmax_scale), Element(dk_rc(r, c + 1) * params.softmax_scale)};
+        Element dv_pair[2] = {Element(dv_rc(r, c)), Element(dv_rc(r, c + 1))};
+        *reinterpret_cast<uint32_t*>(params.dk + offset) = *reinterpret_cast<uint32_t*>(dk_pair);
+        *reinterpret_cast<uint32_t*>(params.dv + offset) = *reinterpret_cast<uint32_t*>(dv_pair);
+      }
+    }
+  }
+};
+
+template <typename Kernel>
+__global__ void __launch_bounds__(Kernel::kNumThreads, 1)
+    flash_bwd_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+  extern __shared__ __align__(1024) char smem_buf[];
+  Kernel{}(params, smem_buf);
+}
+
+}  // namespace flash
