@@ -10,9 +10,13 @@ Build knobs (environment variables read at build time):
 
 * ``FLASH_ATTN_HOPPER_HDIMS``   comma-separated head dims, e.g. ``64,128``
 * ``FLASH_ATTN_HOPPER_DTYPES``  comma-separated dtypes, e.g. ``bf16``
-* ``FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1``  skip the backward kernels
+* ``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``  also build the backward
+  kernels, which this version has but has not yet verified on a GPU
+* ``FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1``  no backward kernels, whatever
+  else is set
 
-Unset (or ``all``) means everything the manifest offers.
+Unset (or ``all``) hdims/dtypes mean everything the manifest offers; the
+backward is built only when asked for while it is experimental.
 """
 
 from __future__ import annotations
@@ -60,17 +64,31 @@ class Direction:
     entry_point: str  # the templated host launcher each instantiation file instantiates
     registry_macro: str  # X-macro in generated/fwd_registry.h listing the compiled pairs
     description: str
+    launch_header: str  # the csrc/ header that declares entry_point
+    params_type: str  # the params struct entry_point takes by reference
 
 
 #: Every direction the project knows how to generate files for.
 DIRECTIONS: Mapping[str, Direction] = {
-    "fwd": Direction("fwd", "flash::run_flash_fwd", "FLASH_ATTN_HOPPER_FOR_EACH_FWD", "forward"),
-    "bwd": Direction("bwd", "flash::run_flash_bwd", "FLASH_ATTN_HOPPER_FOR_EACH_BWD", "backward"),
+    "fwd": Direction(
+        "fwd", "flash::run_flash_fwd", "FLASH_ATTN_HOPPER_FOR_EACH_FWD", "forward",
+        "flash_fwd_launch.cuh", "flash::FwdParams",
+    ),
+    "bwd": Direction(
+        "bwd", "flash::run_flash_bwd", "FLASH_ATTN_HOPPER_FOR_EACH_BWD", "backward",
+        "flash_bwd_launch.cuh", "flash::BwdParams",
+    ),
 }
 
-#: Directions whose kernels exist in csrc/ in this version.  Adding "bwd"
-#: here (once csrc/ has run_flash_bwd) turns on its generation and build.
+#: Directions whose kernels exist in csrc/ and are verified on a GPU in this
+#: version: built by default (for the selected head dims and dtypes).
 AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd",)
+
+#: Directions whose kernels exist in csrc/ but have not been verified on a
+#: GPU yet: built only when their knob asks (ENV_EXPERIMENTAL_BACKWARD), for
+#: the same head dims and dtypes as the forward.  Moving "bwd" from here to
+#: AVAILABLE_DIRECTIONS, once the GPU tests pass, makes it a default.
+EXPERIMENTAL_DIRECTIONS: tuple[str, ...] = ("bwd",)
 
 #: Attention features and whether this version has kernels for them.  The
 #: Python layer refuses an unavailable feature before any launch, naming it.
@@ -84,6 +102,8 @@ FEATURES: Mapping[str, bool] = {
     "varlen": False,
     "paged_kv": False,
     "fp8": False,
+    # Verified backward kernels in every build.  An experimental build may still have
+    # them: build_info()["features"]["backward"] says what the installed build can do.
     "backward": "bwd" in AVAILABLE_DIRECTIONS,
 }
 
@@ -94,6 +114,7 @@ FEATURES: Mapping[str, bool] = {
 ENV_HDIMS = "FLASH_ATTN_HOPPER_HDIMS"
 ENV_DTYPES = "FLASH_ATTN_HOPPER_DTYPES"
 ENV_DISABLE_BACKWARD = "FLASH_ATTN_HOPPER_DISABLE_BACKWARD"
+ENV_EXPERIMENTAL_BACKWARD = "FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD"
 
 BUILD_COMMAND = "pip install --no-build-isolation -v ."
 
@@ -210,8 +231,12 @@ def selection_from_env(env: Mapping[str, str] | None = None) -> Selection:
     env = os.environ if env is None else env
     hdims = parse_hdims(env.get(ENV_HDIMS))
     dtypes = parse_dtypes(env.get(ENV_DTYPES))
+    disable_backward = parse_flag(ENV_DISABLE_BACKWARD, env.get(ENV_DISABLE_BACKWARD))
+    experimental_backward = parse_flag(ENV_EXPERIMENTAL_BACKWARD, env.get(ENV_EXPERIMENTAL_BACKWARD))
     directions = list(AVAILABLE_DIRECTIONS)
-    if parse_flag(ENV_DISABLE_BACKWARD, env.get(ENV_DISABLE_BACKWARD)) and "bwd" in directions:
+    if experimental_backward and "bwd" in EXPERIMENTAL_DIRECTIONS:
+        directions.append("bwd")
+    if disable_backward and "bwd" in directions:
         directions.remove("bwd")
     return Selection(hdims=hdims, dtypes=dtypes, directions=tuple(directions))
 
@@ -247,23 +272,42 @@ def dtype_name(torch_dtype_name: str) -> str | None:
     return None
 
 
-def rebuild_hint(hdims: Iterable[int], dtypes: Iterable[str], disable_backward: bool = False) -> str:
-    """The command line that builds a selection including ``hdims`` × ``dtypes``."""
+def backward_knob(backward: bool) -> str | None:
+    """The knob setting that gives a build with (``backward``) or without backward kernels; None if none is needed."""
+    if backward and "bwd" in EXPERIMENTAL_DIRECTIONS:
+        return f"{ENV_EXPERIMENTAL_BACKWARD}=1"
+    if not backward and "bwd" in AVAILABLE_DIRECTIONS:
+        return f"{ENV_DISABLE_BACKWARD}=1"
+    return None
+
+
+def rebuild_hint(hdims: Iterable[int], dtypes: Iterable[str], backward: bool = False) -> str:
+    """The command line that builds a selection including ``hdims`` × ``dtypes``, with or without the backward."""
     parts = [
         f"{ENV_HDIMS}={','.join(str(h) for h in sorted(set(hdims)))}",
         f"{ENV_DTYPES}={','.join(d for d in DTYPES if d in set(dtypes))}",
     ]
-    if disable_backward:
-        parts.append(f"{ENV_DISABLE_BACKWARD}=1")
+    knob = backward_knob(backward)
+    if knob is not None:
+        parts.append(knob)
     return " ".join(parts + [BUILD_COMMAND])
 
 
 def direction_unavailable_message(direction: str) -> str:
+    """Why a build has no kernels of ``direction`` at all (not one missing head dim)."""
     info = DIRECTIONS[direction]
-    return (
-        f"flash_attn_hopper: {info.description} kernels are not part of this version "
-        f"(available directions: {', '.join(DIRECTIONS[d].description for d in AVAILABLE_DIRECTIONS)})."
-    )
+    if direction in EXPERIMENTAL_DIRECTIONS:
+        return (
+            f"flash_attn_hopper: this build has no {info.description} kernels: they are experimental in this "
+            f"version (not yet verified on a GPU) and built only on request "
+            f"(`{ENV_EXPERIMENTAL_BACKWARD}=1 {BUILD_COMMAND}`)."
+        )
+    if direction not in AVAILABLE_DIRECTIONS:
+        return (
+            f"flash_attn_hopper: {info.description} kernels are not part of this version "
+            f"(available directions: {', '.join(DIRECTIONS[d].description for d in AVAILABLE_DIRECTIONS)})."
+        )
+    return f"flash_attn_hopper: this build has no {info.description} kernels; rebuild without {ENV_DISABLE_BACKWARD}=1."
 
 
 def not_compiled_message(
@@ -277,7 +321,8 @@ def not_compiled_message(
     ``hdim`` is the caller's head dim; it is rounded up to a manifest head dim.
     """
     compiled = set(compiled)
-    if direction not in AVAILABLE_DIRECTIONS:
+    ours = [inst for inst in compiled if inst.direction == direction]
+    if direction not in AVAILABLE_DIRECTIONS and (direction not in EXPERIMENTAL_DIRECTIONS or not ours):
         return direction_unavailable_message(direction)
     rounded = round_up_headdim(hdim)
     if rounded is None:
@@ -287,13 +332,11 @@ def not_compiled_message(
         )
     if Instantiation(direction, rounded, dtype) in compiled:
         return None
-    ours = [inst for inst in compiled if inst.direction == direction]
     have_hdims = sorted({inst.hdim for inst in ours})
     have_dtypes = [d for d in DTYPES if d in {inst.dtype for inst in ours}]
-    disable_backward = direction == "fwd" and "bwd" in AVAILABLE_DIRECTIONS and not any(
-        inst.direction == "bwd" for inst in compiled
-    )
-    hint = rebuild_hint(set(have_hdims) | {rounded}, set(have_dtypes) | {dtype}, disable_backward)
+    # The hint rebuilds what the build had, plus the missing pair: the backward stays as it was.
+    backward = direction == "bwd" or any(inst.direction == "bwd" for inst in compiled)
+    hint = rebuild_hint(set(have_hdims) | {rounded}, set(have_dtypes) | {dtype}, backward)
     served = f"head dim {hdim} (runs on the hdim-{rounded} kernels)" if rounded != hdim else f"head dim {hdim}"
     return (
         f"flash_attn_hopper was built without {DIRECTIONS[direction].description} kernels for {served} "

@@ -292,7 +292,7 @@ def test_backward():
     out = flash_attn_func(q, k, v, causal=True)
     dout = torch.randn_like(out)
     if not ops.has_bwd_op():
-        with pytest.raises(RuntimeError, match="backward kernels are not part of this version"):
+        with pytest.raises(RuntimeError, match="this build has no backward kernels"):
             out.backward(dout)
         return
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)

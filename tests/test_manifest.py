@@ -102,10 +102,61 @@ def test_not_compiled_message_names_knobs_and_command():
 
 def test_backward_direction_state_is_consistent():
     assert set(m.AVAILABLE_DIRECTIONS) <= set(m.DIRECTIONS)
+    assert set(m.EXPERIMENTAL_DIRECTIONS) <= set(m.DIRECTIONS)
+    assert not set(m.AVAILABLE_DIRECTIONS) & set(m.EXPERIMENTAL_DIRECTIONS)
     assert m.FEATURES["backward"] == ("bwd" in m.AVAILABLE_DIRECTIONS)
-    if "bwd" not in m.AVAILABLE_DIRECTIONS:
-        msg = m.not_compiled_message("bwd", 128, "bf16", [m.Instantiation("fwd", 128, "bf16")])
-        assert "backward kernels are not part of this version" in msg
+    msg = m.not_compiled_message("bwd", 128, "bf16", [m.Instantiation("fwd", 128, "bf16")])
+    assert "this build has no backward kernels" in msg
+    if "bwd" in m.EXPERIMENTAL_DIRECTIONS:
+        assert "FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1 " + m.BUILD_COMMAND in msg
+        assert "not yet verified on a GPU" in msg
+
+
+def test_experimental_backward_knob():
+    assert m.EXPERIMENTAL_DIRECTIONS == ("bwd",), "this version's backward is experimental"
+    assert "bwd" not in m.selection_from_env({}).directions, "the experimental backward must be off by default"
+    on = m.selection_from_env(
+        {"FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD": "1", "FLASH_ATTN_HOPPER_HDIMS": "64,256", "FLASH_ATTN_HOPPER_DTYPES": "bf16"}
+    )
+    assert on.directions == ("fwd", "bwd")
+    assert on.instantiations() == [
+        m.Instantiation("fwd", 64, "bf16"),
+        m.Instantiation("fwd", 256, "bf16"),
+        m.Instantiation("bwd", 64, "bf16"),
+        m.Instantiation("bwd", 256, "bf16"),
+    ]
+    assert on.instantiations()[2].filename == "flash_bwd_hdim64_bf16_sm90.cu"
+    assert m.selection_from_env({"FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD": "0"}).directions == ("fwd",)
+    # The disable knob keeps meaning "no backward", whatever else is set.
+    both = {"FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD": "yes", "FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "1"}
+    assert m.selection_from_env(both).directions == ("fwd",)
+    with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD='2'"):
+        m.selection_from_env({"FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD": "2"})
+
+
+def _selection_of_hint(message: str) -> m.Selection:
+    """Build the selection the 'Rebuild with: K=V ... pip install ...' line of a message asks for."""
+    command = message.split("Rebuild with: ")[1]
+    assert command.endswith(m.BUILD_COMMAND)
+    env = dict(part.split("=", 1) for part in command[: -len(m.BUILD_COMMAND)].split())
+    return m.selection_from_env(env)
+
+
+def test_messages_of_a_build_with_the_backward():
+    compiled = [m.Instantiation("fwd", 128, "bf16"), m.Instantiation("bwd", 128, "bf16")]
+    assert m.not_compiled_message("bwd", 128, "bf16", compiled) is None
+    assert m.not_compiled_message("bwd", 104, "bf16", compiled) is None  # rounds up to 128
+    msg = m.not_compiled_message("bwd", 64, "bf16", compiled)
+    assert "without backward kernels for head dim 64 in bf16" in msg
+    rebuilt = _selection_of_hint(msg).instantiations()
+    assert m.Instantiation("bwd", 64, "bf16") in rebuilt and m.Instantiation("bwd", 128, "bf16") in rebuilt
+    # A forward hint on that build keeps its backward...
+    rebuilt = _selection_of_hint(m.not_compiled_message("fwd", 96, "fp16", compiled)).instantiations()
+    assert m.Instantiation("fwd", 96, "fp16") in rebuilt and m.Instantiation("bwd", 128, "bf16") in rebuilt
+    # ...and on a forward-only build asks for none.
+    msg = m.not_compiled_message("fwd", 96, "fp16", compiled[:1])
+    assert "EXPERIMENTAL" not in msg
+    assert not [i for i in _selection_of_hint(msg).instantiations() if i.direction == "bwd"]
 
 
 def test_dtype_names_match_torch():

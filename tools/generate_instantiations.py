@@ -12,6 +12,13 @@ Used by setup.py (``generate(...)``) and by hand::
     python tools/generate_instantiations.py                  # knobs from the environment
     python tools/generate_instantiations.py --hdims 128 --dtypes bf16
     python tools/generate_instantiations.py --list           # print the selection only
+    python tools/generate_instantiations.py --experimental-backward   # also the (unverified) backward
+
+With the backward selected (``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``) it
+writes ``flash_bwd_hdim{D}_{dtype}_sm90.cu`` for the forward's head dims and
+dtypes, lists them in ``FLASH_ATTN_HOPPER_FOR_EACH_BWD`` and sets
+``FLASH_ATTN_HOPPER_HAS_BWD`` to 1, which makes ``csrc/flash_api.cpp`` define
+the ``bwd`` op.
 """
 
 from __future__ import annotations
@@ -47,13 +54,19 @@ def load_manifest(repo_root: Path = REPO_ROOT):
 
 
 def render_instantiation(inst) -> str:
-    entry = load_manifest().DIRECTIONS[inst.direction].entry_point
-    params = "flash::FwdParams" if inst.direction == "fwd" else "flash::BwdParams"
+    info = load_manifest().DIRECTIONS[inst.direction]
     return (
         f"{HEADER_LINE}\n"
-        f'#include "flash_{inst.direction}_launch.cuh"\n'
-        f"template void {entry}<{inst.hdim}, {inst.cutlass_type}>({params}&, cudaStream_t);\n"
+        f'#include "{info.launch_header}"\n'
+        f"template void {info.entry_point}<{inst.hdim}, {inst.cutlass_type}>({info.params_type}&, cudaStream_t);\n"
     )
+
+
+def missing_launch_headers(selection, csrc_dir: Path = REPO_ROOT / "csrc") -> list[str]:
+    """Launch headers the selection's files include that ``csrc_dir`` lacks (a build would fail on them)."""
+    manifest = load_manifest()
+    needed = sorted({manifest.DIRECTIONS[d].launch_header for d in selection.directions})
+    return [name for name in needed if not (Path(csrc_dir) / name).is_file()]
 
 
 def render_registry(selection) -> str:
@@ -128,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     parser.add_argument("--hdims", help=f"overrides ${manifest.ENV_HDIMS}, e.g. 64,128")
     parser.add_argument("--dtypes", help=f"overrides ${manifest.ENV_DTYPES}, e.g. bf16")
+    parser.add_argument(
+        "--experimental-backward",
+        action="store_true",
+        help=f"like ${manifest.ENV_EXPERIMENTAL_BACKWARD}=1: also the backward files (not yet verified on a GPU)",
+    )
     parser.add_argument("--disable-backward", action="store_true", help=f"like ${manifest.ENV_DISABLE_BACKWARD}=1")
     parser.add_argument("--list", action="store_true", help="print the selected files and write nothing")
     args = parser.parse_args(argv)
@@ -137,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         env[manifest.ENV_HDIMS] = args.hdims
     if args.dtypes is not None:
         env[manifest.ENV_DTYPES] = args.dtypes
+    if args.experimental_backward:
+        env[manifest.ENV_EXPERIMENTAL_BACKWARD] = "1"
     if args.disable_backward:
         env[manifest.ENV_DISABLE_BACKWARD] = "1"
     try:
@@ -149,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         for inst in selection.instantiations():
             print(inst.filename)
         return 0
+    for name in missing_launch_headers(selection):
+        print(f"warning: csrc/{name} is missing: the files that include it will not compile", file=sys.stderr)
     result = generate(selection, args.out_dir)
     for path in result.written:
         print(f"wrote   {path}")
