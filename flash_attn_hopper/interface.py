@@ -167,6 +167,12 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
         if message is not None:
             raise RuntimeError(message)
 
+    _check_device(q, k, v)
+    return softmax_scale, causal, window
+
+
+def _check_device(q, k, v) -> None:
+    """The inputs' device can run the kernels: one CUDA device, the extension loaded, sm_90."""
     devices = {t.device for t in (q, k, v)}
     if len(devices) != 1:
         raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}")
@@ -186,7 +192,6 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
                 f"{q.device} is an sm_{capability[0]}{capability[1]} GPU ({torch.cuda.get_device_name(index)}); "
                 "flash_attn_hopper's kernels are built for sm_90a only (H100, H200, H20, GH200)"
             )
-    return softmax_scale, causal, window
 
 
 def _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
@@ -239,15 +244,19 @@ def flash_attn_func(
         causal: mask aligned to the bottom-right corner: query i sees key j
             when j <= i + seqlen_k - seqlen_q.  A query that sees no key
             gets output 0 and lse -inf.
-        window_size: (left, right), -1 = unbounded; only (-1, -1) and the
-            causal window (-1, 0) have kernels in this version.
+        window_size: (left, right), -1 = unbounded: local attention, aligned
+            like causal (query i sees key j when
+            i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right).
         softcap, qv, q/k/v_descale, attention_chunk, sm_margin: accepted for
             FlashAttention-3 compatibility; values other than the defaults
             raise RuntimeError (no kernels for them yet).
         num_splits, pack_gqa: performance hints in FlashAttention-3; this
             version chooses its own schedule and ignores them (the result
             does not depend on them).
-        deterministic: the forward pass is always deterministic.
+        deterministic: the backward computes bitwise reproducible gradients
+            (dQ accumulated in a fixed order; slower).  Also on whenever
+            torch.use_deterministic_algorithms(True) is in force at the
+            forward call.  The forward pass is always deterministic.
         return_attn_probs: also return softmax_lse.
 
     Returns:
@@ -256,11 +265,18 @@ def flash_attn_func(
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     softmax_scale, causal, window = _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap)
-    if window is None:
-        out, softmax_lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, causal)
+    # Same kernel either way; the op's autograd formula picks the backward (see ops.py).
+    if deterministic:
+        fwd = getattr(torch.ops.flash_attn_hopper, ops.DETERMINISTIC_FWD_NAME)
     else:
-        out, softmax_lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, causal, window[0], window[1])
+        fwd = torch.ops.flash_attn_hopper.fwd
+    if window is None:
+        out, softmax_lse = fwd(q, k, v, softmax_scale, causal)
+    else:
+        out, softmax_lse = fwd(q, k, v, softmax_scale, causal, window[0], window[1])
     return (out, softmax_lse) if return_attn_probs else out
 
 

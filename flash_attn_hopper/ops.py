@@ -3,15 +3,31 @@
 ``flash_attn_hopper._C`` is the compiled extension.  Importing it runs the
 C++ ``TORCH_LIBRARY(flash_attn_hopper, m)`` registration, which defines::
 
-    fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal)
+    fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal,
+        int window_size_left=-1, int window_size_right=-1, bool top_left=False)
         -> (Tensor out, Tensor softmax_lse)
 
-with its CUDA kernel.  This module adds what makes the op a good citizen of
-torch: a fake (shape-only) kernel, so FakeTensorMode, ``torch.compile`` and
-``torch.export`` trace it without a GPU and without a graph break, and an
-autograd formula.  When the extension is missing or fails to load, importing
-this module still succeeds; :func:`require_extension` then raises with the
-reason and the build command.
+with its CUDA kernel, and, in a build with the (experimental) backward
+kernels, ``bwd`` with the schema :data:`BWD_SCHEMA`.
+
+This module adds what makes the ops good citizens of torch: fake
+(shape-only) kernels, so FakeTensorMode, ``torch.compile`` and
+``torch.export`` trace them without a GPU and without a graph break, and the
+autograd formula of ``fwd``, which calls ``bwd`` with the forward's
+arguments and saves only q, k, v, out and softmax_lse (no seqlen² tensor).
+
+``deterministic``: the backward accumulates dQ in a fixed order when asked,
+which the forward's schema cannot carry.  So this module defines a second
+forward op in Python, ``fwd_deterministic_bwd``, with ``fwd``'s schema and
+kernel: the op itself says which backward it wants, which holds through
+``torch.compile`` and ``torch.export``.  ``flash_attn_func(deterministic=True)``
+calls it.  Either op's backward is also deterministic when
+``torch.use_deterministic_algorithms(True)`` is in force at the forward call
+(so SDPA users get torch's switch).
+
+When the extension is missing or fails to load, importing this module still
+succeeds; :func:`require_extension` then raises with the reason and the build
+command.
 """
 
 from __future__ import annotations
@@ -23,8 +39,38 @@ import torch
 
 from . import manifest
 
-#: The backward op's schema this module calls once csrc/ defines it.
-BWD_SCHEMA_ARGS = ("dout", "q", "k", "v", "out", "softmax_lse", "softmax_scale", "causal")
+#: The backward op the autograd formula calls (defined in csrc/flash_api.cpp when
+#: the build has backward kernels).  Shapes: dout and out like q (batch, seqlen_q,
+#: nheads, headdim), softmax_lse float32 (batch, nheads, seqlen_q) as fwd returns it;
+#: dq like q, dk and dv like k and v (GQA: summed over each group's query heads).
+#: Window arguments mean what they mean for fwd.
+BWD_SCHEMA = (
+    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
+    "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
+    "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)"
+)
+
+#: The argument names of :data:`BWD_SCHEMA`, checked against the compiled op before each call.
+BWD_SCHEMA_ARGS = (
+    "dout",
+    "q",
+    "k",
+    "v",
+    "out",
+    "softmax_lse",
+    "softmax_scale",
+    "causal",
+    "window_size_left",
+    "window_size_right",
+    "top_left",
+    "deterministic",
+)
+
+#: The forward op whose backward is the deterministic one (defined below, in Python).
+DETERMINISTIC_FWD_NAME = "fwd_deterministic_bwd"
+
+#: fwd's arguments after (q, k, v, softmax_scale, causal), with their defaults.
+_WINDOW_DEFAULTS = (-1, -1, False)
 
 _C = None
 LOAD_ERROR: str | None = None
@@ -100,43 +146,127 @@ def backward_unavailable_message() -> str:
     )
 
 
+def bwd_op():
+    """``torch.ops.flash_attn_hopper.bwd.default``, checked against :data:`BWD_SCHEMA_ARGS`.
+
+    Raises RuntimeError when this build has no backward op, or when the
+    compiled op takes other arguments than this module passes.
+    """
+    if not has_bwd_op():
+        raise RuntimeError(backward_unavailable_message())
+    op = torch.ops.flash_attn_hopper.bwd.default
+    names = tuple(arg.name for arg in op._schema.arguments)
+    if names != BWD_SCHEMA_ARGS:
+        raise RuntimeError(
+            f"flash_attn_hopper: the compiled bwd op takes {names}, but flash_attn_hopper/ops.py "
+            f"calls it with {BWD_SCHEMA_ARGS}; the Python package and the extension are out of step"
+        )
+    return op
+
+
+def _fwd_fake(q, k, v, softmax_scale, causal, *window_and_alignment):
+    # The output shapes depend on q alone; the window arguments (window_size_left,
+    # window_size_right, top_left) only choose which keys each query sees.
+    batch, seqlen_q, nheads_q, head_dim = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads_q, head_dim))
+    softmax_lse = q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
+    return out, softmax_lse
+
+
+def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, *window_alignment_deterministic):
+    # Contiguous gradients shaped like their inputs: dq (batch, seqlen_q, nheads_q, headdim),
+    # dk and dv (batch, seqlen_k, nheads_kv, headdim), whatever the inputs' strides.
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def register_bwd_fake(lib=None) -> None:
+    """Register the bwd op's fake kernel (done at import when the build has the op).
+
+    ``lib``: a ``torch.library.Library`` that owns the registration, for
+    tests that define a stand-in op and remove it again.
+    """
+    torch.library.register_fake("flash_attn_hopper::bwd", _bwd_fake, lib=lib)
+
+
+def _setup_context(ctx, inputs, output, deterministic: bool) -> None:
+    # inputs has every schema argument, defaults filled in by torch; a fwd without the
+    # window arguments (an older extension) gets their defaults.
+    q, k, v, softmax_scale, causal = inputs[:5]
+    window = tuple(inputs[5:8]) + _WINDOW_DEFAULTS[len(inputs[5:8]) :]
+    out, softmax_lse = output
+    ctx.save_for_backward(q, k, v, out, softmax_lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+    ctx.window_size_left, ctx.window_size_right, ctx.top_left = window
+    # Read at the forward call, as torch's own kernels read it when they run.
+    ctx.deterministic = bool(deterministic or torch.are_deterministic_algorithms_enabled())
+    ctx.num_inputs = len(inputs)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output, deterministic=False)
+
+
+def _fwd_deterministic_setup_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output, deterministic=True)
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    # Like FlashAttention, the gradient flowing into softmax_lse is not
+    # propagated: lse is an auxiliary output.
+    op = bwd_op()
+    q, k, v, out, softmax_lse = ctx.saved_tensors
+    if grad_out.stride(-1) != 1:  # the kernel reads dout rows with TMA: only the last dim must be contiguous
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = op(
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        softmax_lse,
+        ctx.softmax_scale,
+        ctx.causal,
+        ctx.window_size_left,
+        ctx.window_size_right,
+        ctx.top_left,
+        ctx.deterministic,
+    )
+    return (dq, dk, dv) + (None,) * (ctx.num_inputs - 3)
+
+
+def _fwd_deterministic_bwd_impl(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
+                                top_left=False):
+    # (The dispatcher leaves trailing arguments that equal their defaults out of a Python kernel's call.)
+    # fwd's kernel, below autograd: the autograd formula of this op is the one that differs.
+    return torch.ops.flash_attn_hopper.fwd.default(
+        q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left
+    )
+
+
+#: Owns the Python-defined op; kept for the life of the process.
+_PY_LIBRARY = None
+
 if _C is not None:
-
-    @torch.library.register_fake("flash_attn_hopper::fwd")
-    def _fwd_fake(q, k, v, softmax_scale, causal, *window_and_alignment):
-        # The output shapes depend on q alone; the window arguments (window_size_left,
-        # window_size_right, top_left) only choose which keys each query sees.
-        batch, seqlen_q, nheads_q, head_dim = q.shape
-        out = q.new_empty((batch, seqlen_q, nheads_q, head_dim))
-        softmax_lse = q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
-        return out, softmax_lse
-
-    def _fwd_setup_context(ctx, inputs, output):
-        # inputs has every schema argument, defaults filled in by torch.
-        q, k, v, softmax_scale, causal = inputs[:5]
-        out, softmax_lse = output
-        ctx.save_for_backward(q, k, v, out, softmax_lse)
-        ctx.softmax_scale = softmax_scale
-        ctx.causal = causal
-        ctx.num_inputs = len(inputs)
-
-    def _fwd_backward(ctx, grad_out, grad_lse):
-        # Like FlashAttention, the gradient flowing into softmax_lse is not
-        # propagated: lse is an auxiliary output.
-        if not has_bwd_op():
-            raise RuntimeError(backward_unavailable_message())
-        op = torch.ops.flash_attn_hopper.bwd.default
-        names = tuple(arg.name for arg in op._schema.arguments)
-        if names != BWD_SCHEMA_ARGS:
-            raise RuntimeError(
-                f"flash_attn_hopper: the compiled bwd op takes {names}, but flash_attn_hopper/ops.py "
-                f"calls it with {BWD_SCHEMA_ARGS}; the Python package and the extension are out of step"
-            )
-        q, k, v, out, softmax_lse = ctx.saved_tensors
-        dq, dk, dv = op(grad_out, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal)
-        return (dq, dk, dv) + (None,) * (ctx.num_inputs - 3)
-
+    torch.library.register_fake("flash_attn_hopper::fwd", _fwd_fake)
     torch.library.register_autograd("flash_attn_hopper::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+    if has_bwd_op():
+        register_bwd_fake()
+
+    _PY_LIBRARY = torch.library.Library("flash_attn_hopper", "FRAGMENT")
+    _PY_LIBRARY.define(
+        f"{DETERMINISTIC_FWD_NAME}(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, "
+        "int window_size_left=-1, int window_size_right=-1, bool top_left=False) -> (Tensor out, Tensor softmax_lse)"
+    )
+    # Every backend: fwd decides which devices have a kernel.
+    _PY_LIBRARY.impl(DETERMINISTIC_FWD_NAME, _fwd_deterministic_bwd_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"flash_attn_hopper::{DETERMINISTIC_FWD_NAME}", _fwd_fake, lib=_PY_LIBRARY)
+    torch.library.register_autograd(
+        f"flash_attn_hopper::{DETERMINISTIC_FWD_NAME}",
+        _fwd_backward,
+        setup_context=_fwd_deterministic_setup_context,
+        lib=_PY_LIBRARY,
+    )
 
 
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool):

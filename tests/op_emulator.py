@@ -1,4 +1,4 @@
-"""A float32 emulation of ``torch.ops.flash_attn_hopper.fwd``'s contract, and ways to install it.
+"""Float32 emulations of ``torch.ops.flash_attn_hopper.fwd`` and ``bwd``'s contracts, and ways to install them.
 
 The CPU tests of the SDPA drop-in, torch's registry route and the
 transformers integration run their fast paths through this emulation, so
@@ -9,6 +9,12 @@ key j when  j >= i + off - left (left >= 0)  and  j <= i + off + right
 (right >= 0, and right = 0 when causal), off = sk - sq, or 0 with top_left;
 rows that see no key give out = 0 and lse = -inf.  out is a contiguous
 (b, sq, hq, d) tensor in q's dtype, lse float32 (b, hq, sq).
+
+``bwd`` (flash_attn_hopper/ops.py's BWD_SCHEMA) recomputes P from q, k and
+the forward's lse, takes D = rowsum(dout * out) from the forward's output, and
+returns contiguous dq like q, dk and dv like k and v, dk/dv summed over the
+query heads of each group: the kernel's maths, so that wrong tensors or
+arguments handed to it show up as wrong gradients.
 """
 
 from __future__ import annotations
@@ -52,6 +58,32 @@ def emulate_fwd(q, k, v, softmax_scale, causal, window_size_left=-1, window_size
     return out, lse.contiguous()
 
 
+def emulate_bwd(
+    dout, q, k, v, out, softmax_lse, softmax_scale, causal,
+    window_size_left=-1, window_size_right=-1, top_left=False, deterministic=False,
+):
+    """(dq, dk, dv) of the attention that produced ``out`` and ``softmax_lse``, in float32 maths."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.size(1), k.size(2)
+    group = heads_q // heads_kv
+    qf, dof = q.float(), dout.float()
+    kf = k.float().repeat_interleave(group, dim=2)
+    vf = v.float().repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * softmax_scale
+    masked = op_mask(seqlen_q, seqlen_k, causal, window_size_left, window_size_right, top_left, device=q.device)
+    probs = torch.exp(scores - softmax_lse.float()[..., None]).masked_fill(masked, 0.0)
+    dv = torch.einsum("bhqk,bqhd->bkhd", probs, dof)
+    dprobs = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
+    rowsum = (dof * out.float()).sum(-1).transpose(1, 2)[..., None]  # (b, hq, sq, 1)
+    dscores = probs * (dprobs - rowsum)
+    dq = torch.einsum("bhqk,bkhd->bqhd", dscores, kf) * softmax_scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qf) * softmax_scale
+    # Query head h reads kv head h // group: its gradients go back there.
+    dk = dk.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
+    dv = dv.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
+    return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
+
+
 class EmulatedKernel:
     """Counts and records the op calls that reached the emulation."""
 
@@ -91,3 +123,46 @@ def emulated_op(monkeypatch: pytest.MonkeyPatch, device_type: str = "cpu"):
     else:
         monkeypatch.setattr(torch.ops.flash_attn_hopper, "fwd", kernel, raising=False)
         yield kernel
+
+
+class EmulatedBackward:
+    """Records the bwd calls that reached the emulation (every argument, by name)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, *args, **kwargs):
+        # The dispatcher leaves trailing arguments that equal their defaults out of a Python kernel's call.
+        schema = torch._C.parse_schema(f"flash_attn_hopper::{ops.BWD_SCHEMA}")
+        call = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        call.update(zip(ops.BWD_SCHEMA_ARGS, args), **kwargs)
+        self.calls.append(call)
+        return emulate_bwd(**call)
+
+
+@contextlib.contextmanager
+def emulated_bwd_op(device_type: str = "cpu", schema: str | None = None):
+    """Give ``torch.ops.flash_attn_hopper.bwd`` the emulation as its kernel for ``device_type``.
+
+    With a build that has the bwd op, the emulation is added as that op's
+    kernel for the device (the real schema and fake kernel stay).  Without
+    one, a stand-in op is defined with ``schema`` (default ops.BWD_SCHEMA, the
+    contract csrc/flash_api.cpp implements) and ops.py's fake kernel, and
+    removed again afterwards.  Needs the compiled extension (the forward's
+    autograd formula is registered only with it).
+    """
+    kernel = EmulatedBackward()
+    if ops.has_bwd_op():
+        if schema is not None:
+            pytest.skip("this build defines the real bwd op; no stand-in with another schema can replace it")
+        library = torch.library.Library("flash_attn_hopper", "IMPL")
+        library.impl("bwd", kernel, device_type.upper())
+    else:
+        library = torch.library.Library("flash_attn_hopper", "FRAGMENT")
+        library.define(schema or ops.BWD_SCHEMA)
+        library.impl("bwd", kernel, device_type.upper())
+        ops.register_bwd_fake(lib=library)
+    try:
+        yield kernel
+    finally:
+        library._destroy()

@@ -1,0 +1,426 @@
+"""The backward's Python side without a GPU: what the autograd formula hands the bwd op,
+and what comes back to the caller.
+
+The forward op runs a float32 emulation of its contract on CPU tensors and the bwd op
+one of its own (tests/op_emulator.py: P recomputed from the forward's lse, D from the
+forward's output, the kernel's maths); in a build without the bwd op (CI's) a stand-in
+with the contract's schema (ops.BWD_SCHEMA) and ops.py's fake kernel takes its place.
+So gradients through flash_attn_func, the SDPA drop-in and torch.compile are checked
+against autograd through the float32 reference, and a wrong window, alignment, scale or
+saved tensor handed to the backward shows up as a wrong gradient.  The kernel's own
+numbers are the GPU tests' business (test_flash_bwd.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import flash_attn_hopper
+from flash_attn_hopper import _build_info, interface, ops, sdpa
+
+from op_emulator import emulate_bwd, emulate_fwd, emulated_bwd_op, emulated_op
+from reference import attention_ref
+
+pytestmark = pytest.mark.skipif(
+    not ops.extension_loaded(),
+    reason=f"the ops' autograd formulas are registered with the compiled extension only ({ops.LOAD_ERROR})",
+)
+
+DTYPE = torch.float16  # the emulations compute in float32; fp16 inputs keep the comparisons sharp
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """Forward and backward emulations on CPU, reachable through flash_attn_func; yields (fwd, bwd) recorders."""
+    monkeypatch.setattr(interface, "_check_device", lambda q, k, v: None)
+    monkeypatch.setattr(_build_info, "COMPILED", None)  # the emulations cover every head dim and dtype
+    with emulated_op(monkeypatch) as fwd, emulated_bwd_op() as bwd:
+        yield fwd, bwd
+
+
+def random_qkv(b=2, sq=37, sk=53, hq=4, hk=2, d=64, seed=0, dtype=DTYPE):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, generator=gen).to(dtype)
+    k = torch.randn(b, sk, hk, d, generator=gen).to(dtype)
+    v = torch.randn(b, sk, hk, d, generator=gen).to(dtype)
+    dout = torch.randn(b, sq, hq, d, generator=gen).to(dtype)
+    return q, k, v, dout
+
+
+def grads_of(fn, q, k, v, dout):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    return out, torch.autograd.grad(out, (q, k, v), dout)
+
+
+def reference_grads(q, k, v, dout, **kwargs):
+    """Gradients by autograd through tests/reference.py's float32 attention (bottom-right masks)."""
+    return grads_of(lambda q, k, v: attention_ref(q.float(), k.float(), v.float(), **kwargs)[0], q, k, v, dout.float())
+
+
+def assert_grads_close(got, ref, what=""):
+    for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+        assert g.shape == r.shape, f"{what} {name}: shape {tuple(g.shape)} != {tuple(r.shape)}"
+        error = ((g.float() - r).norm() / r.norm()).item()
+        assert error < 2e-3, f"{what} {name}: relative error {error:.2e}"
+
+
+# --------------------------------------------------------------------------
+# The contract
+# --------------------------------------------------------------------------
+
+
+def test_schema_constants_agree():
+    schema = torch._C.parse_schema(f"flash_attn_hopper::{ops.BWD_SCHEMA}")
+    assert tuple(a.name for a in schema.arguments) == ops.BWD_SCHEMA_ARGS
+    assert [str(a.type) for a in schema.arguments] == ["Tensor"] * 6 + ["float", "bool", "int", "int", "bool", "bool"]
+    # The window/alignment/determinism arguments default to fwd's defaults and to the fast backward.
+    assert [a.default_value for a in schema.arguments[8:]] == [-1, -1, False, False]
+    assert [r.name for r in schema.returns] == ["dq", "dk", "dv"]
+    if ops.has_bwd_op():  # a build with the backward: the compiled op is the contract
+        assert str(torch.ops.flash_attn_hopper.bwd.default._schema) == str(schema)
+
+
+def test_deterministic_forward_op_has_fwds_schema():
+    fwd = torch.ops.flash_attn_hopper.fwd.default._schema
+    det = getattr(torch.ops.flash_attn_hopper, ops.DETERMINISTIC_FWD_NAME).default._schema
+    assert [(a.name, str(a.type), a.default_value) for a in det.arguments] == [
+        (a.name, str(a.type), a.default_value) for a in fwd.arguments
+    ]
+    assert [r.name for r in det.returns] == [r.name for r in fwd.returns]
+
+
+def test_emulated_backward_is_autograd_through_the_emulated_forward():
+    """The stand-in's maths (which the wiring tests below lean on) against torch's autograd."""
+    q, k, v, dout = random_qkv(hq=6, hk=2, seed=1, dtype=torch.float32)
+    for causal, left, right, top_left in [(False, -1, -1, False), (True, -1, -1, True), (False, 5, 3, False)]:
+        args = (0.2, causal, left, right, top_left)
+        out, lse = emulate_fwd(q, k, v, *args)
+        _, ref = grads_of(lambda q, k, v: emulate_fwd(q, k, v, *args)[0], q, k, v, dout)
+        assert_grads_close(emulate_bwd(dout, q, k, v, out, lse, *args), ref, f"{args}")
+
+
+# --------------------------------------------------------------------------
+# flash_attn_func: what reaches the backward, and the gradients that come out
+# --------------------------------------------------------------------------
+
+CASES = [
+    # sq, sk, hq, hk, causal, window_size
+    (37, 53, 4, 4, False, (-1, -1)),
+    (37, 53, 6, 2, True, (-1, -1)),  # bottom-right causal, GQA
+    (53, 37, 4, 1, True, (-1, -1)),  # the first 16 queries see no key; MQA
+    (64, 64, 4, 2, False, (8, 0)),  # sliding window
+    (45, 70, 4, 2, False, (-1, 9)),
+    (70, 45, 2, 2, True, (12, -1)),  # causal with a left window
+    (1, 40, 4, 2, True, (-1, -1)),  # decoding-shaped
+]
+
+
+@pytest.mark.parametrize("sq, sk, hq, hk, causal, window", CASES)
+def test_flash_attn_func_gradients(kernels, sq, sk, hq, hk, causal, window):
+    _, bwd = kernels
+    q, k, v, dout = random_qkv(sq=sq, sk=sk, hq=hq, hk=hk, seed=sq * sk + hq)
+    out, grads = grads_of(
+        lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window), q, k, v, dout
+    )
+    ref_out, ref = reference_grads(q, k, v, dout, causal=causal, window_size=window)
+    assert_grads_close(grads, ref, f"causal={causal} window={window}")
+    assert [g.dtype for g in grads] == [DTYPE] * 3
+    (call,) = bwd.calls
+    assert call["softmax_scale"] == pytest.approx(64**-0.5)
+    assert call["top_left"] is False and call["deterministic"] is False
+    assert call["dout"].data_ptr() == dout.data_ptr(), "dout was copied on its way to the kernel"
+    assert torch.equal(call["out"], out)
+    assert call["softmax_lse"].shape == (2, hq, sq) and call["softmax_lse"].dtype == torch.float32
+
+
+def test_window_arguments_reach_the_backward_as_the_forward_got_them(kernels):
+    fwd, bwd = kernels
+    q, k, v, dout = random_qkv(sq=64, sk=80, seed=3)
+    for window, causal in [((8, 0), False), ((-1, 0), False), ((3, 5), False), ((10, -1), True), ((500, 500), False)]:
+        fwd.calls.clear()
+        bwd.calls.clear()
+        grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window),
+                 q, k, v, dout)
+        (f,), (b,) = fwd.calls, bwd.calls
+        assert (b["causal"], b["window_size_left"], b["window_size_right"], b["top_left"]) == tuple(f[4:8]), window
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [(False, -1, -1, False), (True, -1, -1, False), (False, 8, 0, True), (False, 0, 8, False), (False, 8, 0, False)],
+)
+def test_a_wrong_backward_argument_would_be_caught(wrong):
+    """The gradient checks above can fail: the backward of another mask or scale gives other gradients."""
+    q, k, v, dout = random_qkv(sq=40, sk=64, seed=4)
+    right_args, scale = (False, 8, 0, False), 0.125
+    out, lse = emulate_fwd(q, k, v, scale, *right_args)
+    right = emulate_bwd(dout, q, k, v, out, lse, scale, *right_args)
+    got = emulate_bwd(dout, q, k, v, out, lse, scale * (1.5 if wrong == right_args else 1.0), *wrong)
+    assert max((g.float() - r.float()).abs().max().item() for g, r in zip(got, right)) > 0.05, wrong
+
+
+def test_custom_scale_and_qkvpacked(kernels):
+    _, bwd = kernels
+    q, k, v, dout = random_qkv(sq=33, sk=33, hq=4, hk=4, seed=5)
+    qkv = torch.stack((q, k, v), dim=2).requires_grad_()  # (b, s, 3, h, d)
+    out = flash_attn_hopper.flash_attn_qkvpacked_func(qkv, softmax_scale=0.3, causal=True)
+    (dqkv,) = torch.autograd.grad(out, qkv, dout)
+    _, ref = reference_grads(q, k, v, dout, causal=True, softmax_scale=0.3)
+    assert_grads_close(dqkv.unbind(dim=2), ref, "qkvpacked")
+    assert [call["softmax_scale"] for call in bwd.calls] == [0.3]
+
+
+def test_non_contiguous_inputs_and_gradient(kernels):
+    _, bwd = kernels
+    q, k, v, dout = random_qkv(sq=40, sk=40, hq=4, hk=2, seed=6)
+    packed = torch.cat((q, k, v), dim=2)  # (b, s, 4 + 2 + 2, d): q, k, v are strided views
+    # A gradient whose last dimension is strided: the op must get one with stride 1 there.
+    dout_strided = torch.stack((dout, dout), dim=-1)[..., 0]
+    assert dout_strided.stride(-1) != 1
+    packed.requires_grad_()
+    qs, ks, vs = packed.split([4, 2, 2], dim=2)
+    out = flash_attn_hopper.flash_attn_func(qs, ks, vs, causal=True)
+    (dpacked,) = torch.autograd.grad(out, packed, dout_strided)
+    _, ref = reference_grads(q, k, v, dout, causal=True)
+    assert_grads_close(dpacked.split([4, 2, 2], dim=2), ref, "packed")
+    assert bwd.calls[0]["dout"].stride(-1) == 1
+    assert bwd.calls[0]["q"].data_ptr() == packed.data_ptr(), "the saved q is not the caller's view"
+
+
+def test_gradient_of_lse_alone_is_not_propagated(kernels):
+    """FlashAttention's convention: lse is an auxiliary output; its gradient does not flow back."""
+    q, k, v, _ = random_qkv(seed=7)
+    q.requires_grad_()
+    out, lse = flash_attn_hopper.flash_attn_func(q, k, v, return_attn_probs=True)
+    (dq,) = torch.autograd.grad(lse.sum(), q)
+    assert torch.equal(dq, torch.zeros_like(q))
+
+
+# --------------------------------------------------------------------------
+# deterministic
+# --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool):
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(on, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def test_deterministic_reaches_the_backward(kernels):
+    fwd, bwd = kernels
+    q, k, v, dout = random_qkv(seed=8)
+    results = {}
+    for deterministic in (False, True):
+        _, results[deterministic] = grads_of(
+            lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=True, deterministic=deterministic),
+            q, k, v, dout,
+        )
+    assert [call["deterministic"] for call in bwd.calls] == [False, True]
+    assert len(fwd.calls) == 2, "deterministic=True must run the same forward kernel"
+    for a, b in zip(results[False], results[True]):
+        assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        flash_attn_hopper.flash_attn_func(q, k, v, deterministic=1)
+
+
+def test_torch_deterministic_switch_at_forward_time_is_honoured(kernels):
+    _, bwd = kernels
+    q, k, v, dout = random_qkv(seed=9)
+    q.requires_grad_()
+    with deterministic_algorithms(True):
+        out = flash_attn_hopper.flash_attn_func(q, k, v)
+    torch.autograd.grad(out, q, dout)
+    with deterministic_algorithms(False):
+        out = flash_attn_hopper.flash_attn_func(q, k, v)
+    with deterministic_algorithms(True):  # at backward time only: the forward call decided
+        torch.autograd.grad(out, q, dout)
+    assert [call["deterministic"] for call in bwd.calls] == [True, False]
+
+
+# --------------------------------------------------------------------------
+# The SDPA drop-in: top-left causal must reach the backward
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sq, sk", [(37, 53), (53, 37), (48, 48)])
+def test_sdpa_drop_in_gradients_match_torch(kernels, monkeypatch, sq, sk):
+    _, bwd = kernels
+    monkeypatch.setattr(sdpa, "BACKWARD_READY", True)
+    monkeypatch.setattr(sdpa, "kernel_refusal", lambda device: None)
+    q, k, v, dout = (t.transpose(1, 2) for t in random_qkv(sq=sq, sk=sk, hq=6, hk=2, seed=sq + sk))
+    _, grads = grads_of(
+        lambda q, k, v: flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        q, k, v, dout,
+    )
+    assert len(bwd.calls) == 1, "the drop-in did not take the fast path"
+    assert bwd.calls[0]["top_left"] is True and bwd.calls[0]["causal"] is True
+    _, ref = grads_of(
+        lambda q, k, v: F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
+                                                       enable_gqa=True),
+        q, k, v, dout.float(),
+    )
+    assert_grads_close(grads, ref, "sdpa")
+
+
+def test_sdpa_backward_ready_follows_the_bwd_schema(monkeypatch):
+    """BACKWARD_READY needs a bwd op that takes top_left; an op without it must not serve gradients."""
+    assert sdpa._backward_ready() is ops.has_bwd_op()
+    old_schema = ops.BWD_SCHEMA.split(", int window_size_left")[0] + ") -> (Tensor dq, Tensor dk, Tensor dv)"
+    with emulated_bwd_op(schema=old_schema):
+        assert ops.has_bwd_op() and not sdpa._backward_ready()
+    with emulated_bwd_op():
+        assert sdpa._backward_ready()
+
+
+# --------------------------------------------------------------------------
+# torch.compile and the fake kernels
+# --------------------------------------------------------------------------
+
+
+class _Recorder:
+    """aot_autograd compilers that keep the forward and backward graphs and run them as they are."""
+
+    def __init__(self):
+        self.forward, self.backward = [], []
+
+    def backend(self):
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        def keep(graphs):
+            def compiler(gm, example_inputs):
+                graphs.append(gm)
+                return make_boxed_func(gm.forward)
+
+            return compiler
+
+        return aot_autograd(fw_compiler=keep(self.forward), bw_compiler=keep(self.backward))
+
+
+def _bwd_node_args(node) -> dict:
+    """The bwd call of a graph node by argument name, defaults filled in (FX leaves trailing defaults out)."""
+    schema = torch._C.parse_schema(f"flash_attn_hopper::{ops.BWD_SCHEMA}")
+    call = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    call.update(zip(ops.BWD_SCHEMA_ARGS, node.args), **node.kwargs)
+    return call
+
+
+def _op_nodes(gm, name):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith(f"flash_attn_hopper.{name}")]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_compile_fullgraph_forward_and_backward(kernels, deterministic):
+    _, bwd = kernels
+    q, k, v, dout = random_qkv(sq=48, sk=64, hq=4, hk=2, seed=10)
+
+    def block(q, k, v):
+        out = flash_attn_hopper.flash_attn_func(q * 1.5, k, v, causal=True, window_size=(16, 0),
+                                                deterministic=deterministic)
+        return out * 2
+
+    torch._dynamo.reset()
+    recorder = _Recorder()
+    compiled = torch.compile(block, fullgraph=True, backend=recorder.backend())
+    _, grads = grads_of(compiled, q, k, v, dout)
+    _, eager = grads_of(block, q, k, v, dout)
+    torch._dynamo.reset()
+    for a, b in zip(grads, eager):
+        assert torch.equal(a, b)
+    (fw_graph,), (bw_graph,) = recorder.forward, recorder.backward
+    fwd_name = ops.DETERMINISTIC_FWD_NAME if deterministic else "fwd."
+    assert len(_op_nodes(fw_graph, fwd_name)) == 1
+    (node,) = _op_nodes(bw_graph, "bwd")
+    args = _bwd_node_args(node)
+    assert [args[name] for name in ops.BWD_SCHEMA_ARGS[6:]] == [64**-0.5, True, 16, 0, False, deterministic]
+    assert len(bwd.calls) == 2  # compiled and eager
+    # Saved for the backward: O(seqlen) tensors only, nothing of seqlen_q x seqlen_k.
+    sizes = [n.meta["val"].numel() for n in bw_graph.graph.nodes if n.op == "placeholder" and "val" in n.meta]
+    assert max(sizes) <= max(t.numel() for t in (q, k, v)), sizes
+
+
+@pytest.mark.parametrize("device", ["cuda", "meta"])
+def test_bwd_fake_kernel_gives_contiguous_gradients_shaped_like_the_inputs(device):
+    """What AOTAutograd traces the backward with: dq like q, dk/dv like k/v (GQA), contiguous, in the inputs' dtype."""
+    with emulated_bwd_op(), (FakeTensorMode() if device == "cuda" else contextlib.nullcontext()):
+        q = torch.empty(2, 6, 64, 128, dtype=torch.bfloat16, device=device).transpose(1, 2)  # SDPA's layout
+        k = torch.empty(2, 80, 6, 128, dtype=torch.bfloat16, device=device)[:, :, 1:5:2]  # strided heads
+        lse = torch.empty(2, 6, 64, device=device)
+        dq, dk, dv = torch.ops.flash_attn_hopper.bwd(q, q, k, k, q, lse, 0.1, True, -1, -1, True, True)
+    assert dq.shape == (2, 64, 6, 128) and dk.shape == dv.shape == (2, 80, 2, 128)
+    assert dq.is_contiguous() and dk.is_contiguous() and dv.is_contiguous()
+    assert dq.dtype == dk.dtype == dv.dtype == torch.bfloat16
+    assert dq.device.type == device
+
+
+def test_opcheck_of_the_forward_ops_with_their_backward(kernels):
+    q, k, v, _ = random_qkv(sq=20, sk=24, hq=4, hk=2, seed=11)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    for name in ("fwd", ops.DETERMINISTIC_FWD_NAME):
+        op = getattr(torch.ops.flash_attn_hopper, name).default
+        for args in [(q, k, v, 0.125, True), (q, k, v, 0.125, False, 5, 2, True)]:
+            torch.library.opcheck(op, args)
+
+
+def test_opcheck_of_the_bwd_op(kernels):
+    q, k, v, dout = random_qkv(sq=20, sk=24, hq=4, hk=2, seed=12)
+    out, lse = emulate_fwd(q, k, v, 0.125, True)
+    torch.library.opcheck(torch.ops.flash_attn_hopper.bwd.default, (dout, q, k, v, out, lse, 0.125, True))
+    torch.library.opcheck(
+        torch.ops.flash_attn_hopper.bwd.default, (dout, q, k, v, out, lse, 0.125, False, 4, 4, True, True)
+    )
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+def test_a_bwd_op_with_another_schema_is_refused_by_name(kernels_without_bwd):
+    q, k, v, dout = random_qkv(seed=13)
+    old_schema = ops.BWD_SCHEMA.split(", int window_size_left")[0] + ") -> (Tensor dq, Tensor dk, Tensor dv)"
+    with emulated_bwd_op(schema=old_schema) as bwd:
+        q.requires_grad_()
+        out = flash_attn_hopper.flash_attn_func(q, k, v, causal=True)
+        with pytest.raises(RuntimeError, match="out of step") as err:
+            out.backward(dout)
+    assert "window_size_left" in str(err.value) and bwd.calls == []
+
+
+def test_without_a_bwd_op_gradients_raise_the_build_hint(kernels_without_bwd):
+    if ops.has_bwd_op():
+        pytest.skip("this build has the bwd op")
+    q, k, v, dout = random_qkv(seed=14)
+    q.requires_grad_()
+    out = flash_attn_hopper.flash_attn_func(q, k, v, deterministic=True)
+    with pytest.raises(RuntimeError, match="this build has no backward kernels") as err:
+        out.backward(dout)
+    assert "FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1" in str(err.value)
+
+
+@pytest.fixture
+def kernels_without_bwd(monkeypatch):
+    """The forward emulation reachable through flash_attn_func, and no bwd kernel installed."""
+    monkeypatch.setattr(interface, "_check_device", lambda q, k, v: None)
+    monkeypatch.setattr(_build_info, "COMPILED", None)
+    with emulated_op(monkeypatch) as fwd:
+        yield fwd
+
+
+def test_scale_is_the_forwards_when_defaulted(kernels):
+    _, bwd = kernels
+    q, k, v, dout = random_qkv(d=72, seed=15)
+    grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v), q, k, v, dout)
+    assert bwd.calls[0]["softmax_scale"] == pytest.approx(1 / math.sqrt(72))
