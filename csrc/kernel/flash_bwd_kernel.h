@@ -20,7 +20,7 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "kernel/flash_fwd_kernel.h"  // smem_atom_k_major
+#include "kernel/mask.h"  // floor_div
 #include "kernel/named_barriers.h"
 #include "kernel/utils.h"
 
@@ -87,7 +87,9 @@ struct BwdKernel {
                            GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
 
-  using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+  // The MN-major views (Q^T, dO^T, K^T) are cut in two along the head dim for dQ (and for
+  // dK/dV when the warpgroups split it), so the swizzle must fit half a head dim.
+  using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim / 2>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));

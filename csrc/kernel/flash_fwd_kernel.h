@@ -32,18 +32,6 @@ namespace flash {
 
 using namespace cute;
 
-// K-major shared-memory atom with the widest swizzle that the head dim allows.
-template <typename Element, int kHeadDim>
-constexpr auto smem_atom_k_major() {
-  if constexpr (kHeadDim % 64 == 0) {
-    return GMMA::Layout_K_SW128_Atom<Element>{};
-  } else if constexpr (kHeadDim % 32 == 0) {
-    return GMMA::Layout_K_SW64_Atom<Element>{};
-  } else {
-    return GMMA::Layout_K_SW32_Atom<Element>{};
-  }
-}
-
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_>
 struct FwdKernel {
   using Element = Element_;

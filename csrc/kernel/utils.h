@@ -13,6 +13,19 @@ namespace flash {
 
 using namespace cute;
 
+// K-major shared-memory atom with the widest swizzle that kContiguous elements per row allow
+// (any tile extent along that dimension must be a multiple of the atom's width).
+template <typename Element, int kContiguous>
+constexpr auto smem_atom_k_major() {
+  if constexpr (kContiguous % 64 == 0) {
+    return GMMA::Layout_K_SW128_Atom<Element>{};
+  } else if constexpr (kContiguous % 32 == 0) {
+    return GMMA::Layout_K_SW64_Atom<Element>{};
+  } else {
+    return GMMA::Layout_K_SW32_Atom<Element>{};
+  }
+}
+
 // Issue one warpgroup GEMM over all K blocks of the operands: C (+)= A * B.
 // The caller fences and commits; this only sets the accumulate flag per K block.
 template <bool kZeroInit, typename TiledMma, typename TA, typename TB, typename TC>
