@@ -48,7 +48,25 @@ def print_build_info(info: dict) -> None:
             print(f"  device {index}:   {torch.cuda.get_device_name(index)} (sm_{major}{minor})")
     features = ", ".join(f"{name} {_yes(on)}" for name, on in info["features"].items())
     print(f"  features:   {features}")
-    print(f"  backward op registered: {_yes(info['has_backward_op'])}")
+    print(f"  backward:   {backward_summary(info)}")
+
+
+def backward_summary(info: dict) -> str:
+    """One line: whether this build computes gradients, with which kernels, and how to get them."""
+    compiled = [c for c in info.get("compiled", []) if c["direction"] == "bwd"]
+    kernels = ", ".join(f"hdim{c['hdim']} {c['dtype']}" for c in compiled)
+    if info["features"]["backward"]:
+        if info["backward_experimental"]:
+            return (f"EXPERIMENTAL kernels{' for ' + kernels if kernels else ''}, not yet verified on a GPU "
+                    f"(built with {manifest.ENV_EXPERIMENTAL_BACKWARD}=1)")
+        return f"yes{' (' + kernels + ')' if kernels else ''}"
+    if compiled or info["has_backward_op"]:
+        return (f"broken build: the record lists backward kernels [{kernels or 'none'}] but the extension "
+                f"{'defines' if info['has_backward_op'] else 'has no'} bwd op; rebuild")
+    if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS:
+        return (f"not built (experimental in this version, not yet verified on a GPU; "
+                f"{manifest.ENV_EXPERIMENTAL_BACKWARD}=1 builds it)")
+    return "not built"
 
 
 def _torch_attention(q, k, v, scale: float, causal: bool, dtype: torch.dtype):
@@ -104,6 +122,49 @@ def self_check(compiled: list[tuple[int, str]]) -> bool:
         all_ok &= ok
         print(f"{label}: max err {err:.2e} (torch {dtype_name}: {torch_err:.2e}) lse {'ok' if lse_ok else 'WRONG'}"
               f" -> {'ok' if ok else 'FAILED'}", flush=True)
+    return all_ok
+
+
+def self_check_backward(compiled: list[tuple[int, str]], device: str = "cuda") -> bool:
+    """dq, dk, dv against autograd through the float32 reference, by the same rule as the forward.
+
+    (``device`` is for the CPU tests, which run it on emulated kernels.)
+    """
+    shapes = [(2, 113, 203, 6, 2), (1, 256, 256, 4, 4), (2, 300, 77, 4, 1)]
+    cases = [(hdim, dtype, shape, causal) for hdim, dtype in compiled for shape in shapes for causal in (False, True)]
+    print(f"\nBackward self-check: {len(cases)} cases, dq/dk/dv against autograd through the float32 reference")
+    all_ok = True
+    for i, (hdim, dtype_name, (b, sq, sk, hq, hk), causal) in enumerate(cases, 1):
+        dtype = getattr(torch, manifest.DTYPES[dtype_name].torch_name)
+        gen = torch.Generator(device=device).manual_seed(100 + i)
+        q, k, v = (
+            torch.randn(b, s, h, hdim, device=device, dtype=dtype, generator=gen).requires_grad_()
+            for s, h in ((sq, hq), (sk, hk), (sk, hk))
+        )
+        dout = torch.randn(b, sq, hq, hdim, device=device, dtype=dtype, generator=gen)
+        scale = hdim**-0.5
+        label = f"[{i:2d}/{len(cases)}] hdim {hdim} {dtype_name} causal={causal!s:5} b={b} sq={sq} sk={sk} h={hq}/{hk}"
+        try:
+            out = flash_attn_hopper.flash_attn_func(q, k, v, causal=causal)
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as err:  # report and go on: the summary says which failed
+            print(f"{label}: FAILED with {type(err).__name__}: {err}")
+            all_ok = False
+            continue
+        leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]  # float32 gradients, unrounded
+        ref = torch.autograd.grad(_torch_attention(*leaves, scale, causal, torch.float32)[0], leaves, dout.float())
+        low = torch.autograd.grad(_torch_attention(q, k, v, scale, causal, dtype)[0], (q, k, v), dout)
+        ok, parts = True, []
+        for name, g, r, lo in zip(("dq", "dk", "dv"), grads, ref, low):
+            err = (g.float() - r).abs().max().item()
+            torch_err = (lo.float() - r).abs().max().item()
+            noise = 2 * (r.to(dtype) + 0.3 - 0.3 - r.to(dtype)).abs().max().item()
+            ok &= math.isfinite(err) and err <= 2 * torch_err + noise
+            parts.append(f"{name} {err:.1e} (torch {torch_err:.1e})")
+        all_ok &= ok
+        print(f"{label}: {', '.join(parts)} -> {'ok' if ok else 'FAILED'}", flush=True)
     return all_ok
 
 
@@ -167,6 +228,12 @@ def main(argv=None) -> int:
         compiled = [(128, "bf16")]
         print("\nNo build record: checking hdim 128 bf16 only.")
     ok = self_check(compiled)
+    if info["features"]["backward"]:
+        if info["build_config_found"]:
+            compiled_bwd = [(c["hdim"], c["dtype"]) for c in info["compiled"] if c["direction"] == "bwd"]
+        else:
+            compiled_bwd = compiled
+        ok &= self_check_backward(compiled_bwd)
     if not args.no_bench:
         benchmark([(h, d) for h, d in compiled if d == "bf16"] or compiled)
     print(f"\nSelf-check {'passed' if ok else 'FAILED'}.")

@@ -29,6 +29,19 @@ COMPILED: frozenset[manifest.Instantiation] | None = (
 )
 
 
+def backward_compiled() -> bool | None:
+    """Whether the recorded build compiled backward kernels; None without a build record."""
+    if COMPILED is None:
+        return None
+    return any(inst.direction == "bwd" for inst in COMPILED)
+
+
+def backward_available() -> bool:
+    """Whether gradients can flow through the kernels: the extension defines the bwd op
+    and (when the build was recorded) the build compiled backward kernels."""
+    return ops.has_bwd_op() and backward_compiled() is not False
+
+
 def build_config() -> dict | None:
     """The configuration setup.py recorded, or None when no build wrote one."""
     return copy.deepcopy(_CONFIG) if _CONFIG is not None else None
@@ -38,14 +51,19 @@ def build_info() -> dict:
     """A dict describing the build and whether it can run here.
 
     Keys: ``version``; ``available`` and ``unavailable_reason``;
-    ``extension_loaded`` and ``load_error``; ``has_backward_op``; and, when
+    ``extension_loaded`` and ``load_error``; ``has_backward_op`` (the
+    extension defines the bwd op); ``backward_experimental`` (this build's
+    backward kernels are the experimental ones, not yet verified on a GPU:
+    built with ``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``); and, when
     setup.py recorded the build (``build_config_found``), everything it wrote:
     ``selection`` (the knobs' choice), ``compiled`` (list of
     {direction, hdim, dtype}), ``torch_version`` / ``torch_cuda_version`` at
     build time, ``nvcc_version``, ``cutlass_version`` / ``cutlass_origin`` /
     ``cutlass_path``, ``nvcc_flags``, ``cxx_flags``, ``max_jobs``,
     ``build_seconds``, ``compile_seconds`` per file, ``built_at``.  Also the
-    manifest's ``supported_head_dims``, ``supported_dtypes`` and ``features``.
+    manifest's ``supported_head_dims``, ``supported_dtypes`` and ``features``,
+    where ``features["backward"]`` says whether this build can compute
+    gradients (the manifest's own entry only says whether every build can).
     """
     import torch
 
@@ -57,11 +75,12 @@ def build_info() -> dict:
         "extension_loaded": ops.extension_loaded(),
         "load_error": ops.LOAD_ERROR,
         "has_backward_op": ops.has_bwd_op(),
+        "backward_experimental": backward_available() and "bwd" in manifest.EXPERIMENTAL_DIRECTIONS,
         "runtime_torch_version": torch.__version__,
         "runtime_torch_cuda_version": torch.version.cuda,
         "supported_head_dims": list(manifest.HEAD_DIMS),
         "supported_dtypes": list(manifest.DTYPES),
-        "features": dict(manifest.FEATURES),
+        "features": dict(manifest.FEATURES, backward=backward_available()),
     }
     config = build_config()
     info["build_config_found"] = config is not None

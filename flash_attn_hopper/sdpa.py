@@ -7,16 +7,20 @@ attention matrix, ``scale`` defaulting to ``1/sqrt(E)``, ``enable_gqa``, the
 output in the query's dtype.  It runs our kernel when the call is one the
 kernel computes exactly and calls torch's own function otherwise (a mask,
 dropout, float32, CPU, a head dim without a kernel, inputs that need
-gradients while there is no backward kernel, ...);
+gradients in a build without the backward kernels, ...);
 :func:`sdpa_fallback_reason` says which, and why.
 
 :class:`patch_sdpa` routes code that calls
 ``torch.nn.functional.scaled_dot_product_attention`` itself through this
 function, as a context manager or as a switch.
 
-The fast path is forward-only (inference) until flash_attn_hopper has a
-backward kernel: with grad mode on and an input that requires grad, torch's
-own SDPA runs.  :data:`BACKWARD_READY` is the one switch that changes this.
+The fast path is forward-only (inference) unless the build has the backward
+kernels (experimental in this version: built only with
+``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``): without them, with grad mode
+on and an input that requires grad, torch's own SDPA runs.  With them, the
+gradients come from the bwd op, top-left causal included, deterministic when
+``torch.use_deterministic_algorithms(True)`` is on.  :data:`BACKWARD_READY` is
+the one switch.
 """
 
 from __future__ import annotations
@@ -68,9 +72,10 @@ _COMPILED_FWD = _compiled_forward_pairs()
 def _backward_ready() -> bool:
     """Whether gradients may flow through the fast path.
 
-    They may once csrc/ defines a backward op that knows the forward's masks:
-    the fast path calls the forward with ``top_left=True`` for ``is_causal``,
-    and a backward that ignored it would return wrong gradients for L != S.
+    They may when the extension defines a backward op that knows the forward's
+    masks: the fast path calls the forward with ``top_left=True`` for
+    ``is_causal``, and a backward that ignored it would return wrong gradients
+    for L != S.  (Only builds with the backward kernels define the op.)
     """
     if not ops.has_bwd_op():
         return False
@@ -195,8 +200,9 @@ def sdpa_fallback_reason(
         query.requires_grad or key.requires_grad or value.requires_grad
     ):
         return (
-            "an input requires grad and flash_attn_hopper has no backward kernel yet "
-            "(the fast path is forward-only: use torch.no_grad() or torch.inference_mode())"
+            "an input requires grad and this build of flash_attn_hopper has no backward kernels "
+            "(the fast path is forward-only: use torch.no_grad() or torch.inference_mode(), or build "
+            f"the experimental backward with {manifest.ENV_EXPERIMENTAL_BACKWARD}=1)"
         )
     if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != query.dtype:
         return (
@@ -236,8 +242,8 @@ def scaled_dot_product_attention(
 
     Our kernel runs for fp16/bf16 CUDA tensors on sm_90 with no ``attn_mask``,
     ``dropout_p == 0``, E == Ev a multiple of 8 up to 256 compiled into this
-    build, and no input requiring grad (forward only, until the backward
-    kernel exists).  Any other call goes to torch's own function unchanged;
+    build, and no input requiring grad unless the build has the backward
+    kernels (:data:`BACKWARD_READY`).  Any other call goes to torch's own function unchanged;
     :func:`sdpa_fallback_reason` tells which path a call takes.  The output of
     the fast path is a (N, Hq, L, E) view of a contiguous (N, L, Hq, E) tensor.
     """

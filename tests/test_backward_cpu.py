@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flash_attn_hopper
-from flash_attn_hopper import _build_info, interface, ops, sdpa
+from flash_attn_hopper import _build_info, interface, manifest, ops, sdpa
 
+import op_emulator
 from op_emulator import emulate_bwd, emulate_fwd, emulated_bwd_op, emulated_op
 from reference import attention_ref
 
@@ -424,3 +425,60 @@ def test_scale_is_the_forwards_when_defaulted(kernels):
     q, k, v, dout = random_qkv(d=72, seed=15)
     grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v), q, k, v, dout)
     assert bwd.calls[0]["softmax_scale"] == pytest.approx(1 / math.sqrt(72))
+
+
+# --------------------------------------------------------------------------
+# python -m flash_attn_hopper's backward self-check and report
+# --------------------------------------------------------------------------
+
+
+def test_main_backward_self_check_passes_right_gradients(kernels, capsys):
+    from flash_attn_hopper.__main__ import self_check_backward
+
+    _, bwd = kernels
+    assert self_check_backward([(64, "bf16"), (128, "fp16")], device="cpu")
+    out = capsys.readouterr().out
+    assert out.count("-> ok") == 12 and "FAILED" not in out
+    assert len(bwd.calls) == 12
+
+
+def test_main_backward_self_check_fails_wrong_gradients(kernels, monkeypatch, capsys):
+    from flash_attn_hopper.__main__ import self_check_backward
+
+    def slightly_wrong(*args, **kwargs):
+        dq, dk, dv = emulate_bwd(*args, **kwargs)
+        return dq, dk * 1.02, dv
+
+    monkeypatch.setattr(op_emulator, "emulate_bwd", slightly_wrong)
+    assert not self_check_backward([(64, "bf16")], device="cpu")
+    out = capsys.readouterr().out
+    assert "-> FAILED" in out
+
+
+def test_build_info_reports_the_backward_of_the_build(monkeypatch):
+    from flash_attn_hopper.__main__ import backward_summary
+
+    fwd, bwd = manifest.Instantiation("fwd", 128, "bf16"), manifest.Instantiation("bwd", 128, "bf16")
+    record = [{"direction": i.direction, "hdim": i.hdim, "dtype": i.dtype} for i in (fwd, bwd)]
+    for compiled, has_op, expected in [
+        (frozenset({fwd, bwd}), True, True),
+        (None, True, True),  # no build record: the op decides
+        (frozenset({fwd}), True, False),  # an op the recorded build did not compile: refuse
+        (frozenset({fwd, bwd}), False, False),
+        (frozenset({fwd}), False, False),
+    ]:
+        monkeypatch.setattr(_build_info, "COMPILED", compiled)
+        monkeypatch.setattr(ops, "has_bwd_op", lambda: has_op)
+        info = flash_attn_hopper.build_info()
+        assert info["features"]["backward"] is expected and info["has_backward_op"] is has_op
+        assert info["backward_experimental"] is (expected and "bwd" in manifest.EXPERIMENTAL_DIRECTIONS)
+        info["compiled"] = record[: 1 + (compiled is not None and bwd in compiled)]
+        summary = backward_summary(info)
+        if expected:
+            assert summary.startswith("EXPERIMENTAL kernels") and "not yet verified on a GPU" in summary
+            assert ("hdim128 bf16" in summary) is (compiled is not None)
+        elif has_op or (compiled is not None and bwd in compiled):
+            assert summary.startswith("broken build")
+        else:
+            assert summary.startswith("not built") and manifest.ENV_EXPERIMENTAL_BACKWARD in summary
+    assert manifest.FEATURES["backward"] is False, "the manifest's own entry: no verified backward in this version"

@@ -25,8 +25,9 @@ rules for ``is_causal`` and masks:
   as transformers' ``"sdpa"`` runs it;
 * returns ``(attn_output (batch, q_len, heads, head_dim), None)``.
 
-The fast path is forward-only until flash_attn_hopper has a backward kernel:
-in training (inputs that require grad) torch's SDPA computes the attention.
+The fast path is forward-only unless the build has the (experimental)
+backward kernels: without them, in training (inputs that require grad)
+torch's SDPA computes the attention.
 """
 
 from __future__ import annotations
