@@ -243,8 +243,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 3 && softmax_lse.size(0) == batch &&
                   softmax_lse.size(1) == heads_q && softmax_lse.size(2) == seqlen_q,
               "flash_attn_hopper: softmax_lse must be float32 (batch, nheads, seqlen_q) as fwd returns it");
-  TORCH_CHECK(!deterministic,
-              "flash_attn_hopper: deterministic=True is not available yet: dQ is accumulated with atomics");
   BwdFn const bwd = find_bwd(head_dim_rounded, is_bf16);
   TORCH_CHECK(bwd != nullptr, not_compiled("backward", pb));
 
@@ -267,6 +265,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   at::Tensor dsum = at::zeros({batch, heads_q, seqlen_q_padded}, f32);
   dsum.narrow(2, 0, seqlen_q).copy_((dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(1, 2));
   at::Tensor dq_accum = at::zeros({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
+  // Deterministic mode: one counter per dQ block orders the key blocks' additions into it.
+  at::Tensor dq_semaphore;
+  if (deterministic) {
+    dq_semaphore = at::zeros({batch, heads_q, seqlen_q_padded / flash::kBwdBlockM}, q.options().dtype(at::kInt));
+  }
 
   at::Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v), dot = tma_ready(dout);
   flash::BwdParams params{};
@@ -279,6 +282,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   params.dq_accum_ptr = dq_accum.data_ptr<float>();
   params.lse_log2_ptr = lse_log2.data_ptr<float>();
   params.dsum_ptr = dsum.data_ptr<float>();
+  params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
   params.q_batch_stride = qt.stride(0);
   params.q_row_stride = qt.stride(1);
   params.q_head_stride = qt.stride(2);

@@ -49,6 +49,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.dq_accum_ptr,
       p.lse_log2_ptr,
       p.dsum_ptr,
+      p.dq_semaphore_ptr,
       p.seqlen_q,
       p.seqlen_q_padded,
       p.seqlen_k,

@@ -20,6 +20,9 @@ struct BwdParams {
   float* dq_accum_ptr;     // (batch, heads_q, seqlen_q_padded, head_dim_rounded), zeroed, unscaled
   float const* lse_log2_ptr;  // (batch, heads_q, seqlen_q_padded): LSE * log2(e), +inf for empty/pad rows
   float const* dsum_ptr;      // (batch, heads_q, seqlen_q_padded): rowsum(dO * O), 0 for pad rows
+  // deterministic mode: (batch, heads_q, seqlen_q_padded / kBwdBlockM) zeroed counters that order
+  // the key blocks' dQ additions; nullptr otherwise.
+  int* dq_semaphore_ptr;
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;

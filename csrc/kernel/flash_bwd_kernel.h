@@ -141,6 +141,7 @@ struct BwdKernel {
     float* dq_accum;
     float const* lse_log2;
     float const* dsum;
+    int* dq_semaphore;  // non-null: deterministic dQ
     int seqlen_q;
     int seqlen_q_padded;
     int seqlen_k;
@@ -355,6 +356,17 @@ struct BwdKernel {
       ++state;
 
       // dQ(m_block) += dS . K: float32 atomics, pairs of neighbouring head-dim columns at once.
+      // Deterministic mode serialises the key blocks' additions into one dQ block, in key order.
+      int* semaphore = nullptr;
+      int turn = 0;
+      if (params.dq_semaphore != nullptr) {
+        semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
+        turn = n_block - first_key_block(m_block, params);
+        if (mma_tidx == 0) {
+          while (load_acquire(semaphore) != turn) {}
+        }
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kDqTurn));
+      }
       Tensor tdQrdQ_rc = make_tensor(tdQrdQ.data(), acc_layout_rowcol(tdQrdQ.layout()));
       float* dq_rows = params.dq_accum + row_base * kHeadDim;
       CUTLASS_PRAGMA_UNROLL
@@ -369,8 +381,29 @@ struct BwdKernel {
           }
         }
       }
+      if (semaphore != nullptr) {
+        __threadfence();  // our additions are visible before the next key block's turn
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kDqTurn));
+        if (mma_tidx == 0) { atomicAdd(semaphore, 1); }
+      }
     }
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
+  }
+
+  // The first key block whose CTA adds into dQ block m_block (the order of deterministic mode).
+  // Query i sees keys from i + diag - left, so block m's first key is m * kBlockM + diag - left.
+  CUTLASS_DEVICE static int first_key_block(int m_block, Params const& params) {
+    if constexpr (kLocal) {
+      return max(0, floor_div(m_block * kBlockM + params.diag_offset - params.window_left, kBlockN));
+    } else {
+      return 0;
+    }
+  }
+
+  CUTLASS_DEVICE static int load_acquire(int const* ptr) {
+    int value;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
+    return value;
   }
 
   // dK (scaled) and dV straight from registers; rows past seqlen_k and columns past the real

@@ -16,6 +16,7 @@ enum class FwdNamedBarrier : int {
 
 enum class BwdNamedBarrier : int {
   kPdSReady = 1,  // all consumer warpgroups wrote their part of P^T and dS^T to shared memory
+  kDqTurn = 2,    // deterministic mode: this CTA's turn to add into a dQ block / its additions done
 };
 
 }  // namespace flash
