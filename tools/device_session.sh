@@ -7,7 +7,7 @@ set -o pipefail
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
 if [ "${BWD:-0}" = 1 ]; then export FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1; fi
 HDIMS=${HDIMS:-64,128,256} DTYPES=${DTYPES:-bf16} bash tools/device_run.sh bash -c '
-  python3 -c "
+  python3 -X faulthandler -c "
 import torch, flash_attn_hopper._C
 q = torch.randn(1, 8, 2, 72, device=\"cuda\", dtype=torch.bfloat16)
 try:
@@ -15,7 +15,7 @@ try:
     print(\"uncompiled head dim: ran (it was compiled?)\")
 except RuntimeError as e:
     print(\"uncompiled head dim raised:\", str(e)[:200])
-" 2>&1 | tail -3; echo "diag exit $?"
+" > $OUT/diag.log 2>&1; echo "diag exit $? (a crash here means C++ TORCH_CHECK errors kill the process)"; tail -5 $OUT/diag.log
   if [ "${BWD:-0}" = 1 ]; then
     timeout ${BWD_TIMEOUT:-120} python3 tools/bwd_check.py --hdims ${HDIMS:-64,128,256} > $OUT/bwd_check.log 2>&1
     echo "bwd_check exit $?"; grep -v "^ok" $OUT/bwd_check.log | tail -20
