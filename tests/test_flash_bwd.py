@@ -1,0 +1,416 @@
+"""The backward kernel on the GPU: dq, dk, dv against autograd through the float32 reference,
+by FlashAttention's rule.
+
+Needs a build with the (experimental) backward kernels,
+``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1 pip install --no-build-isolation -v .``,
+and a Hopper GPU; skipped with the reason otherwise.  Quick subset by default;
+``FLASH_ATTN_HOPPER_FULL_TESTS=1`` runs the forward's full sweep: dtypes x head dims (odd
+ones round up) x causal x GQA ratios 1/2/6 x awkward sequence-length pairs x batch.  Every
+case draws fresh inputs, poisons the memory the gradients will land in with NaN (as
+test_flash_fwd.py does for the outputs), and checks dq, dk and dv:
+
+    |grad - grad_ref|.max() <= 2 * |grad_pytorch_lowprec - grad_ref|.max() + rounding noise
+
+where grad_ref is autograd through tests/reference.py in float32 and grad_pytorch_lowprec
+the same in the inputs' dtype.  Then windows, top-left alignment (SDPA drop-in),
+strided inputs, deterministic mode (100 repeats bitwise equal), memory (no seqlen² tensor
+at 32k tokens), torch.compile of forward + backward, opcheck, and the benchmark's --bwd path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+
+import pytest
+import torch
+
+import flash_attn_hopper
+from flash_attn_hopper import _build_info, manifest, ops, sdpa
+from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func
+
+from conftest import FULL_TESTS, REPO_ROOT
+from reference import assert_fa_close, attention_ref, rounding_noise
+from sdpa_reference import cuda_kernel_names, sdpa_ref
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not ops.has_bwd_op(),
+        reason=(
+            "this build has no backward kernels (they are experimental and built only with "
+            f"{manifest.ENV_EXPERIMENTAL_BACKWARD}=1 {manifest.BUILD_COMMAND})"
+        ),
+    ),
+]
+
+SEQLEN_PAIRS_FULL = [(1, 1), (1, 239), (3, 799), (113, 203), (128, 217), (799, 3), (1024, 1024), (2048, 2049)]
+SEQLEN_PAIRS_QUICK = [(1, 239), (3, 799), (113, 203), (799, 3), (1024, 1024)]
+HDIMS_FULL = [64, 72, 96, 128, 136, 192, 256]
+HDIMS_QUICK = [64, 72, 128, 256]
+GQA_FULL = [1, 2, 6]
+GQA_QUICK = [1, 6]
+BATCHES_FULL = [1, 4]
+BATCHES_QUICK = [2]
+DTYPES = [torch.float16, torch.bfloat16]
+NHEADS_KV = 2
+
+SEQLEN_PAIRS = SEQLEN_PAIRS_FULL if FULL_TESTS else SEQLEN_PAIRS_QUICK
+HDIMS = HDIMS_FULL if FULL_TESTS else HDIMS_QUICK
+GQA = GQA_FULL if FULL_TESTS else GQA_QUICK
+BATCHES = BATCHES_FULL if FULL_TESTS else BATCHES_QUICK
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return manifest.dtype_name(str(dtype).removeprefix("torch."))
+
+
+def skip_unless_compiled(hdim: int, dtype: torch.dtype) -> None:
+    compiled = _build_info.COMPILED
+    if compiled is None:
+        return  # no build record: let the C++ dispatch decide
+    for direction in ("fwd", "bwd"):
+        message = manifest.not_compiled_message(direction, hdim, _dtype_name(dtype), compiled)
+        if message is not None:
+            pytest.skip(message)
+
+
+def compiled_config() -> tuple[int, torch.dtype]:
+    """One (hdim, dtype) with backward kernels, preferring hdim 128 bf16, for the tests that need just one."""
+    compiled = _build_info.COMPILED
+    if compiled is None or manifest.Instantiation("bwd", 128, "bf16") in compiled:
+        return 128, torch.bfloat16
+    inst = sorted(i for i in compiled if i.direction == "bwd")[0]
+    return inst.hdim, getattr(torch, manifest.DTYPES[inst.dtype].torch_name)
+
+
+def random_inputs(b, sq, sk, hq, hk, d, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=gen)
+    dout = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, generator=gen)
+    return q, k, v, dout
+
+
+def poison_gradient_memory(*specs) -> set[int]:
+    """Fill the blocks the bwd op's next allocations will get with NaN; return their addresses.
+
+    As test_flash_fwd.poison_output_memory: the op allocates dq, dk and dv
+    itself, and the caching allocator hands it the freed NaN blocks of those
+    sizes, so rows the kernel forgets to write stay NaN.
+    """
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape, dtype in specs]
+    addresses = {t.data_ptr() for t in blocks}
+    del blocks
+    return addresses
+
+
+def flash_grads(q, k, v, dout, poison=True, **kwargs):
+    """out and (dq, dk, dv) through flash_attn_func, the gradients' memory poisoned first."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = flash_attn_func(q, k, v, **kwargs)
+    if poison:
+        poison_gradient_memory((q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype))
+    return out, torch.autograd.grad(out, (q, k, v), dout)
+
+
+def reference_grads(q, k, v, dout, upcast=True, **kwargs):
+    """Autograd through tests/reference.py: float32 leaves (upcast) or the inputs' dtype (PyTorch's own error)."""
+    leaves = [t.detach().float() if upcast else t.detach() for t in (q, k, v)]
+    leaves = [t.requires_grad_() for t in leaves]
+    out, _ = attention_ref(*leaves, upcast=upcast, **kwargs)
+    return torch.autograd.grad(out, leaves, dout.float() if upcast else dout)
+
+
+#: A floor under FlashAttention's atol for gradients. Where a gradient is 0 in exact arithmetic (a
+#: query that sees one key: dS = P (dP - D) with D = dP), the float32 reference gets exactly 0, its
+#: rounding noise is 0, and the kernel's D, summed from O in another order than dP, leaves ~1e-6.
+#: Far below the rounding noise of any gradient that is not 0.
+GRAD_ATOL_FLOOR = 1e-4
+
+
+def assert_grad_close(got, ref, lowprec, name):
+    assert_fa_close(got, ref, lowprec, name=name, atol=max(rounding_noise(ref, got.dtype), GRAD_ATOL_FLOOR))
+
+
+def check_grads(grads, q, k, v, dout, **kwargs):
+    ref = reference_grads(q, k, v, dout, **kwargs)
+    low = reference_grads(q, k, v, dout, upcast=False, **kwargs)
+    for name, got, r, lo, t in zip(("dq", "dk", "dv"), grads, ref, low, (q, k, v)):
+        assert got.shape == t.shape and got.dtype == t.dtype, f"{name}: {tuple(got.shape)} {got.dtype}"
+        assert_grad_close(got, r, lo, name)
+
+
+# --------------------------------------------------------------------------
+# The sweep
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLEN_PAIRS)
+@pytest.mark.parametrize("gqa", GQA)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdim", HDIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_backward_sweep(dtype, hdim, causal, gqa, seqlen_q, seqlen_k, batch):
+    skip_unless_compiled(hdim, dtype)
+    seed = hash((hdim, causal, gqa, seqlen_q, seqlen_k, batch, "bwd")) % (2**31)
+    q, k, v, dout = random_inputs(batch, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, hdim, dtype, seed)
+    _, grads = flash_grads(q, k, v, dout, causal=causal)
+    check_grads(grads, q, k, v, dout, causal=causal)
+    if causal and seqlen_q > seqlen_k:
+        # Bottom-right causal: the first seqlen_q - seqlen_k queries see no key, so their dq is 0.
+        blind = grads[0][:, : seqlen_q - seqlen_k]
+        assert torch.equal(blind, torch.zeros_like(blind))
+
+
+def test_poisoning_reaches_the_gradients():
+    """The NaN poisoning is only worth something if dq, dk and dv land in the poisoned blocks."""
+    d, dtype = compiled_config()
+    q, k, v, dout = random_inputs(2, 300, 300, 4, 2, d, dtype)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attn_func(q, k, v)
+    addresses = poison_gradient_memory((q.shape, dtype), (k.shape, dtype), (v.shape, dtype))
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert {g.data_ptr() for g in grads} == addresses
+    assert not any(g.isnan().any() for g in grads)
+
+
+def test_keys_no_query_sees_get_zero_gradients():
+    d, dtype = compiled_config()
+    q, k, v, dout = random_inputs(2, 100, 300, 4, 2, d, dtype, seed=1)
+    _, (dq, dk, dv) = flash_grads(q, k, v, dout, window_size=(10, 0))
+    # Query i sees keys i + 200 - 10 ... i + 200: keys below 190 are seen by nobody.
+    assert torch.equal(dk[:, :190], torch.zeros_like(dk[:, :190]))
+    assert torch.equal(dv[:, :190], torch.zeros_like(dv[:, :190]))
+    check_grads((dq, dk, dv), q, k, v, dout, window_size=(10, 0))
+
+
+# --------------------------------------------------------------------------
+# Masks: windows, top-left
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [(0, 0), (17, 5), (64, -1), (-1, 33), (100, 0)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (799, 3), (1024, 1024), (1, 239)])
+@pytest.mark.parametrize("gqa", [1, 6])
+def test_local_window(window, causal, seqlen_q, seqlen_k, gqa):
+    d, dtype = compiled_config()
+    seed = hash((window, causal, seqlen_q, seqlen_k, gqa, "bwd")) % (2**31)
+    q, k, v, dout = random_inputs(2, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, d, dtype, seed)
+    _, grads = flash_grads(q, k, v, dout, causal=causal, window_size=window)
+    check_grads(grads, q, k, v, dout, causal=causal, window_size=window)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (203, 113), (1, 239), (256, 256)])
+def test_top_left_causal_through_the_sdpa_drop_in(seqlen_q, seqlen_k):
+    """torch's is_causal (top-left aligned) on our kernels, forward and backward."""
+    assert sdpa.BACKWARD_READY, "a build with the bwd op must let gradients through the drop-in"
+    d, dtype = compiled_config()
+    q, k, v, dout = (t.transpose(1, 2) for t in random_inputs(2, seqlen_q, seqlen_k, 6, 2, d, dtype, seed=2))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+    def run():
+        out = flash_attn_hopper.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
+        return torch.autograd.grad(out, leaves, dout)
+
+    assert flash_attn_hopper.sdpa_fallback_reason(*leaves, is_causal=True, enable_gqa=True) is None
+    names = cuda_kernel_names(run)
+    assert any("flash_bwd_kernel" in n and "pytorch_flash" not in n for n in names), names
+    grads = run()
+    ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(sdpa_ref(*ref_leaves, is_causal=True), ref_leaves, dout.float())
+    low_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    low = torch.autograd.grad(sdpa_ref(*low_leaves, is_causal=True, upcast=False), low_leaves, dout)
+    for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref, low):
+        assert_grad_close(got, r, lo, name)
+
+
+def test_custom_softmax_scale():
+    d, dtype = compiled_config()
+    q, k, v, dout = random_inputs(2, 200, 300, 4, 2, d, dtype, seed=3)
+    _, grads = flash_grads(q, k, v, dout, causal=True, softmax_scale=0.3)
+    check_grads(grads, q, k, v, dout, causal=True, softmax_scale=0.3)
+
+
+# --------------------------------------------------------------------------
+# Layouts
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_qkv_and_strided_gradient(causal):
+    d, dtype = compiled_config()
+    b, s, hq, hk = 2, 333, 6, 2
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    qkv = torch.randn(b, s, hq + 2 * hk, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+    dout = torch.randn(b, s, hq, 2 * d, device="cuda", dtype=dtype, generator=gen)[..., ::2]  # last dim strided
+    out = flash_attn_qkvpacked_func(qkv, causal=causal, num_heads_q=hq)
+    (dqkv,) = torch.autograd.grad(out, qkv, dout)
+    q, k, v = qkv.detach().split([hq, hk, hk], dim=2)
+    check_grads(dqkv.split([hq, hk, hk], dim=2), q, k, v, dout.contiguous(), causal=causal)
+
+
+@pytest.mark.parametrize("layout", ["bhsd_transposed", "every_other_head", "batch_stride_gap"])
+def test_strided_layouts(layout):
+    d, dtype = compiled_config()
+    b, s, h = 2, 257, 4
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    if layout == "bhsd_transposed":
+        make = lambda: torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)  # noqa: E731
+    elif layout == "every_other_head":
+        make = lambda: torch.randn(b, s, 2 * h, d, device="cuda", dtype=dtype, generator=gen)[:, :, ::2]  # noqa: E731
+    else:
+        make = lambda: torch.randn(b + 1, s + 5, h, d, device="cuda", dtype=dtype, generator=gen)[1:, 5:]  # noqa: E731
+    q, k, v, dout = make(), make(), make(), make()
+    assert q.stride(-1) == 1 and not q.is_contiguous()
+    _, grads = flash_grads(q, k, v, dout, causal=True)
+    check_grads(grads, q, k, v, dout, causal=True)
+    # Deterministic mode: the layout must not change a single bit.
+    _, strided = flash_grads(q, k, v, dout, causal=True, deterministic=True)
+    _, contiguous = flash_grads(*(t.contiguous() for t in (q, k, v, dout)), causal=True, deterministic=True)
+    for a, c in zip(strided, contiguous):
+        assert torch.equal(a, c), "strides changed the gradients"
+
+
+@pytest.mark.parametrize("shape_q, shape_k", [((0, 64, 4), (0, 64, 4)), ((2, 0, 4), (2, 64, 4)), ((2, 64, 4), (2, 0, 4))])
+def test_empty_inputs(shape_q, shape_k):
+    d, dtype = compiled_config()
+    (b, sq, hq), (_, sk, hk) = shape_q, shape_k
+    q, k, v, dout = random_inputs(b, sq, sk, hq, hk, d, dtype)
+    _, (dq, dk, dv) = flash_grads(q, k, v, dout, poison=False)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    for g in (dq, dk, dv):
+        assert torch.equal(g, torch.zeros_like(g))
+
+
+# --------------------------------------------------------------------------
+# Deterministic mode
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_hundred_repeats_are_bitwise_identical(hdim, causal):
+    dtype = torch.bfloat16
+    skip_unless_compiled(hdim, dtype)
+    q, k, v, dout = random_inputs(2, 1111, 1500, 8, 2, hdim, dtype, seed=6)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
+    first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    check_grads(first, q, k, v, dout, causal=causal)
+    for _ in range(100):
+        again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+def test_torch_deterministic_switch_gives_the_deterministic_gradients():
+    d, dtype = compiled_config()
+    q, k, v, dout = random_inputs(2, 700, 700, 8, 2, d, dtype, seed=7)
+    _, per_call = flash_grads(q, k, v, dout, causal=True, deterministic=True)
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        _, switched = flash_grads(q, k, v, dout, causal=True)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+    for a, b in zip(per_call, switched):
+        assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------
+# Memory, compile, opcheck, benchmark
+# --------------------------------------------------------------------------
+
+
+def test_no_seqlen_squared_allocation_at_32k_tokens():
+    d, dtype = compiled_config()
+    b, s, hq, hk = 1, 32768, 4, 2
+    q, k, v, dout = random_inputs(b, s, s, hq, hk, d, dtype, seed=8)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    baseline = torch.cuda.memory_allocated()
+    out = flash_attn_func(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - baseline
+    # out, lse, dq, dk, dv, the float32 dQ accumulator and per-row sums: a few dozen copies of q at most.
+    bound = 32 * q.numel() * q.element_size()
+    smallest_square = s * s * q.element_size()  # one head's seqlen x seqlen matrix in the input dtype
+    assert bound < smallest_square
+    assert extra <= bound, f"peak {extra / 2**20:.0f} MiB above the inputs; bound {bound / 2**20:.0f} MiB"
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_torch_compile_fullgraph_forward_and_backward(deterministic):
+    d, dtype = compiled_config()
+    q, k, v, dout = random_inputs(2, 300, 300, 4, 2, d, dtype, seed=9)
+
+    def block(q, k, v):
+        return flash_attn_func(q * 1.5, k, v, causal=True, deterministic=deterministic) * 2
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    out = compiled(*leaves)
+    grads = torch.autograd.grad(out, leaves, dout)
+    torch._dynamo.reset()
+    eager_out = block(*leaves)
+    eager = torch.autograd.grad(eager_out, leaves, dout)
+    assert torch.equal(out, eager_out)
+    if deterministic:
+        for a, b in zip(grads, eager):
+            assert torch.equal(a, b)
+    ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(attention_ref(ref_leaves[0] * 1.5, *ref_leaves[1:], causal=True)[0] * 2,
+                              ref_leaves, dout.float())
+    low = torch.autograd.grad(attention_ref(leaves[0] * 1.5, *leaves[1:], causal=True, upcast=False)[0] * 2,
+                              leaves, dout)
+    for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref, low):
+        assert_grad_close(got, r, lo, name)
+
+
+def test_opcheck():
+    d, dtype = compiled_config()
+    q, k, v, dout = random_inputs(2, 100, 120, 4, 2, d, dtype, seed=10)
+    out, lse = torch.ops.flash_attn_hopper.fwd(q, k, v, d**-0.5, True)
+    bwd = torch.ops.flash_attn_hopper.bwd.default
+    torch.library.opcheck(bwd, (dout, q, k, v, out, lse, d**-0.5, True))
+    torch.library.opcheck(bwd, (dout, q, k, v, out, lse, d**-0.5, False, 20, 7, True, True))
+    # The forward ops with inputs that require grad: their autograd formula and the traced backward.
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    det = getattr(torch.ops.flash_attn_hopper, ops.DETERMINISTIC_FWD_NAME).default
+    torch.library.opcheck(det, (*leaves, d**-0.5, True))
+    torch.library.opcheck(det, (*leaves, d**-0.5, False, 30, 0, True))
+
+
+def test_build_reports_the_experimental_backward():
+    info = flash_attn_hopper.build_info()
+    assert info["has_backward_op"] and info["features"]["backward"]
+    assert info["backward_experimental"] is ("bwd" in manifest.EXPERIMENTAL_DIRECTIONS)
+    if info["build_config_found"]:
+        fwd = {(c["hdim"], c["dtype"]) for c in info["compiled"] if c["direction"] == "fwd"}
+        bwd = {(c["hdim"], c["dtype"]) for c in info["compiled"] if c["direction"] == "bwd"}
+        assert bwd == fwd, "the backward is built for the forward's head dims and dtypes"
+
+
+def test_benchmark_bwd_path_times_the_backward():
+    spec = importlib.util.spec_from_file_location("benchmark_attn", REPO_ROOT / "benchmarks" / "benchmark_attn.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["benchmark_attn"] = bench
+    spec.loader.exec_module(bench)
+    d, dtype = compiled_config()
+    args = bench.parse_args(["--bwd", "--warmup", "2", "--rep", "5", "--dtype", _dtype_name(dtype)])
+    run = bench.PROVIDERS["flash_attn_hopper"]()
+    row = bench.measure_point("flash_attn_hopper", run, dtype, d, True, 1024, args)
+    assert math.isfinite(row.fwd_tflops) and row.fwd_tflops > 0
+    assert math.isfinite(row.bwd_tflops) and row.bwd_tflops > 0
