@@ -366,6 +366,32 @@ def test_bwd_fake_kernel_gives_contiguous_gradients_shaped_like_the_inputs(devic
     assert dq.device.type == device
 
 
+def test_export_records_which_backward_the_forward_wants():
+    class Attention(torch.nn.Module):
+        def __init__(self, deterministic):
+            super().__init__()
+            self.deterministic = deterministic
+
+        def forward(self, q, k, v):
+            return flash_attn_hopper.flash_attn_func(q, k, v, causal=True, deterministic=self.deterministic)
+
+    for deterministic, name in [(False, "flash_attn_hopper.fwd.default"),
+                                (True, f"flash_attn_hopper.{ops.DETERMINISTIC_FWD_NAME}.default")]:
+        with FakeTensorMode():
+            hdim, dtype = _any_compiled_forward()
+            args = tuple(torch.empty(1, 32, 2, hdim, dtype=dtype, device="cuda") for _ in range(3))
+            exported = torch.export.export(Attention(deterministic), args)
+        targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+        assert name in targets, targets
+
+
+def _any_compiled_forward() -> tuple[int, torch.dtype]:
+    if _build_info.COMPILED is None:
+        return 128, torch.bfloat16
+    inst = sorted(i for i in _build_info.COMPILED if i.direction == "fwd")[0]
+    return inst.hdim, getattr(torch, manifest.DTYPES[inst.dtype].torch_name)
+
+
 def test_opcheck_of_the_forward_ops_with_their_backward(kernels):
     q, k, v, _ = random_qkv(sq=20, sk=24, hq=4, hk=2, seed=11)
     q, k, v = (t.requires_grad_() for t in (q, k, v))

@@ -236,6 +236,8 @@ def test_build_record_matches_generated_files_and_manifest():
     selection = info["selection"]
     expected = manifest.Selection(tuple(selection["hdims"]), tuple(selection["dtypes"]), tuple(selection["directions"]))
     assert compiled == {(i.direction, i.hdim, i.dtype) for i in expected.instantiations()}
+    if info["extension_loaded"]:  # the extension defines the bwd op exactly when the build compiled a backward
+        assert info["has_backward_op"] is any(direction == "bwd" for direction, _, _ in compiled)
     assert "-gencode=arch=compute_90a,code=sm_90a" in info["nvcc_flags"]
     assert "-std=c++20" in info["nvcc_flags"] and "-std=c++20" in info["cxx_flags"]
     assert info["build_seconds"] > 0
