@@ -237,8 +237,8 @@ def _fwd_backward(ctx, grad_out, grad_lse):
 
 def _fwd_deterministic_bwd_impl(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
                                 top_left=False):
-    # (The dispatcher leaves trailing arguments that equal their defaults out of a Python kernel's call.)
     # fwd's kernel, below autograd: the autograd formula of this op is the one that differs.
+    # (Defaults: the dispatcher leaves trailing arguments equal to them out of a Python kernel's call.)
     return torch.ops.flash_attn_hopper.fwd.default(
         q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left
     )
