@@ -146,6 +146,36 @@ Window make_window(Problem const& pb, bool causal, int64_t window_size_left, int
   return w;
 }
 
+// What both directions' params share: q, k, v pointers and strides, sizes, scale, window.
+template <typename Params>
+void fill_common(Params& params, Problem const& pb, at::Tensor const& qt, at::Tensor const& kt, at::Tensor const& vt,
+                 double softmax_scale, Window const& window) {
+  params.q_ptr = qt.data_ptr();
+  params.k_ptr = kt.data_ptr();
+  params.v_ptr = vt.data_ptr();
+  params.q_batch_stride = qt.stride(0);
+  params.q_row_stride = qt.stride(1);
+  params.q_head_stride = qt.stride(2);
+  params.k_batch_stride = kt.stride(0);
+  params.k_row_stride = kt.stride(1);
+  params.k_head_stride = kt.stride(2);
+  params.v_batch_stride = vt.stride(0);
+  params.v_row_stride = vt.stride(1);
+  params.v_head_stride = vt.stride(2);
+  params.batch = int(pb.batch);
+  params.heads_q = int(pb.heads_q);
+  params.heads_kv = int(pb.heads_kv);
+  params.seqlen_q = int(pb.seqlen_q);
+  params.seqlen_k = int(pb.seqlen_k);
+  params.head_dim = int(pb.head_dim);
+  params.softmax_scale = float(softmax_scale);
+  params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
+  params.is_local = window.is_local;
+  params.window_left = window.left;
+  params.window_right = window.right;
+  params.diag_offset = window.diag_offset;
+}
+
 std::string not_compiled(char const* direction, Problem const& pb) {
   char const* dt = pb.is_bf16 ? "bf16" : "fp16";
   return std::string("flash_attn_hopper: the ") + direction + " kernel for head dim " +
@@ -174,36 +204,13 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
 
   at::Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v);
   flash::FwdParams params{};
-  params.q_ptr = qt.data_ptr();
-  params.k_ptr = kt.data_ptr();
-  params.v_ptr = vt.data_ptr();
+  fill_common(params, pb, qt, kt, vt, softmax_scale,
+              make_window(pb, causal, window_size_left, window_size_right, top_left));
   params.o_ptr = out.data_ptr();
   params.lse_ptr = lse.data_ptr<float>();
-  params.q_batch_stride = qt.stride(0);
-  params.q_row_stride = qt.stride(1);
-  params.q_head_stride = qt.stride(2);
-  params.k_batch_stride = kt.stride(0);
-  params.k_row_stride = kt.stride(1);
-  params.k_head_stride = kt.stride(2);
-  params.v_batch_stride = vt.stride(0);
-  params.v_row_stride = vt.stride(1);
-  params.v_head_stride = vt.stride(2);
   params.o_batch_stride = out.stride(0);
   params.o_row_stride = out.stride(1);
   params.o_head_stride = out.stride(2);
-  params.batch = int(batch);
-  params.heads_q = int(heads_q);
-  params.heads_kv = int(heads_kv);
-  params.seqlen_q = int(seqlen_q);
-  params.seqlen_k = int(seqlen_k);
-  params.head_dim = int(head_dim);
-  params.softmax_scale = float(softmax_scale);
-  params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
-  Window const window = make_window(pb, causal, window_size_left, window_size_right, top_left);
-  params.is_local = window.is_local;
-  params.window_left = window.left;
-  params.window_right = window.right;
-  params.diag_offset = window.diag_offset;
   params.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
 
   fwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
@@ -273,43 +280,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
 
   at::Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v), dot = tma_ready(dout);
   flash::BwdParams params{};
-  params.q_ptr = qt.data_ptr();
-  params.k_ptr = kt.data_ptr();
-  params.v_ptr = vt.data_ptr();
+  fill_common(params, pb, qt, kt, vt, softmax_scale,
+              make_window(pb, causal, window_size_left, window_size_right, top_left));
   params.do_ptr = dot.data_ptr();
+  params.do_batch_stride = dot.stride(0);
+  params.do_row_stride = dot.stride(1);
+  params.do_head_stride = dot.stride(2);
   params.dk_ptr = dk.data_ptr();
   params.dv_ptr = dv.data_ptr();
   params.dq_accum_ptr = dq_accum.data_ptr<float>();
   params.lse_log2_ptr = lse_log2.data_ptr<float>();
   params.dsum_ptr = dsum.data_ptr<float>();
   params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
-  params.q_batch_stride = qt.stride(0);
-  params.q_row_stride = qt.stride(1);
-  params.q_head_stride = qt.stride(2);
-  params.k_batch_stride = kt.stride(0);
-  params.k_row_stride = kt.stride(1);
-  params.k_head_stride = kt.stride(2);
-  params.v_batch_stride = vt.stride(0);
-  params.v_row_stride = vt.stride(1);
-  params.v_head_stride = vt.stride(2);
-  params.do_batch_stride = dot.stride(0);
-  params.do_row_stride = dot.stride(1);
-  params.do_head_stride = dot.stride(2);
-  params.batch = int(batch);
-  params.heads_q = int(heads_q);
-  params.heads_kv = int(heads_kv);
-  params.seqlen_q = int(seqlen_q);
   params.seqlen_q_padded = int(seqlen_q_padded);
-  params.seqlen_k = int(seqlen_k);
-  params.head_dim = int(head_dim);
   params.head_dim_rounded = head_dim_rounded;
-  params.softmax_scale = float(softmax_scale);
-  params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
-  Window const window = make_window(pb, causal, window_size_left, window_size_right, top_left);
-  params.is_local = window.is_local;
-  params.window_left = window.left;
-  params.window_right = window.right;
-  params.diag_offset = window.diag_offset;
 
   bwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
   // dq = softmax_scale * accumulator, back in (batch, seqlen, nheads, headdim) and the input dtype.
