@@ -1,12 +1,17 @@
 #!/bin/bash
-# A whole GPU session in one bounded call (device time is the scarce thing): build the benchmark
-# head dims, check that an uncompiled head dim raises cleanly, benchmark against the peers, then
-# run the test suite. Every step writes under $OUT as it goes, so a cut-off run still reports.
-#   BWD=1: also build the experimental backward and run tools/bwd_check.py first.
+# A whole GPU session in one bounded call (device time is the scarce thing): build the selected
+# head dims, then run the chosen steps. Every step writes under $OUT as it goes, so a cut-off run
+# still reports.
+#   STEPS: comma list of diag, regdiag, bwdcheck, bench, benchbwd, pytest, bwdtest (default diag,bench,pytest)
+#   BWD=1: also build the (experimental) backward.
 set -o pipefail
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
+export STEPS=${STEPS:-diag,bench,pytest}
 if [ "${BWD:-0}" = 1 ]; then export FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1; fi
-HDIMS=${HDIMS:-64,128,256} DTYPES=${DTYPES:-bf16} bash tools/device_run.sh bash -c '
+export HDIMS=${HDIMS:-64,128,256}
+HDIMS=$HDIMS DTYPES=${DTYPES:-bf16} bash tools/device_run.sh bash -c '
+  has() { case ",$STEPS," in *",$1,"*) return 0;; esac; return 1; }
+  if has diag; then
   python3 -X faulthandler -c "
 import torch, flash_attn_hopper._C
 q = torch.randn(1, 8, 2, 72, device=\"cuda\", dtype=torch.bfloat16)
@@ -16,12 +21,29 @@ try:
 except RuntimeError as e:
     print(\"uncompiled head dim raised:\", str(e)[:200])
 " > $OUT/diag.log 2>&1; echo "diag exit $? (a crash here means C++ TORCH_CHECK errors kill the process)"; tail -5 $OUT/diag.log
-  if [ "${BWD:-0}" = 1 ]; then
-    timeout ${BWD_TIMEOUT:-120} python3 tools/bwd_check.py --hdims ${HDIMS:-64,128,256} > $OUT/bwd_check.log 2>&1
-    echo "bwd_check exit $?"; grep -v "^ok" $OUT/bwd_check.log | tail -20
   fi
-  timeout ${BENCH_TIMEOUT:-130} python3 benchmarks/benchmark_attn.py --providers flash_attn_hopper,sdpa-cudnn,sdpa-flash \
-      --no-check --out-dir $OUT/bench > $OUT/bench.log 2>&1; echo "bench exit $?"; tail -45 $OUT/bench.log
-  timeout ${TEST_TIMEOUT:-90} python3 -m pytest tests -v -n 4 -p no:cacheprovider > $OUT/pytest.log 2>&1
-  echo "pytest exit $?"; grep -E "FAILED|ERROR|passed|failed|crashed" $OUT/pytest.log | tail -40
+  if has regdiag; then
+    timeout 60 python3 tools/registry_diag.py > $OUT/regdiag.log 2>&1; echo "regdiag exit $?"; tail -12 $OUT/regdiag.log
+  fi
+  if has bwdcheck; then
+    timeout ${BWD_TIMEOUT:-120} python3 tools/bwd_check.py --hdims $HDIMS > $OUT/bwd_check.log 2>&1
+    rc=$?; echo "bwd_check exit $rc"; grep -v "^ok" $OUT/bwd_check.log | tail -30
+    if [ $rc -ne 0 ] && [ -n "$SANITIZE" ]; then
+      timeout 150 compute-sanitizer --print-limit 10 python3 -c "$SANITIZE" > $OUT/sanitize.log 2>&1
+      echo "sanitizer exit $?"; head -60 $OUT/sanitize.log
+    fi
+  fi
+  if has bench || has benchbwd; then
+    extra=""; has benchbwd && extra="--bwd"
+    timeout ${BENCH_TIMEOUT:-130} python3 benchmarks/benchmark_attn.py --providers ${PROVIDERS:-flash_attn_hopper,sdpa-cudnn,sdpa-flash} \
+        --hdims $HDIMS $extra ${BENCH_ARGS:-} --no-check --out-dir $OUT/bench > $OUT/bench.log 2>&1; echo "bench exit $?"; tail -50 $OUT/bench.log
+  fi
+  if has bwdtest; then
+    timeout ${BWDTEST_TIMEOUT:-200} python3 -m pytest tests/test_flash_bwd.py -q -x -n 4 -p no:cacheprovider > $OUT/bwdtest.log 2>&1
+    echo "bwdtest exit $?"; grep -E "FAILED|ERROR|passed|failed|crashed" $OUT/bwdtest.log | tail -30
+  fi
+  if has pytest; then
+    timeout ${TEST_TIMEOUT:-90} python3 -m pytest tests -v -n 4 -p no:cacheprovider ${PYTEST_ARGS:-} > $OUT/pytest.log 2>&1
+    echo "pytest exit $?"; grep -E "FAILED|ERROR|passed|failed|crashed" $OUT/pytest.log | tail -40
+  fi
 '
