@@ -42,7 +42,10 @@ HEADS_X_HDIM = 2048
 DEFAULT_HDIMS = (64, 128, 256)
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 CSV_COLUMNS = ["provider", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "fwd_tflops", "bwd_tflops"]
-PROVIDER_ORDER = ["flash_attn_hopper", "sdpa-cudnn", "sdpa-flash", "fa3"]
+PROVIDER_ORDER = ["flash_attn_hopper", "sdpa-cudnn", "sdpa-flash", "fa3", "flash_attn_hopper-det"]
+# Run only when asked for (--providers): ours with deterministic=True, to report the backward's
+# deterministic-mode cost beside the default in the same run.
+OPT_IN_PROVIDERS = ["flash_attn_hopper-det"]
 
 # shared/BENCHMARKS.md, first table ("one run, three peers", H200, 2026-11-29): bf16 TFLOP/s,
 # keyed by (hdim, causal, seqlen) -> (FA3 fwd, best fwd, FA3 bwd, best bwd). "best" is the
@@ -96,13 +99,13 @@ class ProviderUnavailable(RuntimeError):
     """The provider cannot run this point at all (not an error of the run)."""
 
 
-def _flash_attn_hopper():
+def _flash_attn_hopper(deterministic: bool = False):
     import flash_attn_hopper
 
     reason = flash_attn_hopper.unavailable_reason()
     if reason is not None:
         raise ProviderUnavailable(reason)
-    return lambda q, k, v, causal: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal)
+    return lambda q, k, v, causal: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
 
 
 def _sdpa(backend_name: str):
@@ -140,6 +143,7 @@ PROVIDERS = {
     "sdpa-cudnn": lambda: _sdpa("CUDNN_ATTENTION"),
     "sdpa-flash": lambda: _sdpa("FLASH_ATTENTION"),
     "fa3": _fa3,
+    "flash_attn_hopper-det": lambda: _flash_attn_hopper(deterministic=True),
 }
 
 
@@ -426,7 +430,8 @@ def parse_args(argv):
     p.add_argument("--seqlens", type=_int_list, default=list(DEFAULT_SEQLENS), help="e.g. 512,1024,8192")
     p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     p.add_argument("--bwd", action="store_true", help="also time the backward pass")
-    p.add_argument("--providers", default=",".join(PROVIDER_ORDER), help=f"subset of {','.join(PROVIDER_ORDER)}")
+    p.add_argument("--providers", default=",".join(p for p in PROVIDER_ORDER if p not in OPT_IN_PROVIDERS),
+                   help=f"subset of {','.join(PROVIDER_ORDER)}")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")

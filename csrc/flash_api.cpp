@@ -230,8 +230,8 @@ BwdFn find_bwd(int head_dim_rounded, bool is_bf16) {
   return nullptr;
 }
 
-// Gradients of fwd. The per-row preparation (D = rowsum(dO * O), LSE in the log2 domain, a zeroed
-// float32 dQ accumulator) and the final dQ scaling run as ATen ops around the one kernel.
+// Gradients of fwd: preprocess (D = rowsum(dO * O), LSE in the log2 domain), the main kernel and the
+// dQ postprocess all run in run_flash_bwd; here only the workspaces are allocated (dq_accum zeroed).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, at::Tensor const& q,
                                                        at::Tensor const& k, at::Tensor const& v,
                                                        at::Tensor const& out, at::Tensor const& softmax_lse,
@@ -265,12 +265,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
 
   int64_t const seqlen_q_padded = (seqlen_q + flash::kBwdBlockM - 1) / flash::kBwdBlockM * flash::kBwdBlockM;
   auto const f32 = q.options().dtype(at::kFloat);
-  float const inf = std::numeric_limits<float>::infinity();
-  // Empty rows (LSE -inf) and padding rows get +inf, so that their P = exp2(s - LSE2) is 0.
-  at::Tensor lse_log2 = at::full({batch, heads_q, seqlen_q_padded}, inf, f32);
-  lse_log2.narrow(2, 0, seqlen_q).copy_(at::where(softmax_lse == -inf, inf, softmax_lse * M_LOG2E));
-  at::Tensor dsum = at::zeros({batch, heads_q, seqlen_q_padded}, f32);
-  dsum.narrow(2, 0, seqlen_q).copy_((dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(1, 2));
+  // Workspaces; the preprocess kernel fills lse_log2 and dsum, the main kernel adds into dq_accum.
+  at::Tensor lse_log2 = at::empty({batch, heads_q, seqlen_q_padded}, f32);
+  at::Tensor dsum = at::empty({batch, heads_q, seqlen_q_padded}, f32);
   at::Tensor dq_accum = at::zeros({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
   // Deterministic mode: one counter per dQ block orders the key blocks' additions into it.
   at::Tensor dq_semaphore;
@@ -279,6 +276,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   }
 
   at::Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v), dot = tma_ready(dout);
+  at::Tensor const ot = tma_ready(out);
+  at::Tensor const lse = softmax_lse.contiguous();
   flash::BwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
@@ -286,6 +285,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   params.do_batch_stride = dot.stride(0);
   params.do_row_stride = dot.stride(1);
   params.do_head_stride = dot.stride(2);
+  params.o_ptr = ot.data_ptr();
+  params.o_batch_stride = ot.stride(0);
+  params.o_row_stride = ot.stride(1);
+  params.o_head_stride = ot.stride(2);
+  params.lse_ptr = lse.data_ptr<float>();
+  params.dq_ptr = dq.data_ptr();
+  params.dq_batch_stride = dq.stride(0);
+  params.dq_row_stride = dq.stride(1);
+  params.dq_head_stride = dq.stride(2);
   params.dk_ptr = dk.data_ptr();
   params.dv_ptr = dv.data_ptr();
   params.dq_accum_ptr = dq_accum.data_ptr<float>();
@@ -296,8 +304,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   params.head_dim_rounded = head_dim_rounded;
 
   bwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
-  // dq = softmax_scale * accumulator, back in (batch, seqlen, nheads, headdim) and the input dtype.
-  dq.copy_(dq_accum.narrow(2, 0, seqlen_q).narrow(3, 0, head_dim).mul(softmax_scale).transpose(1, 2));
   return {dq, dk, dv};
 }
 #endif  // FLASH_ATTN_HOPPER_BUILD_BWD

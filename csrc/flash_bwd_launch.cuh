@@ -1,5 +1,6 @@
-// Host side of the backward kernel: TMA descriptors from BwdParams, tile choice, launch.
-// The per-row float32 buffers (LSE in log2, D, the dQ accumulator) are prepared by the caller.
+// Host side of the backward: TMA descriptors from BwdParams, tile choice, and the three launches
+// (preprocess, main kernel, dQ postprocess). The caller allocates the workspaces and zeroes the
+// dQ accumulator (and the deterministic mode's counters).
 #pragma once
 
 #include "kernel/config.h"
@@ -12,6 +13,7 @@
 #include "flash_bwd_params.h"
 #include "flash_fwd_launch.cuh"  // check_cuda
 #include "kernel/flash_bwd_kernel.h"
+#include "kernel/flash_bwd_prepost.h"
 #include "kernel/tile_size.h"
 
 namespace flash {
@@ -64,6 +66,10 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.window_right,
   };
 
+  int64_t const rows = int64_t(p.batch) * p.heads_q * p.seqlen_q_padded;
+  flash_bwd_preprocess_kernel<Element><<<int((rows + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "launching the backward preprocess kernel");
+
   dim3 const grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
   auto kernel = &flash_bwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
@@ -71,6 +77,10 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
              "raising the backward kernel's shared-memory limit");
   kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
   check_cuda(cudaGetLastError(), "launching the backward kernel");
+
+  dim3 const grid_post(p.seqlen_q_padded / Kernel::kBlockM, p.heads_q, p.batch);
+  flash_bwd_dq_postprocess_kernel<Kernel, Kernel::kRS><<<grid_post, Kernel::kNumMmaThreads, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "launching the backward dQ postprocess kernel");
 }
 
 template <int kHeadDim, typename Element, bool kLocal>

@@ -15,11 +15,16 @@ struct BwdParams {
   void const* k_ptr;
   void const* v_ptr;
   void const* do_ptr;
+  void const* o_ptr;       // the forward's output, (batch, seqlen_q, heads_q, head_dim), 16-byte aligned rows
+  float const* lse_ptr;    // the forward's LSE, (batch, heads_q, seqlen_q) contiguous
+  void* dq_ptr;  // (batch, seqlen_q, heads_q, head_dim) with a unit last stride
   void* dk_ptr;  // (batch, seqlen_k, heads_kv, head_dim), contiguous
   void* dv_ptr;
-  float* dq_accum_ptr;     // (batch, heads_q, seqlen_q_padded, head_dim_rounded), zeroed, unscaled
-  float const* lse_log2_ptr;  // (batch, heads_q, seqlen_q_padded): LSE * log2(e), +inf for empty/pad rows
-  float const* dsum_ptr;      // (batch, heads_q, seqlen_q_padded): rowsum(dO * O), 0 for pad rows
+  // Workspaces. dq_accum: (batch, heads_q, seqlen_q_padded / 64) blocks of 64 x head_dim_rounded
+  // float32, zeroed, unscaled, in the order the kernel chooses (flash_bwd_kernel.h).
+  float* dq_accum_ptr;
+  float* lse_log2_ptr;  // (batch, heads_q, seqlen_q_padded): LSE * log2(e), +inf for empty/pad rows (preprocess)
+  float* dsum_ptr;      // (batch, heads_q, seqlen_q_padded): rowsum(dO * O), 0 for pad rows (preprocess)
   // deterministic mode: (batch, heads_q, seqlen_q_padded / kBwdBlockM) zeroed counters that order
   // the key blocks' dQ additions; nullptr otherwise.
   int* dq_semaphore_ptr;
@@ -28,6 +33,8 @@ struct BwdParams {
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
 
   int batch;
   int heads_q;

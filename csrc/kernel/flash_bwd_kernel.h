@@ -1,6 +1,6 @@
 // The SM90 backward kernel: one CTA owns kBlockN keys of one KV head and loops over every
 // (query head of its group, query block) that sees them, accumulating dK and dV in registers
-// and adding each query block's dQ contribution into a float32 buffer with atomics.
+// and adding each query block's dQ contribution into a float32 buffer.
 //
 // With S = Q.K^T (unscaled), P = exp2(S * scale * log2e - LSE2), D = rowsum(dO * O):
 //   S^T  = K  . Q^T     dP^T = V . dO^T        (WGMMA, all operands in shared memory)
@@ -8,8 +8,20 @@
 //   dV  += P^T  . dO    dK  += dS^T . Q         (A = P^T, dS^T written to shared memory)
 //   dQ   = dS   . K     (atomically added; scaled by softmax_scale afterwards, as is dK)
 // Computing the transposes keeps the keys on the MMA's M side, so dK and dV accumulate in the
-// same threads for the whole loop. Warpgroup 0 is the producer (TMA: K and V once, Q and dO
-// per query block through a kStages pipeline); two consumer warpgroups do the maths.
+// same threads for the whole loop. Warpgroup 0 is the producer (TMA: K and V once; Q, dO, LSE2
+// and D per query block through a kStages pipeline); two consumer warpgroups do the maths.
+//
+// Two variants, chosen by the tile:
+// - kBlockN == 128 (head dims <= 128, "RS"): each consumer warpgroup owns 64 keys for every
+//   GEMM but dQ, so P^T and dS^T go from the S^T/dP^T accumulators straight into the A operand of
+//   the dV/dK WGMMAs (registers); only dS goes to shared memory, for dQ. The dV GEMM runs while
+//   dS is computed. dQ goes through shared memory in the accumulator's register order, and warp 1
+//   of the producer warpgroup adds it to the float32 accumulator with one bulk reduce-add
+//   (cp.reduce.async.bulk) per step; the accumulator therefore holds each 64-row block in that
+//   order, which the dQ postprocess kernel (flash_bwd_prepost.h) undoes.
+// - kBlockN == 64 (head dims 192, 256, "SS"): the warpgroups split the queries for S^T/dP^T and
+//   the head dim for dK/dV, so P^T and dS^T go through shared memory; dQ is added with float32
+//   atomics, the accumulator row-major.
 #pragma once
 
 #include "kernel/config.h"
@@ -65,6 +77,7 @@ struct BwdKernel {
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 64 * 1024);
   static_assert(kBlockM == 64, "the dQ tiling assumes 64 query rows per step");
   static_assert(kBlockN == 64 || kBlockN == 128);
+  static constexpr bool kRS = kBlockN == 128;
 
   // The two consumer warpgroups split the keys when there are 128 of them, else the other
   // dimension (queries for S^T/dP^T, head dim for dK/dV).
@@ -76,11 +89,13 @@ struct BwdKernel {
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / kOtherWGs>, Int<kHeadDim>>>(),
       AtomLayoutKeys{}));
-  // dV, dK: (keys, head dim), K = queries; A = P^T or dS^T (K-major), B = dO^T or Q^T (MN-major).
-  using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kOtherWGs>, Int<kBlockM>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      AtomLayoutKeys{}));
+  // dV, dK: (keys, head dim), K = queries; A = P^T or dS^T (K-major: registers in RS, shared
+  // memory in SS), B = dO^T or Q^T (MN-major).
+  using MmadKVShape = Shape<_64, Int<kHeadDim / kOtherWGs>, Int<kBlockM>>;
+  using MmadKVAtom = std::conditional_t<
+      kRS, decltype(GMMA::rs_op_selector<Element, Element, float, MmadKVShape, GMMA::Major::K, GMMA::Major::MN>()),
+      decltype(GMMA::ss_op_selector<Element, Element, float, MmadKVShape, GMMA::Major::K, GMMA::Major::MN>())>;
+  using TiledMmadKV = decltype(make_tiled_mma(MmadKVAtom{}, AtomLayoutKeys{}));
   // dQ: (queries, head dim), K = keys; A = dS (MN-major view of dS^T), B = K^T (MN-major).
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
@@ -115,14 +130,28 @@ struct BwdKernel {
   using PipelineState = typename Pipeline::PipelineState;
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesRow = kBlockM * sizeof(float);  // LSE2 or D of one query block
+  static constexpr uint32_t kBytesDq = kBlockM * kHeadDim * sizeof(float);
+  // One dQ block in shared memory: fragment pair j of consumer thread t at float2 index j * threads + t.
+  static constexpr int kDqPairsPerThread = kBlockM * kHeadDim / 2 / kNumMmaThreads;
 
+  // P^T and dS^T buffers (SS), or dS and the dQ staging buffer (RS).
+  struct SmemSS {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> pt;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> dst;
+  };
+  struct SmemRS {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> dst;
+    alignas(1024) cute::array_aligned<float, kBlockM * kHeadDim> dq;
+  };
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> v;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> pt;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> dst;
+    std::conditional_t<kRS, SmemRS, SmemSS> pds;
+    alignas(16) float lse2[kStages][kBlockM];
+    alignas(16) float dsum[kStages][kBlockM];
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
   };
@@ -173,7 +202,7 @@ struct BwdKernel {
       smem.barrier_kv.init(/*arrive_count=*/1);
     }
     typename Pipeline::Params pipeline_params;
-    pipeline_params.transaction_bytes = 2 * kBytesQ;  // Q and dO of one query block
+    pipeline_params.transaction_bytes = 2 * kBytesQ + 2 * kBytesRow;  // Q, dO, LSE2, D of one query block
     pipeline_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer
                                                : Pipeline::ThreadCategory::Consumer;
     pipeline_params.is_leader = threadIdx.x == 0;
@@ -190,9 +219,16 @@ struct BwdKernel {
       if (warp_idx_in_wg == 0 && lane_predicate) {
         load(params, smem, pipeline, range, num_steps, n_block, head_kv, batch);
       }
+      if constexpr (kRS) {
+        if (warp_idx_in_wg == 1) { reduce_dq(params, smem, range, num_steps, n_block, head_kv, batch); }
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      consume(params, smem, pipeline, range, num_steps, n_block, head_kv, batch, threadIdx.x - 128);
+      if constexpr (kRS) {
+        consume_rs(params, smem, pipeline, range, num_steps, n_block, head_kv, batch, threadIdx.x - 128);
+      } else {
+        consume(params, smem, pipeline, range, num_steps, n_block, head_kv, batch, threadIdx.x - 128);
+      }
     }
   }
 
@@ -225,9 +261,13 @@ struct BwdKernel {
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tdOgdO, tdOsdO] =
           tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      int64_t const row = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded + m_block * kBlockM;
       pipeline.producer_acquire(state);
+      uint64_t* const full = reinterpret_cast<uint64_t*>(pipeline.producer_get_barrier(state));
       copy(params.tma_q.with(*pipeline.producer_get_barrier(state)), tQgQ, tQsQ(_, state.index()));
       copy(params.tma_do.with(*pipeline.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
+      SM90_BULK_COPY_G2S::copy(params.lse_log2 + row, full, smem.lse2[state.index()], kBytesRow);
+      SM90_BULK_COPY_G2S::copy(params.dsum + row, full, smem.dsum[state.index()], kBytesRow);
       ++state;
     }
   }
@@ -249,9 +289,9 @@ struct BwdKernel {
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});        // (N, D)
     Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{});      // (D, N)
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutK{});
-    Tensor sPt = make_tensor(make_smem_ptr(smem.pt.data()), SmemLayoutPdSt{});   // (N, M, 2)
-    Tensor sdSt = make_tensor(make_smem_ptr(smem.dst.data()), SmemLayoutPdSt{}); // (N, M, 2)
-    Tensor sdS = make_tensor(make_smem_ptr(smem.dst.data()), SmemLayoutdS{});    // (M, N, 2)
+    Tensor sPt = make_tensor(make_smem_ptr(smem.pds.pt.data()), SmemLayoutPdSt{});   // (N, M, 2)
+    Tensor sdSt = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutPdSt{}); // (N, M, 2)
+    Tensor sdS = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{});    // (M, N, 2)
 
     // Operand descriptors.
     Tensor tSrK = thr_sdp.partition_fragment_A(sK);
@@ -301,14 +341,14 @@ struct BwdKernel {
       wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), tSrS);
       wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, state.index()), tSrdP);
 
-      // Per-query LSE (log2 domain) and D for this thread's columns, loaded while the GEMMs run.
+      // Per-query LSE (log2 domain) and D for this thread's columns, read while the GEMMs run.
       float lse2[kCols];
       float dsum[kCols];
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        int const query = m0 + get<1>(tScS_rc(0, c));
-        lse2[c] = params.lse_log2[row_base + query];
-        dsum[c] = params.dsum[row_base + query];
+        int const query = get<1>(tScS_rc(0, c));
+        lse2[c] = smem.lse2[state.index()][query];
+        dsum[c] = smem.dsum[state.index()][query];
       }
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
@@ -388,6 +428,172 @@ struct BwdKernel {
       }
     }
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
+  }
+
+  // RS variant (kBlockN == 128): warpgroup w owns keys [64 w, 64 w + 64) for S^T, dP^T, dV, dK.
+  CUTLASS_DEVICE void consume_rs(Params const& params, SharedStorage& smem, Pipeline& pipeline,
+                                 BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                                 int head_kv, int batch, int mma_tidx) const {
+    TiledMmaSdP mma_sdp;
+    TiledMmadKV mma_dkv;
+    TiledMmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(mma_tidx);
+    auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
+    auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});        // (M, D, stages)
+    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQt{});      // (D, M, stages)
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQt{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});        // (N, D)
+    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{});      // (D, N)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutK{});
+    Tensor sdSt = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutPdSt{}); // (N, M, 2)
+    Tensor sdS = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{});    // (M, N, 2)
+
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+    Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);       // (..., stages)
+    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (..., stages)
+    Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (..., 2)
+    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+
+    Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    clear(tdVrdV);
+    clear(tdKrdK);
+
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+    constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+
+    // dS^T to shared memory with stmatrix (rows = keys, 16-byte runs of queries).
+    auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+    auto smem_thr_copy_ds = smem_copy_ds.get_thread_slice(mma_tidx);
+    Tensor tdSsdSt = smem_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
+
+    float2* const sdq = reinterpret_cast<float2*>(smem.pds.dq.data());
+    int const n0 = n_block * kBlockN;
+    if (num_steps > 0) { smem.barrier_kv.wait(0); }
+
+    PipelineState state;
+    for (int step = 0; step < num_steps; ++step) {
+      int const m_block = range.m_block_min + step % range.count();
+      int const m0 = m_block * kBlockM;
+      int const buf = step & 1;
+      int const stage = state.index();
+
+      pipeline.consumer_wait(state);
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+      wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+
+      Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
+      Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
+      bool const needs_mask =
+          kLocal && (n0 + kBlockN - 1 > m0 + params.diag_offset + params.window_right ||
+                     n0 < m0 + kBlockM - 1 + params.diag_offset - params.window_left);
+      warpgroup_wait<1>();  // S^T ready
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        int const query = get<1>(tScS_rc(0, c));
+        float const lse2 = smem.lse2[stage][query];
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < size<0>(tSrS_rc); ++r) {
+          float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
+          if (needs_mask) {
+            int const key = n0 + get<0>(tScS_rc(r, c));
+            int const diag_key = m0 + query + params.diag_offset;
+            if (key > diag_key + params.window_right || key < diag_key - params.window_left) { s = -INFINITY; }
+          }
+          tSrS_rc(r, c) = exp2f(s);  // P^T
+        }
+      }
+      // dV += P^T . dO with P^T from registers; it runs while dS^T is computed.
+      Tensor tdVrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
+      convert_into(tSrS, tdVrP);
+      wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
+
+      warpgroup_wait<1>();  // dP^T ready (the dV GEMM may still run)
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        float const dsum = smem.dsum[stage][get<1>(tScS_rc(0, c))];
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < size<0>(tSrdP_rc); ++r) { tSrdP_rc(r, c) = tSrS_rc(r, c) * (tSrdP_rc(r, c) - dsum); }
+      }
+      Tensor tdKrdS = make_tensor<Element>(acc_layout_as_a_operand(tSrdP.layout()));
+      convert_into(tSrdP, tdKrdS);
+      wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+
+      // dS^T (both warpgroups' keys) to shared memory for dQ = dS . K.
+      Tensor tdSrdS = make_tensor(tdKrdS.data(), tSrdP.layout());  // the same registers, C layout
+      copy(smem_copy_ds, smem_thr_copy_ds.retile_S(tdSrdS), tdSsdSt(_, _, _, buf));
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
+
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+      wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ);
+      warpgroup_wait<0>();
+      pipeline.consumer_release(state);
+      ++state;
+
+      // dQ to shared memory in register order (conflict-free); warp 1 of the producer warpgroup
+      // adds it to global memory. Wait until it has read the previous step's block.
+      static_assert(decltype(size(tdQrdQ))::value == 2 * kDqPairsPerThread);
+      if (step > 0) {
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty));
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kDqPairsPerThread; ++j) {
+        sdq[j * kNumMmaThreads + mma_tidx] = make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
+      }
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull));
+    }
+    epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
+  }
+
+  // Warp 1 of the producer warpgroup (RS): adds each step's dQ block from shared memory into the
+  // float32 accumulator with one bulk reduce-add. Deterministic mode takes the block's turn first.
+  CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem,
+                                BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                                int head_kv, int batch) const {
+    bool const leader = cute::elect_one_sync();
+    uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.pds.dq.data());
+    for (int step = 0; step < num_steps; ++step) {
+      int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
+      int const m_block = range.m_block_min + step % range.count();
+      int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
+      float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull));
+      if (leader) {
+        int* semaphore = nullptr;
+        if (params.dq_semaphore != nullptr) {
+          semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
+          int const turn = n_block - first_key_block(m_block, params);
+          while (load_acquire(semaphore) != turn) {}
+          asm volatile("fence.proxy.async.global;" ::: "memory");
+        }
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                     :: "l"(gdq), "r"(sdq), "r"(kBytesDq) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        if (semaphore != nullptr) {
+          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the additions are done
+          __threadfence();
+          atomicAdd(semaphore, 1);
+        } else {
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // shared memory may be reused
+        }
+      }
+      __syncwarp();
+      if (step + 1 < num_steps) {
+        cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty));
+      }
+    }
+    if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
   }
 
   // The first key block whose CTA adds into dQ block m_block (the order of deterministic mode).

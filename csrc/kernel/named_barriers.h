@@ -16,7 +16,9 @@ enum class FwdNamedBarrier : int {
 
 enum class BwdNamedBarrier : int {
   kPdSReady = 1,  // all consumer warpgroups wrote their part of P^T and dS^T to shared memory
-  kDqTurn = 2,    // deterministic mode: this CTA's turn to add into a dQ block / its additions done
+  kDqTurn = 2,    // SS, deterministic mode: this CTA's turn to add into a dQ block / its additions done
+  kDqFull = 3,    // RS: the consumers wrote this step's dQ block to shared memory (+ 32 reducer threads)
+  kDqEmpty = 4,   // RS: the reducer warp has read it, the buffer is free again
 };
 
 }  // namespace flash
