@@ -14,17 +14,19 @@ import torch
 from fwd_check import reference
 
 
-def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False):
-    import flash_attn_hopper._C  # noqa: F401
+def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False, op=None):
+    """op: an op namespace with fwd and bwd (default torch.ops.flash_attn_hopper)."""
+    if op is None:
+        import flash_attn_hopper._C  # noqa: F401
+        op = torch.ops.flash_attn_hopper
     torch.manual_seed(sq * 7 + sk * 13 + d + hq)
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
     v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
     dout = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(d)
-    out, lse = torch.ops.flash_attn_hopper.fwd(q, k, v, scale, causal, window[0], window[1], top_left)
-    dq, dk, dv = torch.ops.flash_attn_hopper.bwd(dout, q, k, v, out, lse, scale, causal, window[0], window[1],
-                                                 top_left)
+    out, lse = op.fwd(q, k, v, scale, causal, window[0], window[1], top_left)
+    dq, dk, dv = op.bwd(dout, q, k, v, out, lse, scale, causal, window[0], window[1], top_left)
     torch.cuda.synchronize()
     grads = {}
     for name, dt in (("ref", torch.float32), ("low", dtype)):

@@ -2,7 +2,9 @@
 # A whole GPU session in one bounded call (device time is the scarce thing): build the selected
 # head dims, then run the chosen steps. Every step writes under $OUT as it goes, so a cut-off run
 # still reports.
-#   STEPS: comma list of diag, regdiag, bwdcheck, bench, benchbwd, pytest, bwdtest (default diag,bench,pytest)
+#   STEPS: comma list of diag, regdiag, bwdcheck, cmd, bench, benchbwd, pytest, bwdtest (default diag,bench,pytest)
+#   cmd: runs $EXTRA_CMD (e.g. tools/variants.py ...; pair it with BG_CMD=... --build-only so the
+#        variants build beside the main build), output in $OUT/cmd.log
 #   BWD=1: also build the (experimental) backward.
 set -o pipefail
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
@@ -32,6 +34,9 @@ except RuntimeError as e:
       timeout 150 compute-sanitizer --print-limit 10 python3 -c "$SANITIZE" > $OUT/sanitize.log 2>&1
       echo "sanitizer exit $?"; head -60 $OUT/sanitize.log
     fi
+  fi
+  if has cmd; then
+    timeout ${CMD_TIMEOUT:-200} bash -c "$EXTRA_CMD" > $OUT/cmd.log 2>&1; echo "cmd exit $?"; grep -v "^ptxas\|^ *[0-9]* bytes\|^ *$" $OUT/cmd.log | tail -40
   fi
   if has bench || has benchbwd; then
     extra=""; has benchbwd && extra="--bwd"

@@ -1,8 +1,10 @@
 """Developer tool for the GPU machine: build several variants of one forward kernel side by side
 (tile sizes and other compile-time knobs), check each on a few awkward shapes, and time them
 against cuDNN in one run. Each variant is its own extension with its own op namespace.
+With --bwd the variants also build the backward, and the backward is checked and timed instead.
 
     python3 tools/variants.py --hdim 128 --variant base --variant n128:M=128,N=128,S=2 ...
+    python3 tools/variants.py --bwd --hdim 256 --variant base --variant s1:FLASH_BWD_DEV_STAGES=1
 
 A variant is NAME[:KEY=VALUE,...] with keys M, N, S (block M, block N, stages; all three or
 none) or any other macro (passed as -DKEY=VALUE).
@@ -37,7 +39,7 @@ def parse_variant(text):
     return name, defines
 
 
-def sources(name, hdim, dtype):
+def sources(name, hdim, dtype, bwd=False):
     ctype = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}[dtype]
     d = BUILD / name
     d.mkdir(parents=True, exist_ok=True)
@@ -45,16 +47,25 @@ def sources(name, hdim, dtype):
     api.write_text(
         f"#define FLASH_ATTN_HOPPER_REGISTRY_PROVIDED\n"
         f"#define FLASH_ATTN_HOPPER_FOR_EACH_FWD(X) X({hdim}, {ctype})\n"
-        f'#include "flash_api.cpp"\n')
+        + (f"#define FLASH_ATTN_HOPPER_FOR_EACH_BWD(X) X({hdim}, {ctype})\n#define FLASH_ATTN_HOPPER_HAS_BWD 1\n"
+           if bwd else "")
+        + '#include "flash_api.cpp"\n')
     inst = d / "inst.cu"
     inst.write_text(
         f'#include "flash_fwd_launch.cuh"\n'
         f"template void flash::run_flash_fwd<{hdim}, {ctype}>(flash::FwdParams&, cudaStream_t);\n")
-    return [str(api), str(inst)]
+    files = [str(api), str(inst)]
+    if bwd:
+        inst_bwd = d / "inst_bwd.cu"
+        inst_bwd.write_text(
+            f'#include "flash_bwd_launch.cuh"\n'
+            f"template void flash::run_flash_bwd<{hdim}, {ctype}>(flash::BwdParams&, cudaStream_t);\n")
+        files.append(str(inst_bwd))
+    return files
 
 
 def build(args):
-    name, defines, hdim, dtype = args
+    name, defines, hdim, dtype, bwd = args
     from torch.utils.cpp_extension import load
     cutlass = cutlass_root()
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
@@ -65,7 +76,7 @@ def build(args):
                      "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__", "-lineinfo",
                      "-Xptxas=-v"] + [f"-D{k}={v}" for k, v in defines.items()]
     start = time.time()
-    load(name=ns, sources=sources(name, hdim, dtype), extra_cflags=common, extra_cuda_cflags=nvcc,
+    load(name=ns, sources=sources(name, hdim, dtype, bwd), extra_cflags=common, extra_cuda_cflags=nvcc,
          extra_include_paths=[str(ROOT / "csrc"), str(cutlass / "include"), str(cutlass / "tools/util/include"),
                               f"{cuda_home}/include/cccl"],
          build_directory=str(BUILD / name), verbose=False)
@@ -80,13 +91,17 @@ def main():
     ap.add_argument("--seqlens", default="512,2048,8192")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--bwd", action="store_true", help="build, check and time the backward")
+    ap.add_argument("--deterministic", action="store_true", help="with --bwd: also time deterministic=True")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
     with mp.get_context("spawn").Pool(len(variants)) as pool:
-        for name, secs in pool.imap_unordered(build, [(n, d, args.hdim, args.dtype) for n, d in variants]):
+        for name, secs in pool.imap_unordered(build, [(n, d, args.hdim, args.dtype, args.bwd) for n, d in variants]):
             print(f"built {name} in {secs:.0f} s", flush=True)
     if args.build_only:
         return
+    if args.bwd:
+        return main_bwd(args, variants)
 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -96,7 +111,7 @@ def main():
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     ops = {}
     for name, defines in variants:
-        build((name, defines, args.hdim, args.dtype))  # already built: only loads
+        build((name, defines, args.hdim, args.dtype, False))  # already built: only loads
         ops[name] = getattr(torch.ops, f"fahv_{name}").fwd
 
     d = args.hdim
@@ -131,6 +146,48 @@ def main():
             for name, op in ops.items():
                 t2 = do_bench(lambda: op(q, k, v, d ** -0.5, causal), warmup=50, rep=300, return_mode="median")
                 line += f" | {name} {flops / t2 / 1e9:6.1f} ({t / t2:.3f})"
+            print(line, flush=True)
+
+
+def main_bwd(args, variants):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bwd_check import check
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    ops = {}
+    for name, defines in variants:
+        build((name, defines, args.hdim, args.dtype, True))  # already built: only loads
+        ops[name] = getattr(torch.ops, f"fahv_{name}")
+    d = args.hdim
+    for name, op in ops.items():  # correctness first, twice: a moving error is a race
+        ok = True
+        for _ in range(2):
+            for (b, sq, sk, hq, hk, causal) in [(2, 113, 203, 6, 2, False), (2, 799, 3, 6, 2, True),
+                                                (2, 1024, 1024, 6, 2, True), (1, 2048, 2049, 4, 4, False)]:
+                ok &= check(b, sq, sk, hq, hk, d, causal, dtype, op=op)
+        print(f"{name}: backward {'ok' if ok else 'FAIL'}", flush=True)
+
+    h = 2048 // d
+    for causal in [bool(int(c)) for c in args.causal.split(",")]:
+        for s in [int(x) for x in args.seqlens.split(",")]:
+            b = 16384 // s
+            q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(4))
+            flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+            qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            g = dout.transpose(1, 2)
+            t = do_bench(lambda: torch.autograd.grad(o, (qt, kt, vt), g, retain_graph=True),
+                         warmup=50, rep=300, return_mode="median")
+            line = f"bwd causal={int(causal)} seqlen={s:5d} cuDNN {flops / t / 1e9:6.1f}"
+            for name, op in ops.items():
+                out, lse = op.fwd(q, k, v, d ** -0.5, causal)
+                for det in ([False, True] if args.deterministic else [False]):
+                    t2 = do_bench(lambda: op.bwd(dout, q, k, v, out, lse, d ** -0.5, causal, -1, -1, False, det),
+                                  warmup=50, rep=300, return_mode="median")
+                    line += f" | {name}{'-det' if det else ''} {flops / t2 / 1e9:6.1f} ({t / t2:.3f})"
             print(line, flush=True)
 
 

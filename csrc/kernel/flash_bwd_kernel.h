@@ -15,13 +15,14 @@
 // - kBlockN == 128 (head dims <= 128, "RS"): each consumer warpgroup owns 64 keys for every
 //   GEMM but dQ, so P^T and dS^T go from the S^T/dP^T accumulators straight into the A operand of
 //   the dV/dK WGMMAs (registers); only dS goes to shared memory, for dQ. The dV GEMM runs while
-//   dS is computed. dQ goes through shared memory in the accumulator's register order, and warp 1
-//   of the producer warpgroup adds it to the float32 accumulator with one bulk reduce-add
-//   (cp.reduce.async.bulk) per step; the accumulator therefore holds each 64-row block in that
-//   order, which the dQ postprocess kernel (flash_bwd_prepost.h) undoes.
+//   dS is computed.
 // - kBlockN == 64 (head dims 192, 256, "SS"): the warpgroups split the queries for S^T/dP^T and
-//   the head dim for dK/dV, so P^T and dS^T go through shared memory; dQ is added with float32
-//   atomics, the accumulator row-major.
+//   the head dim for dK/dV, so P^T and dS^T go through shared memory.
+// dQ: where shared memory has room (kDqSmem), each step's dQ block goes to shared memory in the
+// accumulator's register order (kDqStages buffers), and warp 1 of the producer warpgroup adds it
+// to the float32 accumulator with one bulk reduce-add (cp.reduce.async.bulk); the accumulator then
+// holds each 64-row block in that order, which the dQ postprocess kernel (flash_bwd_prepost.h)
+// undoes. Otherwise the consumers add dQ with float32 atomics into a row-major accumulator.
 #pragma once
 
 #include "kernel/config.h"
@@ -135,28 +136,43 @@ struct BwdKernel {
   // One dQ block in shared memory: fragment pair j of consumer thread t at float2 index j * threads + t.
   static constexpr int kDqPairsPerThread = kBlockM * kHeadDim / 2 / kNumMmaThreads;
 
-  // P^T and dS^T buffers (SS), or dS and the dQ staging buffer (RS).
+  // P^T and dS^T buffers (SS), or dS alone (RS).
   struct SmemSS {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> pt;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> dst;
   };
   struct SmemRS {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdSt>> dst;
-    alignas(1024) cute::array_aligned<float, kBlockM * kHeadDim> dq;
   };
-  struct SharedStorage {
+  template <int kBuffers>
+  struct SmemDq {
+    alignas(1024) cute::array_aligned<float, kBuffers * kBlockM * kHeadDim> dq;
+  };
+  struct NoDq {};
+  template <int kDqBuffers>
+  struct Storage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> v;
     std::conditional_t<kRS, SmemRS, SmemSS> pds;
+    std::conditional_t<(kDqBuffers > 0), SmemDq<kDqBuffers>, NoDq> dq;
     alignas(16) float lse2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
   };
+  static constexpr int kSmemLimit = 227 * 1024;
+  // As many dQ staging buffers (0: atomics) as fit, at most 2; FLASH_BWD_DEV_DQ_STAGES overrides.
+#ifdef FLASH_BWD_DEV_DQ_STAGES
+  static constexpr int kDqStages = FLASH_BWD_DEV_DQ_STAGES;
+#else
+  static constexpr int kDqStages = sizeof(Storage<2>) <= kSmemLimit ? 2 : sizeof(Storage<1>) <= kSmemLimit ? 1 : 0;
+#endif
+  static constexpr bool kDqSmem = kDqStages > 0;
+  using SharedStorage = Storage<kDqStages>;
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
-  static_assert(kSharedStorageSize <= 227 * 1024, "backward tile does not fit in shared memory");
+  static_assert(kSharedStorageSize <= kSmemLimit, "backward tile does not fit in shared memory");
 
   struct Params {
     TmaQ tma_q;
@@ -219,7 +235,7 @@ struct BwdKernel {
       if (warp_idx_in_wg == 0 && lane_predicate) {
         load(params, smem, pipeline, range, num_steps, n_block, head_kv, batch);
       }
-      if constexpr (kRS) {
+      if constexpr (kDqSmem) {
         if (warp_idx_in_wg == 1) { reduce_dq(params, smem, range, num_steps, n_block, head_kv, batch); }
       }
     } else {
@@ -395,39 +411,61 @@ struct BwdKernel {
       pipeline.consumer_release(state);
       ++state;
 
-      // dQ(m_block) += dS . K: float32 atomics, pairs of neighbouring head-dim columns at once.
-      // Deterministic mode serialises the key blocks' additions into one dQ block, in key order.
-      int* semaphore = nullptr;
-      int turn = 0;
-      if (params.dq_semaphore != nullptr) {
-        semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
-        turn = n_block - first_key_block(m_block, params);
-        if (mma_tidx == 0) {
-          while (load_acquire(semaphore) != turn) {}
+      if constexpr (kDqSmem) {
+        stage_dq(smem, tdQrdQ, step, mma_tidx);
+      } else {
+        // dQ(m_block) += dS . K: float32 atomics, pairs of neighbouring head-dim columns at once.
+        // Deterministic mode serialises the key blocks' additions into one dQ block, in key order.
+        int* semaphore = nullptr;
+        int turn = 0;
+        if (params.dq_semaphore != nullptr) {
+          semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
+          turn = n_block - first_key_block(m_block, params);
+          if (mma_tidx == 0) {
+            while (load_acquire(semaphore) != turn) {}
+          }
+          cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kDqTurn));
         }
-        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kDqTurn));
-      }
-      Tensor tdQrdQ_rc = make_tensor(tdQrdQ.data(), acc_layout_rowcol(tdQrdQ.layout()));
-      float* dq_rows = params.dq_accum + row_base * kHeadDim;
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < size<0>(tdQrdQ_rc); ++r) {
-        int const query = m0 + get<0>(tdQcdQ_rc(r, 0));
-        if (query < params.seqlen_q) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < size<1>(tdQrdQ_rc); c += 2) {
-            int const col = get<1>(tdQcdQ_rc(r, c));
-            atomicAdd(reinterpret_cast<float2*>(dq_rows + int64_t(query) * kHeadDim + col),
-                      make_float2(tdQrdQ_rc(r, c), tdQrdQ_rc(r, c + 1)));
+        Tensor tdQrdQ_rc = make_tensor(tdQrdQ.data(), acc_layout_rowcol(tdQrdQ.layout()));
+        float* dq_rows = params.dq_accum + row_base * kHeadDim;
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < size<0>(tdQrdQ_rc); ++r) {
+          int const query = m0 + get<0>(tdQcdQ_rc(r, 0));
+          if (query < params.seqlen_q) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < size<1>(tdQrdQ_rc); c += 2) {
+              int const col = get<1>(tdQcdQ_rc(r, c));
+              atomicAdd(reinterpret_cast<float2*>(dq_rows + int64_t(query) * kHeadDim + col),
+                        make_float2(tdQrdQ_rc(r, c), tdQrdQ_rc(r, c + 1)));
+            }
           }
         }
-      }
-      if (semaphore != nullptr) {
-        __threadfence();  // our additions are visible before the next key block's turn
-        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kDqTurn));
-        if (mma_tidx == 0) { atomicAdd(semaphore, 1); }
+        if (semaphore != nullptr) {
+          __threadfence();  // our additions are visible before the next key block's turn
+          cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kDqTurn));
+          if (mma_tidx == 0) { atomicAdd(semaphore, 1); }
+        }
       }
     }
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
+  }
+
+  // dQ of one step to staging buffer step % kDqStages, in register order (conflict-free stores),
+  // for the reducer warp; first wait until it has read what that buffer held.
+  template <typename TensorAcc>
+  CUTLASS_DEVICE void stage_dq(SharedStorage& smem, TensorAcc const& tdQrdQ, int step, int mma_tidx) const {
+    static_assert(decltype(size(tdQrdQ))::value == 2 * kDqPairsPerThread);
+    int const buffer = step % kDqStages;
+    if (step >= kDqStages) {
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + buffer);
+    }
+    float2* const sdq = reinterpret_cast<float2*>(smem.dq.dq.data()) + buffer * (kBlockM * kHeadDim / 2);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kDqPairsPerThread; ++j) {
+      sdq[j * kNumMmaThreads + mma_tidx] = make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);
   }
 
   // RS variant (kBlockN == 128): warpgroup w owns keys [64 w, 64 w + 64) for S^T, dP^T, dV, dK.
@@ -474,7 +512,6 @@ struct BwdKernel {
     auto smem_thr_copy_ds = smem_copy_ds.get_thread_slice(mma_tidx);
     Tensor tdSsdSt = smem_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
 
-    float2* const sdq = reinterpret_cast<float2*>(smem.pds.dq.data());
     int const n0 = n_block * kBlockN;
     if (num_steps > 0) { smem.barrier_kv.wait(0); }
 
@@ -540,35 +577,26 @@ struct BwdKernel {
       pipeline.consumer_release(state);
       ++state;
 
-      // dQ to shared memory in register order (conflict-free); warp 1 of the producer warpgroup
-      // adds it to global memory. Wait until it has read the previous step's block.
-      static_assert(decltype(size(tdQrdQ))::value == 2 * kDqPairsPerThread);
-      if (step > 0) {
-        cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty));
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kDqPairsPerThread; ++j) {
-        sdq[j * kNumMmaThreads + mma_tidx] = make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
-      }
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull));
+      stage_dq(smem, tdQrdQ, step, mma_tidx);
     }
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
   }
 
-  // Warp 1 of the producer warpgroup (RS): adds each step's dQ block from shared memory into the
-  // float32 accumulator with one bulk reduce-add. Deterministic mode takes the block's turn first.
+  // Warp 1 of the producer warpgroup (kDqSmem): adds each step's dQ block from shared memory into
+  // the float32 accumulator with one bulk reduce-add. Deterministic mode takes the block's turn
+  // first and waits for the addition to complete before passing the turn on.
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem,
                                 BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
                                 int head_kv, int batch) const {
     bool const leader = cute::elect_one_sync();
-    uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.pds.dq.data());
     for (int step = 0; step < num_steps; ++step) {
       int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
       int const m_block = range.m_block_min + step % range.count();
+      int const buffer = step % kDqStages;
       int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
       float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
-      cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull));
+      uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.dq.dq.data() + buffer * (kBlockM * kHeadDim));
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);
       if (leader) {
         int* semaphore = nullptr;
         if (params.dq_semaphore != nullptr) {
@@ -585,12 +613,15 @@ struct BwdKernel {
           __threadfence();
           atomicAdd(semaphore, 1);
         } else {
-          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // shared memory may be reused
+          // All but the newest kDqStages - 1 reductions have read their buffers.
+          asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(kDqStages - 1) : "memory");
         }
       }
       __syncwarp();
-      if (step + 1 < num_steps) {
-        cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty));
+      // The buffer the consumers fill next (step + 1) was last read by step + 1 - kDqStages.
+      if (step + 1 >= kDqStages && step + 1 < num_steps) {
+        cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32,
+                                            static_cast<int>(BwdNamedBarrier::kDqEmpty0) + (step + 1) % kDqStages);
       }
     }
     if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
