@@ -39,25 +39,31 @@ def parse_variant(text):
     return name, defines
 
 
+def write_if_changed(path, text):
+    """Rewrite a generated source only when it changes: a new mtime makes ninja rebuild it."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
 def sources(name, hdim, dtype, bwd=False):
     ctype = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}[dtype]
     d = BUILD / name
     d.mkdir(parents=True, exist_ok=True)
     api = d / "api.cpp"
-    api.write_text(
+    write_if_changed(api,
         f"#define FLASH_ATTN_HOPPER_REGISTRY_PROVIDED\n"
         f"#define FLASH_ATTN_HOPPER_FOR_EACH_FWD(X) X({hdim}, {ctype})\n"
         + (f"#define FLASH_ATTN_HOPPER_FOR_EACH_BWD(X) X({hdim}, {ctype})\n#define FLASH_ATTN_HOPPER_HAS_BWD 1\n"
            if bwd else "")
         + '#include "flash_api.cpp"\n')
     inst = d / "inst.cu"
-    inst.write_text(
+    write_if_changed(inst,
         f'#include "flash_fwd_launch.cuh"\n'
         f"template void flash::run_flash_fwd<{hdim}, {ctype}>(flash::FwdParams&, cudaStream_t);\n")
     files = [str(api), str(inst)]
     if bwd:
         inst_bwd = d / "inst_bwd.cu"
-        inst_bwd.write_text(
+        write_if_changed(inst_bwd,
             f'#include "flash_bwd_launch.cuh"\n'
             f"template void flash::run_flash_bwd<{hdim}, {ctype}>(flash::BwdParams&, cudaStream_t);\n")
         files.append(str(inst_bwd))
