@@ -6,26 +6,38 @@ torch (2.11 and later) keeps a registry of FlashAttention implementations in
 
     from torch.nn.attention import activate_flash_attention_impl, restore_flash_attention_impl
     activate_flash_attention_impl("flash_attn_hopper")
-    ...   # F.scaled_dot_product_attention's FLASH backend now runs our forward kernel
+    ...   # F.scaled_dot_product_attention's FLASH backend now runs our kernels
     restore_flash_attention_impl()
 
 Activation overrides aten's CUDA kernels of ``_scaled_dot_product_flash_attention``
 (what SDPA's FLASH backend calls), ``_flash_attention_forward`` and, on torch
-versions that have it, ``_flash_attention_forward_no_dropout_inplace``.  Each
-override runs our kernel when the call is one it computes exactly and
+versions that have it, ``_flash_attention_forward_no_dropout_inplace``; in a
+build with the backward kernels (the extension defines the bwd op) also those
+of the backward ops ``_scaled_dot_product_flash_attention_backward`` (what
+autograd calls for SDPA's FLASH backend) and ``_flash_attention_backward``.
+Each override runs our kernel when the call is one it computes exactly and
 otherwise calls the kernel that was registered before (torch's
 FlashAttention-2), taken with ``torch.library.get_kernel`` at activation.
 
 Semantics are the replaced kernels', not SDPA's: ``is_causal`` and the windows
 are aligned to the bottom-right corner (FlashAttention's convention; SDPA
 itself never sends a causal call with L != S to the FLASH backend), windows
-are clamped as FlashAttention-2 clamps them, rows that see no key give
-output 0 and log-sum-exp +inf, and outputs have the strides of aten's meta
-kernels (``empty_like(query)``), so ``torch.compile`` finds what it traced.
+are clamped as FlashAttention-2 clamps them, ``scale`` defaults to
+1/sqrt(head dim of the op's query), rows that see no key give output 0 and
+log-sum-exp +inf, and outputs and gradients have the strides of aten's meta
+kernels (``empty_like(query)``, ``empty_like(key)``...), so ``torch.compile``
+finds what it traced.
 
-Backward: the backward ops are not overridden, so aten's own
-FlashAttention-2 backward kernel differentiates our forward; it needs only
-the output and the log-sum-exp, which follow its conventions exactly.
+Backward: the backward overrides take exactly what the forward ops return
+(output and log-sum-exp in FlashAttention-2's conventions), whichever
+kernel computed them, and apply the same masks as the forward overrides.
+Calls they refuse (dropout, variable-length batches, a head dim or dtype
+without a backward kernel in this build, ...) go to aten's FlashAttention-2
+backward.  In a build without the backward kernels only the forward ops are
+overridden, and aten's own backward differentiates our forward; it needs
+only the output and the log-sum-exp.  ``Activation.op_names`` lists what an
+activation replaced, ``Activation.backward_refusal`` why the backward ops
+were left alone (None when they were overridden too).
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import ops
+from . import _build_info, manifest, ops
 from .sdpa import flash_refusal
 
 #: The name under which flash_attn_hopper appears in torch's registry.
@@ -51,6 +63,23 @@ _FORWARD_OPS = (
     "_flash_attention_forward",
     "_flash_attention_forward_no_dropout_inplace",  # writes into a given `out`; in 2.14, not in 2.11
 )
+
+# aten ops whose CUDA kernel activation also overrides when this build has the backward kernels.
+_BACKWARD_OPS = (
+    "_scaled_dot_product_flash_attention_backward",  # autograd's formula for SDPA's FLASH backend
+    "_flash_attention_backward",  # ... for _flash_attention_forward, and what the one above calls in aten
+)
+
+
+def _compiled_backward_pairs() -> frozenset[tuple[int, str]] | None:
+    """(manifest head dim, dtype name) pairs with a backward kernel in this build; None if unrecorded."""
+    if _build_info.COMPILED is None:
+        return None
+    return frozenset((inst.hdim, inst.dtype) for inst in _build_info.COMPILED if inst.direction == "bwd")
+
+
+# Read once, like sdpa's _COMPILED_FWD: the build does not change while the process runs.
+_COMPILED_BWD = _compiled_backward_pairs()
 
 
 # --------------------------------------------------------------------------
@@ -85,14 +114,22 @@ def _has_blind_rows(right: int, seqlen_q: int, seqlen_k: int) -> bool:
     return right >= 0 and seqlen_k - seqlen_q + right < 0
 
 
+def _softmax_scale(q: torch.Tensor, scale) -> float:
+    """aten's scale, computed as it computes it: the given one, else 1 / sqrt(head_dim) in double precision.
+
+    ``q`` is the op's own query: when SDPA pads an odd head dim it passes the
+    scale of the unpadded one explicitly, forward and backward alike.
+    """
+    return 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
+
+
 def _run_forward(q, k, v, scale, is_causal, window_left, window_right):
     """Our op on (batch, seqlen, heads, head_dim) inputs with FlashAttention-2's conventions.
 
     Returns out (contiguous, batch, seqlen_q, heads, head_dim) and lse (batch, heads, seqlen_q).
     """
     seqlen_q, seqlen_k = q.size(1), k.size(1)
-    # aten's default, computed as it computes it: 1 / sqrt(head_dim) in double precision.
-    softmax_scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
+    softmax_scale = _softmax_scale(q, scale)
     left, right = _fa2_window(window_left, window_right, is_causal, seqlen_k)
     out, lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, bool(is_causal), left, right, False)
     if _has_blind_rows(right, seqlen_q, seqlen_k):
@@ -100,6 +137,50 @@ def _run_forward(q, k, v, scale, is_causal, window_left, window_right):
         # computes exp(s - lse) and needs +inf to make those rows' probabilities 0.
         lse = lse.masked_fill(lse == float("-inf"), float("inf"))
     return out, lse
+
+
+def _kernel_readable(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy of it when the bwd op could not read it in place.
+
+    The kernels read rows with TMA, so the last dimension needs stride 1 (the
+    op checks that for dout but not for out).  A broadcast dimension (stride 0
+    with size > 1), which autograd hands over as the gradient of e.g.
+    ``out.mean(0)``, is materialised too: the op's TMA descriptors are meant
+    for real strides.  aten's FlashAttention-2 makes both contiguous always;
+    this copies only in those cases.
+    """
+    if t.stride(-1) == 1 and all(stride != 0 or size == 1 for size, stride in zip(t.shape, t.stride())):
+        return t
+    return t.contiguous()
+
+
+def _run_backward(grad_out, q, k, v, out, lse, scale, is_causal, window_left, window_right):
+    """The bwd op on (batch, seqlen, heads, head_dim) tensors, with the forward's conventions.
+
+    The same scale and window as :func:`_run_forward`, bottom-right aligned
+    (``top_left=False``).  ``lse`` may hold +inf (FlashAttention-2's, and what
+    our forward override returns) or -inf (our op's) for rows without keys:
+    the op gives those rows zero gradients either way.  Deterministic when
+    ``torch.use_deterministic_algorithms(True)`` is in force, also with
+    ``warn_only=True`` (where aten's kernel only warns): as ops.py's autograd
+    formula decides it.  Returns contiguous dq like q, dk and dv like k and v.
+    """
+    softmax_scale = _softmax_scale(q, scale)
+    left, right = _fa2_window(window_left, window_right, is_causal, k.size(1))
+    return ops.bwd_op()(
+        _kernel_readable(grad_out),
+        q,
+        k,
+        v,
+        _kernel_readable(out),
+        lse,
+        softmax_scale,
+        bool(is_causal),
+        left,
+        right,
+        False,
+        torch.are_deterministic_algorithms_enabled(),
+    )
 
 
 def _with_strides_of(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -181,10 +262,151 @@ def flash_attention_forward_refusal(
         return "alibi_slopes is given"
     if block_table is not None:
         return "block_table (paged KV) is given"
+    reason = _unknown_arguments(newer)
+    if reason is not None:
+        return reason
+    return flash_refusal(query, key, value)
+
+
+def _unknown_arguments(newer: dict) -> str | None:
+    """Keyword arguments of a later torch's schema: harmless when None (their default), else a refusal."""
     unknown = sorted(name for name, value in newer.items() if value is not None)
     if unknown:
         return f"arguments unknown to this version of flash_attn_hopper: {', '.join(unknown)}"
-    return flash_refusal(query, key, value)
+    return None
+
+
+def _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer: dict) -> str | None:
+    """What both backward ops refuse before looking at the tensors."""
+    if cum_seq_q is not None or cum_seq_k is not None:
+        return "variable-length (cum_seq_q / cum_seq_k) inputs"
+    if dropout_p != 0.0:
+        return f"dropout_p={dropout_p}"
+    reason = _unknown_arguments(newer)
+    if reason is not None:
+        return reason
+    if not ops.has_bwd_op():
+        # Activation installs no backward override then; this guards a direct call.
+        return "this build of flash_attn_hopper has no backward op"
+    return None
+
+
+def _undefined_tensors(**named) -> str | None:
+    """Which of the named tensors are undefined (None in Python), e.g. grad_out when no gradient flows."""
+    undefined = [name for name, t in named.items() if not isinstance(t, torch.Tensor)]
+    if undefined:
+        return f"{', '.join(undefined)} {'is' if len(undefined) == 1 else 'are'} undefined"
+    return None
+
+
+def _backward_tensors_refusal(grad_out, q, k, v, out, logsumexp) -> str | None:
+    """Why the bwd op cannot take these (batch, seqlen, heads, head_dim) tensors; None when it can.
+
+    Everything the op's C++ checks would reject is refused here, before the
+    call: a C++ argument error once ended the process on the H200 instead of
+    raising (NOTES.md), and torch's kernel either handles such a call or says
+    what is wrong with it in its own terms.
+    """
+    reason = _undefined_tensors(grad_out=grad_out, query=q, key=k, value=v, out=out, logsumexp=logsumexp)
+    if reason is not None:
+        return reason
+    reason = flash_refusal(q, k, v)
+    if reason is not None:
+        return reason
+    head_dim = q.size(-1)
+    dtype = manifest.dtype_name(str(q.dtype).removeprefix("torch."))  # fp16 / bf16: flash_refusal checked
+    if _COMPILED_BWD is not None and (manifest.round_up_headdim(head_dim), dtype) not in _COMPILED_BWD:
+        return manifest.not_compiled_message("bwd", head_dim, dtype, _build_info.COMPILED) or (
+            f"this build has no backward kernel for head dim {head_dim} in {dtype}"
+        )
+    if grad_out.shape != q.shape or out.shape != q.shape:
+        return f"grad_out {tuple(grad_out.shape)} or out {tuple(out.shape)} does not have the query's shape"
+    if grad_out.dtype != q.dtype or out.dtype != q.dtype:
+        return f"grad_out ({grad_out.dtype}) or out ({out.dtype}) does not have the query's dtype"
+    batch, seqlen_q, heads_q, _ = q.shape
+    if logsumexp.dtype != torch.float32 or logsumexp.shape != (batch, heads_q, seqlen_q):
+        return (
+            f"logsumexp is {logsumexp.dtype} {tuple(logsumexp.shape)}, not float32 "
+            f"(batch, heads, seqlen_q) = {(batch, heads_q, seqlen_q)}"
+        )
+    if grad_out.device != q.device or out.device != q.device or logsumexp.device != q.device:
+        return "grad_out, out or logsumexp is not on the query's device"
+    return None
+
+
+def sdpa_flash_backward_refusal(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    philox_seed,
+    philox_offset,
+    *,
+    scale=None,
+    **newer,
+):
+    """Why ``aten::_scaled_dot_product_flash_attention_backward`` falls back (None: our kernel runs).
+
+    Arguments are that op's: grad_out, query, out (batch, heads, L, E), key and
+    value (batch, heads_kv, S, E), logsumexp (batch, heads, L) as the forward
+    returned it.  Non-optional tensors that are undefined in C++ (cum_seq_q and
+    cum_seq_k of a dense batch; grad_out when no gradient flows) arrive as None.
+    Keyword arguments of a later torch that this version does not know make it fall back.
+    """
+    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer)
+    if reason is not None:
+        return reason
+    reason = _undefined_tensors(grad_out=grad_out, query=query, key=key, value=value, out=out, logsumexp=logsumexp)
+    if reason is not None:
+        return reason
+    tensors = (grad_out, query, key, value, out)
+    if any(t.dim() != 4 for t in tensors):
+        return "grad_out, query, key, value and out are not all 4-dimensional"
+    return _backward_tensors_refusal(*(t.transpose(1, 2) for t in tensors), logsumexp)
+
+
+def flash_attention_backward_refusal(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    rng_state,
+    unused,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+    **newer,
+):
+    """Why ``aten::_flash_attention_backward`` falls back (None: our kernel runs).
+
+    Arguments are that op's (grad_out, query, key, value, out in (batch, seqlen,
+    heads, head_dim); rng_state and unused, unused here, are named
+    philox_seed and philox_offset in older torch versions, which pass them in
+    the same place).  Windows need no refusal: the bwd op applies any window
+    the forward override computes with.
+    Keyword arguments of a later torch that this version does not know make it fall back.
+    """
+    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer)
+    if reason is not None:
+        return reason
+    return _backward_tensors_refusal(grad_out, query, key, value, out, logsumexp)
 
 
 # --------------------------------------------------------------------------
@@ -219,6 +441,27 @@ def _flash_attention_forward_inplace(
     return lse
 
 
+def _sdpa_flash_backward(
+    grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+    philox_seed, philox_offset, *, scale=None, **_,
+):
+    # (batch, heads, seqlen, head_dim) in and out: the op sees transposed views, never copies.
+    grads = _run_backward(
+        *(t.transpose(1, 2) for t in (grad_out, query, key, value, out)), logsumexp, scale, is_causal, None, None
+    )
+    return tuple(_with_strides_of(g.transpose(1, 2), like) for g, like in zip(grads, (query, key, value)))
+
+
+def _flash_attention_backward(
+    grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+    rng_state, unused, *, scale=None, window_size_left=None, window_size_right=None, **_,
+):
+    grads = _run_backward(
+        grad_out, query, key, value, out, logsumexp, scale, is_causal, window_size_left, window_size_right
+    )
+    return tuple(_with_strides_of(g, like) for g, like in zip(grads, (query, key, value)))
+
+
 def _inplace_refusal(out, *args, **kwargs):
     reason = flash_attention_forward_refusal(*args, **kwargs)
     if reason is None and (out.shape != args[0].shape or out.dtype != args[0].dtype):
@@ -231,6 +474,8 @@ _OVERRIDES = {
     "_scaled_dot_product_flash_attention": (sdpa_flash_refusal, _sdpa_flash_forward),
     "_flash_attention_forward": (flash_attention_forward_refusal, _flash_attention_forward),
     "_flash_attention_forward_no_dropout_inplace": (_inplace_refusal, _flash_attention_forward_inplace),
+    "_scaled_dot_product_flash_attention_backward": (sdpa_flash_backward_refusal, _sdpa_flash_backward),
+    "_flash_attention_backward": (flash_attention_backward_refusal, _flash_attention_backward),
 }
 
 
@@ -249,13 +494,20 @@ def _override(op_name: str, original):
 
 @dataclass
 class Activation:
-    """What activation installed; ``remove()`` puts torch's kernels back."""
+    """What activation installed; ``remove()`` puts torch's kernels back.
+
+    ``originals`` maps each overridden aten op to the kernel it falls back to;
+    ``backward_refusal`` says why the backward ops kept aten's kernels (None
+    when they were overridden too).
+    """
 
     library: torch.library.Library | None
     originals: dict = field(default_factory=dict)
+    backward_refusal: str | None = None
 
     @property
     def op_names(self) -> list[str]:
+        """The aten ops whose CUDA kernel this activation replaced, sorted."""
         return sorted(self.originals)
 
     def remove(self) -> None:
@@ -277,16 +529,39 @@ def activation_refusal() -> str | None:
     return None
 
 
+def backward_override_refusal() -> str | None:
+    """Why activation leaves aten's backward kernels in place; None when it overrides them too.
+
+    The backward ops are overridden when the extension defines the bwd op with
+    the arguments ops.py passes and the recorded build (if any) compiled
+    backward kernels.  Otherwise aten's FlashAttention-2 backward
+    differentiates our forward, as before this build had a backward.
+    """
+    if not ops.has_bwd_op():
+        return manifest.direction_unavailable_message("bwd")
+    if _build_info.backward_compiled() is False:
+        return "the extension defines the bwd op, but its build record lists no backward kernels (a broken build)"
+    try:
+        ops.bwd_op()  # raises when the compiled op's arguments are not the ones ops.py passes
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
 def register_fn() -> Activation:
     """Install the overrides; torch's ``activate_flash_attention_impl`` calls this.
 
     Raises RuntimeError (before touching the dispatcher) when the extension is
-    missing or torch lacks what the fallback needs.
+    missing or torch lacks what the fallback needs.  The backward ops are
+    overridden only when :func:`backward_override_refusal` says None; the
+    forward ones regardless.
     """
     reason = activation_refusal()
     if reason is not None:
         raise RuntimeError(f"flash_attn_hopper cannot be activated as a flash-attention implementation: {reason}")
-    names = [name for name in _FORWARD_OPS if hasattr(torch.ops.aten, name)]
+    backward_refusal = backward_override_refusal()
+    candidates = _FORWARD_OPS + (_BACKWARD_OPS if backward_refusal is None else ())
+    names = [name for name in candidates if hasattr(torch.ops.aten, name)]
     # The kernels to fall back to are the ones registered now, before ours replace them.
     originals = {name: torch.library.get_kernel(f"aten::{name}", "CUDA") for name in names}
     library = torch.library.Library("aten", "IMPL", "CUDA")
@@ -295,7 +570,7 @@ def register_fn() -> Activation:
         warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
         for name in names:
             library.impl(name, _override(name, originals[name]), "CUDA", with_keyset=True)
-    return Activation(library, originals)
+    return Activation(library, originals, backward_refusal)
 
 
 def _register_with_torch() -> str | None:

@@ -5,7 +5,8 @@ layout with the top-left causal mask: in float32 it is the reference, in the
 inputs' dtype it is "PyTorch's own low-precision error" of FlashAttention's
 tolerance rule (reference.assert_fa_close).  ``cuda_kernel_names`` lists the
 kernels a call launches, and ``is_our_forward_kernel`` tells ours from torch's
-FlashAttention-2, whose kernel has the same base name in namespace ``pytorch_flash``.
+FlashAttention-2, whose kernel has the same base name in namespace ``pytorch_flash``;
+``is_our_backward_kernel`` does the same for the three kernels of our backward.
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ def sdpa_ref(q, k, v, is_causal=False, scale=None, upcast=True):
     return torch.softmax(scores, dim=-1) @ v
 
 
-def compiled_config() -> tuple[int, torch.dtype]:
-    """One (head dim, dtype) with a forward kernel in this build, preferring 128 / bf16."""
+def compiled_config(direction: str = "fwd") -> tuple[int, torch.dtype]:
+    """One (head dim, dtype) with a kernel of ``direction`` ("fwd" / "bwd") in this build, preferring 128 / bf16.
+
+    For "bwd" the forward kernel exists too: a build compiles the backward for the forward's pairs.
+    """
     compiled = _build_info.COMPILED
-    if compiled is None or manifest.Instantiation("fwd", 128, "bf16") in compiled:
+    if compiled is None or manifest.Instantiation(direction, 128, "bf16") in compiled:
         return 128, torch.bfloat16
-    inst = sorted(i for i in compiled if i.direction == "fwd")[0]
+    inst = sorted(i for i in compiled if i.direction == direction)[0]
     return inst.hdim, getattr(torch, manifest.DTYPES[inst.dtype].torch_name)
 
 
@@ -60,6 +64,16 @@ def cuda_kernel_names(fn) -> list[str]:
 
 def is_our_forward_kernel(name: str) -> bool:
     return "flash_fwd_kernel" in name and "pytorch_flash" not in name
+
+
+#: Our backward's kernels (namespace ``flash``).  torch's FlashAttention-2 backward kernels
+#: (flash_bwd_dq_dk_dv_loop_..., flash_bwd_dot_do_o_kernel, flash_bwd_convert_dq_kernel, ...)
+#: contain none of these names, and live in namespace ``pytorch_flash``.
+OUR_BACKWARD_KERNELS = ("flash_bwd_kernel", "flash_bwd_preprocess_kernel", "flash_bwd_dq_postprocess_kernel")
+
+
+def is_our_backward_kernel(name: str) -> bool:
+    return any(kernel in name for kernel in OUR_BACKWARD_KERNELS) and "pytorch_flash" not in name
 
 
 def is_torch_flash_kernel(name: str) -> bool:

@@ -1,9 +1,12 @@
 """torch's flash-attention registry route on the GPU: after
 ``activate_flash_attention_impl("flash_attn_hopper")`` SDPA's FLASH backend runs our
 kernel (seen in the profiler) and matches torch; calls we do not cover run torch's
-FlashAttention-2 unchanged; aten's backward differentiates our forward; direct
-``aten::_flash_attention_forward`` calls (bottom-right causal, windows, rows without keys)
-agree with the kernel they replace; torch.compile, CUDA graphs; restore brings torch back.
+FlashAttention-2 unchanged; in a build with the backward kernels autograd runs our
+backward too (gradients against the float32 reference by FlashAttention's rule, laid out
+as aten's meta kernels promise), otherwise aten's backward differentiates our forward;
+direct ``aten::_flash_attention_forward`` / ``_flash_attention_backward`` calls (bottom-right
+causal, windows, rows without keys) agree with the kernels they replace; torch.compile
+(forward and backward), CUDA graphs; restore brings torch back.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from flash_attn_hopper import _build_info, manifest, torch_registry
 from flash_attn_hopper.torch_registry import IMPL_NAME
 
-from reference import assert_fa_close
+from reference import assert_fa_close, attention_ref, rounding_noise
 from sdpa_reference import (
     compiled_config,
     cuda_kernel_names,
+    is_our_backward_kernel,
     is_our_forward_kernel,
     is_torch_flash_kernel,
     random_bhsd,
@@ -29,6 +33,18 @@ from sdpa_reference import (
 )
 
 pytestmark = pytest.mark.gpu
+
+#: Why activation leaves aten's backward kernels alone in this build (None: it overrides them).
+BACKWARD_REFUSAL = torch_registry.backward_override_refusal()
+
+needs_our_backward = pytest.mark.skipif(
+    BACKWARD_REFUSAL is not None,
+    reason=f"activation overrides only the forward ops in this build: {BACKWARD_REFUSAL}",
+)
+
+#: A floor under FlashAttention's atol for gradients, as in test_flash_bwd.py: where a gradient is 0
+#: in exact arithmetic the float32 reference's rounding noise is 0, and the kernel leaves ~1e-6.
+GRAD_ATOL_FLOOR = 1e-4
 
 
 @pytest.fixture
@@ -133,8 +149,28 @@ def test_a_configuration_missing_from_the_build_falls_back(activated):
     assert any(map(is_torch_flash_kernel, names)) and not any(map(is_our_forward_kernel, names)), names
 
 
-def test_backward_runs_torchs_kernel_on_our_forward(activated):
-    e, dtype = compiled_config()
+def assert_grad_close(got, ref, lowprec, name):
+    assert_fa_close(got, ref, lowprec, name=name, atol=max(rounding_noise(ref, got.dtype), GRAD_ATOL_FLOOR))
+
+
+def check_sdpa_outputs(out, grads, q, k, v, dout, causal):
+    """out and (dq, dk, dv) of SDPA against autograd through sdpa_ref, by FlashAttention's rule."""
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = sdpa_ref(q32, k32, v32, causal)
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
+    ql, kl, vl = (t.detach().requires_grad_() for t in (q, k, v))
+    low = sdpa_ref(ql, kl, vl, causal, upcast=False)
+    low_grads = torch.autograd.grad(low, (ql, kl, vl), dout)
+    assert_fa_close(out, ref.detach(), low.detach())
+    for name, got, want, lowprec, t in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads, (q, k, v)):
+        assert got.shape == t.shape and got.dtype == t.dtype, f"{name}: {tuple(got.shape)} {got.dtype}"
+        assert_grad_close(got, want, lowprec, name)
+
+
+def test_backward_runs_the_builds_backward_on_our_forward(activated):
+    # With the backward kernels activation overrides aten's backward ops too; without them aten's
+    # FlashAttention-2 backward differentiates our forward (it needs only out and the log-sum-exp).
+    e, dtype = compiled_config("bwd" if BACKWARD_REFUSAL is None else "fwd")
     q, k, v = inputs(2, 8, 2, 300, 300, e, dtype, seed=4, requires_grad=True)
     dout = torch.randn(2, 8, 300, e, device="cuda", dtype=dtype)
 
@@ -144,16 +180,66 @@ def test_backward_runs_torchs_kernel_on_our_forward(activated):
 
     names = cuda_kernel_names(forward_backward)
     assert any(map(is_our_forward_kernel, names)), names
-    assert any("bwd" in n and is_torch_flash_kernel(n) for n in names), names
+    if BACKWARD_REFUSAL is None:
+        assert any("flash_bwd_kernel" in n and is_our_backward_kernel(n) for n in names), names
+        assert not any(map(is_torch_flash_kernel, names)), names
+    else:
+        assert any("bwd" in n and is_torch_flash_kernel(n) for n in names), names
+        assert not any(map(is_our_backward_kernel, names)), names
     out, grads = forward_backward()
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = sdpa_ref(q32, k32, v32, True)
-    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
-    low = sdpa_ref(q, k, v, True, upcast=False)
-    low_grads = torch.autograd.grad(low, (q, k, v), dout)
-    assert_fa_close(out, ref.detach(), low.detach())
-    for name, got, want, lowprec in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads):
-        assert_fa_close(got, want, lowprec, name=name)
+    check_sdpa_outputs(out, grads, q, k, v, dout, True)
+
+
+SDPA_BACKWARD_CASES = [
+    # is_causal, L, S (SDPA's FLASH backend takes is_causal only with L == S)
+    (False, 777, 777),
+    (True, 777, 777),
+    (False, 300, 777),
+    (False, 777, 500),
+]
+
+
+@needs_our_backward
+@pytest.mark.parametrize("layout", ["bshd_memory", "bhsd_contiguous"])
+@pytest.mark.parametrize("causal, seqlen_q, seqlen_k", SDPA_BACKWARD_CASES)
+@pytest.mark.parametrize("gqa", [1, 4])
+def test_flash_backend_runs_our_backward_after_activation(activated, layout, causal, seqlen_q, seqlen_k, gqa):
+    e, dtype = compiled_config("bwd")
+    q, k, v = inputs(
+        2, 8, 8 // gqa, seqlen_q, seqlen_k, e, dtype, seed=gqa + seqlen_k, layout=layout, requires_grad=True
+    )
+    dout = torch.randn(2, 8, seqlen_q, e, device="cuda", dtype=dtype)
+
+    def forward_backward():
+        out = flash_sdpa(q, k, v, is_causal=causal, enable_gqa=gqa > 1)
+        out.backward(dout)
+
+    names = cuda_kernel_names(forward_backward)
+    assert any(map(is_our_forward_kernel, names)), names
+    assert any("flash_bwd_kernel" in n and is_our_backward_kernel(n) for n in names), names
+    assert not any(map(is_torch_flash_kernel, names)), names
+    # autograd.grad hands back what the backward op returned (.grad may be re-laid out by AccumulateGrad).
+    out = flash_sdpa(q, k, v, is_causal=causal, enable_gqa=gqa > 1)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for name, grad, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        assert grad.stride() == torch.empty_like(t).stride(), f"{name}: not the layout aten's meta kernel promises"
+    check_sdpa_outputs(out, grads, q, k, v, dout, causal)
+
+
+def test_dropout_backward_runs_torchs_kernels(activated):
+    # Refused by the forward and the backward override alike: torch's FlashAttention-2 both ways.
+    e, dtype = compiled_config()
+    q, k, v = inputs(2, 4, 4, 300, 300, e, dtype, seed=3, requires_grad=True)
+    dout = torch.randn(2, 4, 300, e, device="cuda", dtype=dtype)
+
+    def forward_backward():
+        out = flash_sdpa(q, k, v, dropout_p=0.3)
+        out.backward(dout)
+
+    names = cuda_kernel_names(forward_backward)
+    assert any("bwd" in n and is_torch_flash_kernel(n) for n in names), names
+    assert not any(map(is_our_forward_kernel, names)) and not any(map(is_our_backward_kernel, names)), names
+    assert all(t.grad is not None and bool(t.grad.isfinite().all()) for t in (q, k, v))
 
 
 # --------------------------------------------------------------------------
@@ -203,6 +289,57 @@ def test_direct_flash_attention_forward_matches_the_kernel_it_replaces(s_q, s_k,
     torch.testing.assert_close(lse, lse_torch, atol=1e-3, rtol=1e-4)
 
 
+@needs_our_backward
+@pytest.mark.parametrize("s_q, s_k, causal, left, right", WINDOWS)
+def test_direct_flash_attention_backward_matches_the_kernel_it_replaces(s_q, s_k, causal, left, right):
+    e, dtype = compiled_config("bwd")
+    gen = torch.Generator(device="cuda").manual_seed(s_q * s_k)
+    q = torch.randn(2, s_q, 6, e, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(2, s_k, 2, e, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(2, s_k, 2, e, device="cuda", dtype=dtype, generator=gen)
+    dout = torch.randn(2, s_q, 6, e, device="cuda", dtype=dtype, generator=gen)
+    windows = dict(window_size_left=left, window_size_right=right)
+
+    def forward():
+        return torch.ops.aten._flash_attention_forward(q, k, v, None, None, s_q, s_k, 0.0, causal, False, **windows)
+
+    def backward(out, lse, rng_state, unused):
+        # cum_seq_q / cum_seq_k: None is the undefined tensor aten's dense calls pass.
+        return torch.ops.aten._flash_attention_backward(
+            dout, q, k, v, out, lse, None, None, s_q, s_k, 0.0, causal, rng_state, unused, **windows
+        )
+
+    out_torch, lse_torch, rng_torch, unused_torch, _ = forward()
+    grads_torch = backward(out_torch, lse_torch, rng_torch, unused_torch)
+    attention.activate_flash_attention_impl(IMPL_NAME)
+    try:
+        names = cuda_kernel_names(lambda: backward(*forward()[:4]))
+        out, lse, rng_state, unused, _ = forward()
+        grads = backward(out, lse, rng_state, unused)
+        # Our backward on torch's forward: the same conventions (lse +inf for rows without keys).
+        grads_on_torchs_forward = backward(out_torch, lse_torch, rng_torch, unused_torch)
+    finally:
+        attention.restore_flash_attention_impl()
+    assert any(map(is_our_forward_kernel, names)), names
+    assert any("flash_bwd_kernel" in n and is_our_backward_kernel(n) for n in names), names
+    assert not any(map(is_torch_flash_kernel, names)), names
+    # The reference applies the window FlashAttention-2 applies (what the forward test above checks).
+    window = torch_registry._fa2_window(left, right, causal, s_k)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(attention_ref(*leaves, causal=causal, window_size=window)[0], leaves, dout.float())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    low = torch.autograd.grad(attention_ref(*leaves, causal=causal, window_size=window, upcast=False)[0], leaves, dout)
+    for name, ours, on_torchs, theirs, r, lo, t in zip(
+        ("dq", "dk", "dv"), grads, grads_on_torchs_forward, grads_torch, ref, low, (q, k, v)
+    ):
+        assert ours.shape == t.shape and ours.stride() == theirs.stride() and ours.dtype == t.dtype, name
+        assert_grad_close(ours, r, lo, name)
+        assert_grad_close(on_torchs, r, lo, f"{name} on torch's forward")
+        # And no gross difference from the kernel replaced (a wrong mask or scale is far above 5%).
+        bound = 0.05 * float(theirs.float().abs().max()) + 1e-3
+        assert float((ours.float() - theirs.float()).abs().max()) <= bound, name
+
+
 def test_inplace_forward_writes_the_given_buffer(activated):
     if not hasattr(torch.ops.aten, "_flash_attention_forward_no_dropout_inplace"):
         pytest.skip(f"torch {torch.__version__} has no aten::_flash_attention_forward_no_dropout_inplace")
@@ -241,6 +378,39 @@ def test_inductor_runs_our_kernel_and_matches_eager(activated, layout):
     assert torch.equal(out, eager)
 
 
+@needs_our_backward
+@pytest.mark.parametrize("layout", ["bshd_memory", "bhsd_contiguous"])
+def test_inductor_runs_our_backward_and_matches_eager(activated, layout):
+    # Inductor checks the gradients' strides against the backward ops' meta kernels.
+    # Deterministic mode (warn_only: nothing else must raise) makes our dQ bitwise reproducible.
+    e, dtype = compiled_config("bwd")
+    q, k, v = inputs(2, 8, 2, 384, 384, e, dtype, seed=6, layout=layout, requires_grad=True)
+    dout = torch.randn(2, 8, 384, e, device="cuda", dtype=dtype)
+
+    def forward_backward(model):
+        out = model(q, k, v)
+        return out, torch.autograd.grad(out, (q, k, v), dout)
+
+    was = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch._dynamo.reset()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            compiled = torch.compile(Block(), fullgraph=True)
+            out, grads = forward_backward(compiled)
+            names = cuda_kernel_names(lambda: forward_backward(compiled))
+            eager_out, eager_grads = forward_backward(Block())
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
+        torch._dynamo.reset()
+    assert any(map(is_our_forward_kernel, names)), names
+    assert any("flash_bwd_kernel" in n and is_our_backward_kernel(n) for n in names), names
+    assert torch.equal(out, eager_out)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, eager_grads):
+        assert torch.equal(got, want), name
+
+
 def test_cuda_graph_capture_and_replay(activated):
     e, dtype = compiled_config()
     q, k, v = inputs(2, 8, 2, 512, 512, e, dtype, seed=7)
@@ -267,3 +437,6 @@ def test_activation_records_what_it_replaced(activated):
     impl, handle = _registry._FLASH_ATTENTION_ACTIVE
     assert impl == IMPL_NAME and isinstance(handle, torch_registry.Activation)
     assert "_scaled_dot_product_flash_attention" in handle.op_names
+    assert handle.backward_refusal == BACKWARD_REFUSAL
+    backward = {"_scaled_dot_product_flash_attention_backward", "_flash_attention_backward"}
+    assert backward <= set(handle.op_names) if BACKWARD_REFUSAL is None else not backward & set(handle.op_names)
