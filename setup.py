@@ -3,8 +3,9 @@
     pip install --no-build-isolation -v .
 
 Knobs (see flash_attn_hopper/manifest.py): FLASH_ATTN_HOPPER_HDIMS=64,128,
-FLASH_ATTN_HOPPER_DTYPES=bf16, FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1 (also
-the backward kernels, not yet verified on a GPU), FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1,
+FLASH_ATTN_HOPPER_DTYPES=bf16, FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1 (no backward
+kernels; they are built by default), FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1
+(still accepted; no effect while nothing is experimental),
 MAX_JOBS=N, CUDA_HOME=<toolkit root>, CUTLASS_HOME=<cutlass checkout>,
 FLASH_ATTN_HOPPER_VERBOSE_PTXAS=1 (register/spill report per kernel).
 """
@@ -70,7 +71,7 @@ missing = generate_instantiations.missing_launch_headers(selection, ROOT / "csrc
 if missing:
     fail(
         f"the selected directions ({', '.join(selection.directions)}) need {', '.join('csrc/' + m for m in missing)}, "
-        f"which this checkout lacks. Fix: leave {manifest.ENV_EXPERIMENTAL_BACKWARD} unset to build the forward only."
+        f"which this checkout lacks. Fix: set {manifest.ENV_DISABLE_BACKWARD}=1 to build the forward only."
     )
 generated = generate_instantiations.generate(selection, ROOT / "csrc" / "generated")
 binding = ROOT / "csrc" / "flash_api.cpp"

@@ -66,6 +66,8 @@ def backward_summary(info: dict) -> str:
     if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS:
         return (f"not built (experimental in this version, not yet verified on a GPU; "
                 f"{manifest.ENV_EXPERIMENTAL_BACKWARD}=1 builds it)")
+    if "bwd" in manifest.AVAILABLE_DIRECTIONS and (info["extension_loaded"] or info.get("build_config_found")):
+        return f"not built (rebuild without {manifest.ENV_DISABLE_BACKWARD}=1)"
     return "not built"
 
 

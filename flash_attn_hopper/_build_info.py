@@ -53,8 +53,9 @@ def build_info() -> dict:
     Keys: ``version``; ``available`` and ``unavailable_reason``;
     ``extension_loaded`` and ``load_error``; ``has_backward_op`` (the
     extension defines the bwd op); ``backward_experimental`` (this build's
-    backward kernels are the experimental ones, not yet verified on a GPU:
-    built with ``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``); and, when
+    backward kernels are experimental ones, not yet verified on a GPU, built
+    with ``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``; always False while the
+    manifest lists no experimental direction, as in this version); and, when
     setup.py recorded the build (``build_config_found``), everything it wrote:
     ``selection`` (the knobs' choice), ``compiled`` (list of
     {direction, hdim, dtype}), ``torch_version`` / ``torch_cuda_version`` at

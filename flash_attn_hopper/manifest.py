@@ -10,13 +10,14 @@ Build knobs (environment variables read at build time):
 
 * ``FLASH_ATTN_HOPPER_HDIMS``   comma-separated head dims, e.g. ``64,128``
 * ``FLASH_ATTN_HOPPER_DTYPES``  comma-separated dtypes, e.g. ``bf16``
-* ``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``  also build the backward
-  kernels, which this version has but has not yet verified on a GPU
 * ``FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1``  no backward kernels, whatever
   else is set
+* ``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``  also build the backward
+  kernels while they are experimental (in :data:`EXPERIMENTAL_DIRECTIONS`);
+  still accepted, and without effect, once the backward is a default
 
 Unset (or ``all``) hdims/dtypes mean everything the manifest offers; the
-backward is built only when asked for while it is experimental.
+backward, verified on a GPU in this version, is built unless disabled.
 """
 
 from __future__ import annotations
@@ -82,13 +83,13 @@ DIRECTIONS: Mapping[str, Direction] = {
 
 #: Directions whose kernels exist in csrc/ and are verified on a GPU in this
 #: version: built by default (for the selected head dims and dtypes).
-AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd",)
+AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd")
 
 #: Directions whose kernels exist in csrc/ but have not been verified on a
 #: GPU yet: built only when their knob asks (ENV_EXPERIMENTAL_BACKWARD), for
-#: the same head dims and dtypes as the forward.  Moving "bwd" from here to
-#: AVAILABLE_DIRECTIONS, once the GPU tests pass, makes it a default.
-EXPERIMENTAL_DIRECTIONS: tuple[str, ...] = ("bwd",)
+#: the same head dims and dtypes as the forward.  (The backward started here
+#: and moved to AVAILABLE_DIRECTIONS once its GPU tests passed on the H200.)
+EXPERIMENTAL_DIRECTIONS: tuple[str, ...] = ()
 
 #: Attention features and whether this version has kernels for them.  The
 #: Python layer refuses an unavailable feature before any launch, naming it.
@@ -102,8 +103,8 @@ FEATURES: Mapping[str, bool] = {
     "varlen": False,
     "paged_kv": False,
     "fp8": False,
-    # Verified backward kernels in every build.  An experimental build may still have
-    # them: build_info()["features"]["backward"] says what the installed build can do.
+    # Verified backward kernels in this version (a build may still leave them out):
+    # build_info()["features"]["backward"] says what the installed build can do.
     "backward": "bwd" in AVAILABLE_DIRECTIONS,
 }
 
@@ -322,7 +323,8 @@ def not_compiled_message(
     """
     compiled = set(compiled)
     ours = [inst for inst in compiled if inst.direction == direction]
-    if direction not in AVAILABLE_DIRECTIONS and (direction not in EXPERIMENTAL_DIRECTIONS or not ours):
+    # No kernels of the direction at all: not in this version, or the build left the backward out.
+    if direction not in AVAILABLE_DIRECTIONS + EXPERIMENTAL_DIRECTIONS or (direction == "bwd" and not ours):
         return direction_unavailable_message(direction)
     rounded = round_up_headdim(hdim)
     if rounded is None:

@@ -7,8 +7,8 @@ C++ ``TORCH_LIBRARY(flash_attn_hopper, m)`` registration, which defines::
         int window_size_left=-1, int window_size_right=-1, bool top_left=False)
         -> (Tensor out, Tensor softmax_lse)
 
-with its CUDA kernel, and, in a build with the (experimental) backward
-kernels, ``bwd`` with the schema :data:`BWD_SCHEMA`.
+with its CUDA kernel, and, in a build with the backward kernels (the
+default), ``bwd`` with the schema :data:`BWD_SCHEMA`.
 
 This module adds what makes the ops good citizens of torch: fake
 (shape-only) kernels, so FakeTensorMode, ``torch.compile`` and

@@ -15,10 +15,10 @@ gradients in a build without the backward kernels, ...);
 function, as a context manager or as a switch.
 
 The fast path is forward-only (inference) unless the build has the backward
-kernels (experimental in this version: built only with
-``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``): without them, with grad mode
-on and an input that requires grad, torch's own SDPA runs.  With them, the
-gradients come from the bwd op, top-left causal included, deterministic when
+kernels (built by default; ``FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1`` leaves
+them out): without them, with grad mode on and an input that requires grad,
+torch's own SDPA runs.  With them, the gradients come from the bwd op,
+top-left causal included, deterministic when
 ``torch.use_deterministic_algorithms(True)`` is on.  :data:`BACKWARD_READY` is
 the one switch.
 """
@@ -199,10 +199,14 @@ def sdpa_fallback_reason(
     if not BACKWARD_READY and torch.is_grad_enabled() and (
         query.requires_grad or key.requires_grad or value.requires_grad
     ):
+        how = (
+            f"build the experimental backward with {manifest.ENV_EXPERIMENTAL_BACKWARD}=1"
+            if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS
+            else f"rebuild without {manifest.ENV_DISABLE_BACKWARD}=1"
+        )
         return (
             "an input requires grad and this build of flash_attn_hopper has no backward kernels "
-            "(the fast path is forward-only: use torch.no_grad() or torch.inference_mode(), or build "
-            f"the experimental backward with {manifest.ENV_EXPERIMENTAL_BACKWARD}=1)"
+            f"(the fast path is forward-only: use torch.no_grad() or torch.inference_mode(), or {how})"
         )
     if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != query.dtype:
         return (

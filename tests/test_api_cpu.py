@@ -7,8 +7,10 @@ fake CUDA tensors, which need no GPU.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -301,9 +303,17 @@ with FakeTensorMode():
 """
 
 
+def _env_of_the_package_under_test() -> dict:
+    """os.environ with the copy of flash_attn_hopper these tests imported first on PYTHONPATH, so a
+    subprocess started outside the checkout runs it rather than another (installed) copy."""
+    root = str(Path(flash_attn_hopper.__file__).resolve().parent.parent)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+
+
 def test_import_without_extension_works_and_calls_explain(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-c", _BLOCKED_EXTENSION], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, "-c", _BLOCKED_EXTENSION], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env=_env_of_the_package_under_test(),
     )
     assert proc.returncode == 0, proc.stderr
     assert "REASON: the CUDA extension flash_attn_hopper._C is not built" in proc.stdout
@@ -315,11 +325,15 @@ def test_main_module_exits_zero_without_a_gpu(tmp_path):
     if flash_attn_hopper.is_available():
         pytest.skip("this machine can run the kernels; the GPU path of __main__ is exercised by hand")
     proc = subprocess.run(
-        [sys.executable, "-m", "flash_attn_hopper"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, "-m", "flash_attn_hopper"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env=_env_of_the_package_under_test(),
     )
     assert proc.returncode == 0, proc.stderr
     assert f"flash_attn_hopper {flash_attn_hopper.__version__}" in proc.stdout
     assert "cannot run here" in proc.stdout and flash_attn_hopper.unavailable_reason() in proc.stdout
+    assert "  backward:   " in proc.stdout
+    if not manifest.EXPERIMENTAL_DIRECTIONS:
+        assert "experimental" not in proc.stdout.lower()
 
 
 def test_build_info_shape():

@@ -434,7 +434,11 @@ def test_without_a_bwd_op_gradients_raise_the_build_hint(kernels_without_bwd):
     out = flash_attn_hopper.flash_attn_func(q, k, v, deterministic=True)
     with pytest.raises(RuntimeError, match="this build has no backward kernels") as err:
         out.backward(dout)
-    assert "FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1" in str(err.value)
+    if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS:
+        assert "FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1" in str(err.value)
+    else:
+        assert "rebuild without FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1" in str(err.value)
+        assert "EXPERIMENTAL" not in str(err.value)
 
 
 @pytest.fixture
@@ -486,6 +490,7 @@ def test_build_info_reports_the_backward_of_the_build(monkeypatch):
 
     fwd, bwd = manifest.Instantiation("fwd", 128, "bf16"), manifest.Instantiation("bwd", 128, "bf16")
     record = [{"direction": i.direction, "hdim": i.hdim, "dtype": i.dtype} for i in (fwd, bwd)]
+    experimental = "bwd" in manifest.EXPERIMENTAL_DIRECTIONS
     for compiled, has_op, expected in [
         (frozenset({fwd, bwd}), True, True),
         (None, True, True),  # no build record: the op decides
@@ -497,14 +502,19 @@ def test_build_info_reports_the_backward_of_the_build(monkeypatch):
         monkeypatch.setattr(ops, "has_bwd_op", lambda: has_op)
         info = flash_attn_hopper.build_info()
         assert info["features"]["backward"] is expected and info["has_backward_op"] is has_op
-        assert info["backward_experimental"] is (expected and "bwd" in manifest.EXPERIMENTAL_DIRECTIONS)
+        assert info["backward_experimental"] is (expected and experimental)
         info["compiled"] = record[: 1 + (compiled is not None and bwd in compiled)]
         summary = backward_summary(info)
         if expected:
-            assert summary.startswith("EXPERIMENTAL kernels") and "not yet verified on a GPU" in summary
+            assert summary.startswith("EXPERIMENTAL kernels" if experimental else "yes")
+            assert ("not yet verified on a GPU" in summary) is experimental
             assert ("hdim128 bf16" in summary) is (compiled is not None)
         elif has_op or (compiled is not None and bwd in compiled):
             assert summary.startswith("broken build")
         else:
-            assert summary.startswith("not built") and manifest.ENV_EXPERIMENTAL_BACKWARD in summary
-    assert manifest.FEATURES["backward"] is False, "the manifest's own entry: no verified backward in this version"
+            assert summary.startswith("not built")
+            assert (manifest.ENV_EXPERIMENTAL_BACKWARD in summary) is experimental
+            assert (f"rebuild without {manifest.ENV_DISABLE_BACKWARD}=1" in summary) is not experimental
+    assert manifest.FEATURES["backward"] is ("bwd" in manifest.AVAILABLE_DIRECTIONS), (
+        "the manifest's own entry (whether this version's backward is verified), whatever the build"
+    )

@@ -1,9 +1,9 @@
 """The backward kernel on the GPU: dq, dk, dv against autograd through the float32 reference,
 by FlashAttention's rule.
 
-Needs a build with the (experimental) backward kernels,
-``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1 pip install --no-build-isolation -v .``,
-and a Hopper GPU; skipped with the reason otherwise.  Quick subset by default;
+Needs a build with the backward kernels (the default: any build without
+``FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1``) and a Hopper GPU; skipped with the reason
+otherwise.  Quick subset by default;
 ``FLASH_ATTN_HOPPER_FULL_TESTS=1`` runs the forward's full sweep: dtypes x head dims (odd
 ones round up) x causal x GQA ratios 1/2/6 x awkward sequence-length pairs x batch.  Every
 case draws fresh inputs, poisons the memory the gradients will land in with NaN (as
@@ -38,10 +38,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
         not ops.has_bwd_op(),
-        reason=(
-            "this build has no backward kernels (they are experimental and built only with "
-            f"{manifest.ENV_EXPERIMENTAL_BACKWARD}=1 {manifest.BUILD_COMMAND})"
-        ),
+        reason=manifest.direction_unavailable_message("bwd"),
     ),
 ]
 
@@ -393,7 +390,7 @@ def test_opcheck():
     torch.library.opcheck(det, (*leaves, d**-0.5, False, 30, 0, True))
 
 
-def test_build_reports_the_experimental_backward():
+def test_build_reports_its_backward():
     info = flash_attn_hopper.build_info()
     assert info["has_backward_op"] and info["features"]["backward"]
     assert info["backward_experimental"] is ("bwd" in manifest.EXPERIMENTAL_DIRECTIONS)

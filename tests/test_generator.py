@@ -21,11 +21,19 @@ manifest = gen.load_manifest()
 GENERATOR = REPO_ROOT / "tools" / "generate_instantiations.py"
 
 
-def _select(hdims: str, dtypes: str, experimental_backward: bool = False):
+def _select(hdims: str, dtypes: str, backward: bool | None = None):
+    """The selection of these knobs; ``backward`` True/False asks for a build with/without the
+    backward (through the knobs, whether it is a default or experimental), None leaves the default."""
     env = {"FLASH_ATTN_HOPPER_HDIMS": hdims, "FLASH_ATTN_HOPPER_DTYPES": dtypes}
-    if experimental_backward:
-        env["FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD"] = "1"
+    if backward is True:
+        env["FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD"] = "1"  # no effect once the backward is a default
+    elif backward is False:
+        env["FLASH_ATTN_HOPPER_DISABLE_BACKWARD"] = "1"
     return manifest.selection_from_env(env)
+
+
+#: Whether a build without backward knobs has the backward.
+DEFAULT_BWD = "bwd" in manifest.AVAILABLE_DIRECTIONS
 
 
 def _clean_env(**knobs) -> dict:
@@ -35,7 +43,7 @@ def _clean_env(**knobs) -> dict:
 
 
 def test_instantiation_file_matches_the_contract(tmp_path):
-    result = gen.generate(_select("64,128", "bf16,fp16"), tmp_path)
+    result = gen.generate(_select("64,128", "bf16,fp16", backward=False), tmp_path)
     names = sorted(p.name for p in result.sources)
     assert names == sorted(
         [
@@ -85,10 +93,9 @@ def test_registry_expands_to_the_selection(tmp_path):
         "ENTRY 256 cutlass::half_t",
         "ENTRY 256 cutlass::bfloat16_t",
     ]
-    has_bwd = "bwd" in manifest.AVAILABLE_DIRECTIONS
-    assert f"HAS_BWD {1 if has_bwd else 0}" in lines
+    assert f"HAS_BWD {1 if DEFAULT_BWD else 0}" in lines
     bwd_entries = [line for line in _expand_registry(tmp_path, "FLASH_ATTN_HOPPER_FOR_EACH_BWD") if "ENTRY" in line]
-    assert len(bwd_entries) == (4 if has_bwd else 0)
+    assert len(bwd_entries) == (4 if DEFAULT_BWD else 0)
 
 
 def test_registry_is_empty_without_a_direction(tmp_path):
@@ -101,7 +108,7 @@ def test_registry_is_empty_without_a_direction(tmp_path):
 
 
 def test_backward_files_match_the_contract(tmp_path):
-    result = gen.generate(_select("64,128", "fp16,bf16", experimental_backward=True), tmp_path)
+    result = gen.generate(_select("64,128", "fp16,bf16", backward=True), tmp_path)
     names = [p.name for p in result.sources]
     assert names[:4] == [
         "flash_fwd_hdim64_fp16_sm90.cu",
@@ -129,8 +136,8 @@ def test_backward_files_match_the_contract(tmp_path):
     )
 
 
-def test_registry_lists_the_backward_when_the_knob_is_on(tmp_path):
-    gen.generate(_select("96,256", "bf16", experimental_backward=True), tmp_path)
+def test_registry_lists_the_backward_when_the_build_has_it(tmp_path):
+    gen.generate(_select("96,256", "bf16", backward=True), tmp_path)
     lines = _expand_registry(tmp_path, "FLASH_ATTN_HOPPER_FOR_EACH_BWD")
     assert [line for line in lines if line.startswith("ENTRY")] == [
         "ENTRY 96 cutlass::bfloat16_t",
@@ -140,8 +147,8 @@ def test_registry_lists_the_backward_when_the_knob_is_on(tmp_path):
     fwd = [line for line in _expand_registry(tmp_path, "FLASH_ATTN_HOPPER_FOR_EACH_FWD") if line.startswith("ENTRY")]
     assert fwd == ["ENTRY 96 cutlass::bfloat16_t", "ENTRY 256 cutlass::bfloat16_t"]
 
-    # Knob off again: the backward files go, and the registry says there is no backward.
-    result = gen.generate(_select("96,256", "bf16"), tmp_path)
+    # Without the backward again: its files go, and the registry says there is no backward.
+    result = gen.generate(_select("96,256", "bf16", backward=False), tmp_path)
     assert [p.name for p in result.removed] == ["flash_bwd_hdim256_bf16_sm90.cu", "flash_bwd_hdim96_bf16_sm90.cu"]
     lines = _expand_registry(tmp_path, "FLASH_ATTN_HOPPER_FOR_EACH_BWD")
     assert "HAS_BWD 0" in lines and not [line for line in lines if line.startswith("ENTRY")]
@@ -149,24 +156,26 @@ def test_registry_lists_the_backward_when_the_knob_is_on(tmp_path):
 
 def test_missing_launch_headers(tmp_path):
     (tmp_path / "flash_fwd_launch.cuh").write_text("// forward launcher\n")
-    assert gen.missing_launch_headers(_select("128", "bf16"), tmp_path) == []
-    assert gen.missing_launch_headers(_select("128", "bf16", experimental_backward=True), tmp_path) == [
-        "flash_bwd_launch.cuh"
-    ]
+    assert gen.missing_launch_headers(_select("128", "bf16", backward=False), tmp_path) == []
+    assert gen.missing_launch_headers(_select("128", "bf16", backward=True), tmp_path) == ["flash_bwd_launch.cuh"]
+    default_missing = ["flash_bwd_launch.cuh"] if DEFAULT_BWD else []
+    assert gen.missing_launch_headers(_select("128", "bf16"), tmp_path) == default_missing
     (tmp_path / "flash_bwd_launch.cuh").write_text("// backward launcher\n")
-    assert gen.missing_launch_headers(_select("128", "bf16", experimental_backward=True), tmp_path) == []
+    assert gen.missing_launch_headers(_select("128", "bf16", backward=True), tmp_path) == []
     # Every direction's header is named in the manifest and included by its files.
     for direction, info in manifest.DIRECTIONS.items():
         inst = manifest.Instantiation(direction, 128, "bf16")
         assert f'#include "{info.launch_header}"' in gen.render_instantiation(inst)
-    assert (REPO_ROOT / "csrc" / manifest.DIRECTIONS["fwd"].launch_header).is_file()
+    # A default build (and one that asks for the backward) finds every header it includes.
+    for direction in set(manifest.AVAILABLE_DIRECTIONS + manifest.EXPERIMENTAL_DIRECTIONS):
+        assert (REPO_ROOT / "csrc" / manifest.DIRECTIONS[direction].launch_header).is_file()
 
 
 def test_regeneration_keeps_unchanged_files_and_removes_stale_ones(tmp_path):
-    gen.generate(_select("64,128", "bf16"), tmp_path)
+    gen.generate(_select("64,128", "bf16", backward=False), tmp_path)
     kept = tmp_path / "flash_fwd_hdim128_bf16_sm90.cu"
     os.utime(kept, (1_000_000, 1_000_000))  # an old mtime: a rewrite would change it
-    result = gen.generate(_select("128", "bf16"), tmp_path)
+    result = gen.generate(_select("128", "bf16", backward=False), tmp_path)
     assert kept.stat().st_mtime == 1_000_000, "an unchanged file was rewritten (ninja would recompile it)"
     assert [p.name for p in result.removed] == ["flash_fwd_hdim64_bf16_sm90.cu"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flash_fwd_hdim128_bf16_sm90.cu", "fwd_registry.h"]
@@ -174,15 +183,13 @@ def test_regeneration_keeps_unchanged_files_and_removes_stale_ones(tmp_path):
 
 def test_cli_lists_the_knobs_selection():
     env = _clean_env(FLASH_ATTN_HOPPER_HDIMS="192", FLASH_ATTN_HOPPER_DTYPES="fp16")
-    out = subprocess.run(
-        [sys.executable, str(GENERATOR), "--list"], env=env, capture_output=True, text=True, check=True
-    ).stdout
-    assert out.split() == ["flash_fwd_hdim192_fp16_sm90.cu"]
-    env["FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD"] = "1"
-    out = subprocess.run(
-        [sys.executable, str(GENERATOR), "--list"], env=env, capture_output=True, text=True, check=True
-    ).stdout
-    assert out.split() == ["flash_fwd_hdim192_fp16_sm90.cu", "flash_bwd_hdim192_fp16_sm90.cu"]
+    run = lambda **knobs: subprocess.run(  # noqa: E731
+        [sys.executable, str(GENERATOR), "--list"], env=dict(env, **knobs), capture_output=True, text=True, check=True
+    ).stdout.split()
+    fwd, bwd = "flash_fwd_hdim192_fp16_sm90.cu", "flash_bwd_hdim192_fp16_sm90.cu"
+    assert run() == ([fwd, bwd] if DEFAULT_BWD else [fwd])
+    assert run(FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD="1") == [fwd, bwd]
+    assert run(FLASH_ATTN_HOPPER_DISABLE_BACKWARD="1") == [fwd]
 
 
 def test_cli_flags_for_the_backward():
@@ -191,9 +198,11 @@ def test_cli_flags_for_the_backward():
         [sys.executable, str(GENERATOR), "--list", "--hdims", "64", "--dtypes", "bf16", *flags],
         env=env, capture_output=True, text=True, check=True,
     ).stdout.split()
-    assert run() == ["flash_fwd_hdim64_bf16_sm90.cu"]
-    assert run("--experimental-backward") == ["flash_fwd_hdim64_bf16_sm90.cu", "flash_bwd_hdim64_bf16_sm90.cu"]
-    assert run("--experimental-backward", "--disable-backward") == ["flash_fwd_hdim64_bf16_sm90.cu"]
+    fwd, bwd = "flash_fwd_hdim64_bf16_sm90.cu", "flash_bwd_hdim64_bf16_sm90.cu"
+    assert run() == ([fwd, bwd] if DEFAULT_BWD else [fwd])
+    assert run("--experimental-backward") == [fwd, bwd]
+    assert run("--disable-backward") == [fwd]
+    assert run("--experimental-backward", "--disable-backward") == [fwd]
 
 
 def test_cli_rejects_a_bad_knob_with_the_fix(tmp_path):

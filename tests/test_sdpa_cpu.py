@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import flash_attn_hopper
-from flash_attn_hopper import ops, sdpa
+from flash_attn_hopper import manifest, ops, sdpa
 
 from op_emulator import EmulatedKernel, emulate_fwd, emulated_op
 
@@ -119,6 +119,11 @@ def test_inputs_requiring_grad_fall_back_until_the_backward_kernel_exists(hopper
     q.requires_grad_()
     reason = sdpa.sdpa_fallback_reason(q, k, v, enable_gqa=True)
     assert reason is not None and "requires grad" in reason and "no backward kernel" in reason
+    if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS:
+        assert f"{manifest.ENV_EXPERIMENTAL_BACKWARD}=1" in reason
+    else:
+        assert f"rebuild without {manifest.ENV_DISABLE_BACKWARD}=1" in reason
+        assert manifest.ENV_EXPERIMENTAL_BACKWARD not in reason
     with torch.no_grad():
         assert sdpa.sdpa_fallback_reason(q, k, v, enable_gqa=True) is None
     with torch.inference_mode():

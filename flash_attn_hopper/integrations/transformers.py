@@ -25,8 +25,8 @@ rules for ``is_causal`` and masks:
   as transformers' ``"sdpa"`` runs it;
 * returns ``(attn_output (batch, q_len, heads, head_dim), None)``.
 
-The fast path is forward-only unless the build has the (experimental)
-backward kernels: without them, in training (inputs that require grad)
+The fast path serves training too when the build has the backward kernels
+(the default): without them, in training (inputs that require grad)
 torch's SDPA computes the attention.
 """
 
