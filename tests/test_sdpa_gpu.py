@@ -1,7 +1,8 @@
 """The SDPA drop-in on the GPU: torch's semantics from our kernel (L != S causal both
 ways, GQA, scale, head dims, layouts) by FlashAttention's tolerance rule, every fallback
 bitwise equal to torch, torch.compile(fullgraph=True) with and without patch_sdpa,
-torch.export, CUDA-graph capture and replay, and opcheck of the op as SDPA calls it.
+torch.export, CUDA-graph capture and replay (forward, and forward + backward), and opcheck of
+the op as SDPA calls it.
 """
 
 from __future__ import annotations
@@ -262,6 +263,95 @@ def test_cuda_graph_capture_and_replay():
     expected = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert torch.equal(captured, expected)
     assert not torch.equal(captured, before)
+
+
+needs_backward = pytest.mark.skipif(
+    not sdpa.BACKWARD_READY, reason="this build has no backward kernels: inputs that require grad go to torch"
+)
+
+
+def deterministic_algorithms():
+    """use_deterministic_algorithms(True, warn_only=True) for a block: our backward is then bitwise
+    reproducible, so compiled and eager (or replayed and eager) gradients can be compared exactly."""
+
+    class _Switch:
+        def __enter__(self):
+            self.was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+            torch.use_deterministic_algorithms(True, warn_only=True)
+
+        def __exit__(self, *exc):
+            torch.use_deterministic_algorithms(self.was[0], warn_only=self.was[1])
+
+    return _Switch()
+
+
+@needs_backward
+@pytest.mark.parametrize("causal", [False, True])
+def test_compile_fullgraph_forward_and_backward_matches_eager(causal):
+    e, dtype = compiled_config()
+    q, k, v = (t.detach().requires_grad_() for t in inputs(2, 8, 2, 300, 400, e, dtype, seed=13))
+    dout = torch.randn(2, 8, 300, e, device="cuda", dtype=dtype)
+    block = Block(causal)
+    with deterministic_algorithms():
+        torch._dynamo.reset()
+        compiled = torch.compile(block, fullgraph=True)
+        out = compiled(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        names = cuda_kernel_names(lambda: torch.autograd.grad(compiled(q, k, v), (q, k, v), dout))
+        torch._dynamo.reset()
+        eager_out = block(q, k, v)
+        eager_grads = torch.autograd.grad(eager_out, (q, k, v), dout)
+    assert any(map(is_our_forward_kernel, names)), names
+    assert any("flash_bwd_kernel" in n for n in names), names
+    assert torch.equal(out, eager_out)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, eager_grads):
+        assert torch.equal(got, want), name
+    # And the gradients are right: FlashAttention's rule against the float32 reference.
+    ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    low_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    for leaves, upcast in ((ref_leaves, True), (low_leaves, False)):
+        o = sdpa_ref(leaves[0] * 2, leaves[1], leaves[2], causal, None, upcast=upcast) * 2
+        grads_of = torch.autograd.grad(o, leaves, dout.to(leaves[0].dtype))
+        if upcast:
+            ref_grads = grads_of
+        else:
+            low_grads = grads_of
+    for got, ref, low in zip(grads, ref_grads, low_grads):
+        assert_fa_close(got, ref, low)
+
+
+@needs_backward
+def test_cuda_graph_capture_and_replay_of_forward_and_backward():
+    e, dtype = compiled_config()
+    q, k, v = (t.detach().requires_grad_() for t in inputs(2, 8, 2, 512, 512, e, dtype, seed=14))
+    dout = torch.randn(2, 8, 512, e, device="cuda", dtype=dtype)
+
+    def step():
+        out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    with deterministic_algorithms():
+        before = [t.clone() for t in step()]
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()  # warm-up outside the capture
+            with torch.cuda.graph(graph, stream=stream):
+                captured = step()
+        torch.cuda.current_stream().wait_stream(stream)
+        new = inputs(2, 8, 2, 512, 512, e, dtype, seed=15)
+        with torch.no_grad():
+            for t, fresh in zip((q, k, v), new):
+                t.copy_(fresh)
+            dout.copy_(torch.randn_like(dout))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = step()
+    names = ("out", "dq", "dk", "dv")
+    for name, got, want, old in zip(names, captured, expected, before):
+        assert torch.equal(got, want), name
+        assert not torch.equal(got, old), f"{name}: the replay did not recompute"
 
 
 @pytest.mark.parametrize("sq, sk", [(100, 100), (77, 130), (130, 77)])

@@ -269,7 +269,7 @@ struct BwdKernel {
     PipelineState state = cutlass::make_producer_start_state<Pipeline>();
     for (int step = 0; step < num_steps; ++step) {
       int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
-      int const m_block = range.m_block_min + step % range.count();
+      int const m_block = step_m_block(params, range, step, n_block);
       Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);
       Tensor mdO = params.tma_do.get_tma_tensor(params.shape_q)(_, _, head, batch);
       Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
@@ -346,7 +346,7 @@ struct BwdKernel {
     PipelineState state;
     for (int step = 0; step < num_steps; ++step) {
       int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
-      int const m_block = range.m_block_min + step % range.count();
+      int const m_block = step_m_block(params, range, step, n_block);
       int const m0 = m_block * kBlockM;
       int const buf = step & 1;
       int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
@@ -517,7 +517,7 @@ struct BwdKernel {
 
     PipelineState state;
     for (int step = 0; step < num_steps; ++step) {
-      int const m_block = range.m_block_min + step % range.count();
+      int const m_block = step_m_block(params, range, step, n_block);
       int const m0 = m_block * kBlockM;
       int const buf = step & 1;
       int const stage = state.index();
@@ -591,7 +591,7 @@ struct BwdKernel {
     bool const leader = cute::elect_one_sync();
     for (int step = 0; step < num_steps; ++step) {
       int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
-      int const m_block = range.m_block_min + step % range.count();
+      int const m_block = step_m_block(params, range, step, n_block);
       int const buffer = step % kDqStages;
       int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
       float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
@@ -625,6 +625,20 @@ struct BwdKernel {
       }
     }
     if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+  }
+
+  // The query block of a step. In the default order every key block's CTA starts at the first
+  // query block, so in a non-causal problem all CTAs of a head add into the same dQ block at
+  // once. FLASH_BWD_DEV_ROTATE=1 (experiment, not yet measured) starts CTA n_block at query
+  // block n_block instead, except in deterministic mode, whose turns assume the key order.
+  CUTLASS_DEVICE static int step_m_block(Params const& params, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
+                                         int step, int n_block) {
+    int const count = range.count();
+    int index = step % count;
+#if defined(FLASH_BWD_DEV_ROTATE) && FLASH_BWD_DEV_ROTATE
+    if (params.dq_semaphore == nullptr) { index = (index + n_block) % count; }
+#endif
+    return range.m_block_min + index;
   }
 
   // The first key block whose CTA adds into dQ block m_block (the order of deterministic mode).
