@@ -27,6 +27,12 @@
 #ifndef FLASH_FWD_PERSISTENT
 #define FLASH_FWD_PERSISTENT 0
 #endif
+// Experiment (persistent mode only, not yet measured): stage O in its own shared-memory buffer
+// where it fits, so the next tile's Q may load as soon as this tile's last Q.K^T GEMM has read Q,
+// instead of after O's TMA store.
+#ifndef FLASH_FWD_DEV_SEPARATE_O
+#define FLASH_FWD_DEV_SEPARATE_O 0
+#endif
 
 namespace flash {
 
@@ -93,15 +99,26 @@ struct FwdKernel {
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
 
-  struct SharedStorage {
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O reuses it
+  struct NoO {};
+  struct BufferO {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> o;
+  };
+  template <bool kOwnO>
+  struct Storage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O reuses it unless kOwnO
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    std::conditional_t<kOwnO, BufferO, NoO> o;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q tile landed
-    alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // O of the last tile stored
+    alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
     alignas(16) typename Pipeline::SharedStorage pipeline_k;
     alignas(16) typename Pipeline::SharedStorage pipeline_v;
   };
+  static constexpr bool kSeparateO =
+      bool(FLASH_FWD_PERSISTENT) && bool(FLASH_FWD_DEV_SEPARATE_O) && sizeof(Storage<true>) <= 227 * 1024;
+  static_assert(!(FLASH_FWD_PERSISTENT && FLASH_FWD_DEV_SEPARATE_O) || kSeparateO,
+                "FLASH_FWD_DEV_SEPARATE_O: this tile leaves no shared memory for an O buffer");
+  using SharedStorage = Storage<kSeparateO>;
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
 
@@ -161,12 +178,22 @@ struct FwdKernel {
       if (warp_idx_in_wg == 0 && lane_predicate) {
         PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
         PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
+        // Which release of the Q buffer to wait for before loading Q (-1: none). Without
+        // kSeparateO every tile releases it (a tile with nothing to attend writes its zero O
+        // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
+        int q_loads = 0;
         int iteration = 0;
         for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile), ++iteration) {
           FwdTile const t = scheduler.decode(tile);
-          // The Q buffer holds the previous tile's O until its TMA store has read it.
-          if (iteration > 0) { smem.barrier_q_empty.wait((iteration - 1) & 1); }
-          load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range_of(t));
+          auto const range = range_of(t);
+          int const wait_phase = kSeparateO ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
+                                            : (iteration > 0 ? (iteration - 1) & 1 : -1);
+          if (range.empty()) {  // nothing to load: consumers write zeros
+            if (!kSeparateO && wait_phase >= 0) { smem.barrier_q_empty.wait(wait_phase); }
+            continue;
+          }
+          load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase);
+          ++q_loads;
         }
       }
     } else {
@@ -184,11 +211,12 @@ struct FwdKernel {
     }
   }
 
-  // Producer: Q once, then K(n_max-1); then K(n-1) ahead of V(n), matching the consumers' order.
+  // Producer: K(n_max-1), then Q once (after the previous tile released the Q buffer: persistent
+  // mode), then K(n-1) ahead of V(n), matching the consumers' order.
   CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
                            Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
-                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range) const {
-    if (range.empty()) { return; }  // nothing to attend: consumers write zeros
+                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
+                           int q_empty_phase) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     int const head_kv = head / params.q_heads_per_kv_head;
     Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);     // (seqlen_q, d)
@@ -205,8 +233,6 @@ struct FwdKernel {
     auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-    smem.barrier_q.arrive_and_expect_tx(kBytesQ);
-    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQgQ, tQsQ);
 
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state_k);
@@ -219,7 +245,12 @@ struct FwdKernel {
       ++state_v;
     };
     int n = range.n_block_max - 1;
-    load_k(n);
+    load_k(n);  // may stream in while the previous tile still holds the Q buffer
+    // The Q buffer is free once the previous tile released it (its epilogue's O store has read
+    // it, or with kSeparateO its last Q.K^T GEMM is done).
+    if (q_empty_phase >= 0) { smem.barrier_q_empty.wait(q_empty_phase); }
+    smem.barrier_q.arrive_and_expect_tx(kBytesQ);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQgQ, tQsQ);
     for (; n > range.n_block_min; --n) {
       load_k(n - 1);
       load_v(n);
@@ -299,6 +330,7 @@ struct FwdKernel {
       wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
       scheduler_arrive(wg);
       warpgroup_wait<0>();
+      if (n == range.n_block_min) { release_q(smem, mma_tidx); }
       pipeline_k.consumer_release(state_k);
       ++state_k;
       mask(n);
@@ -318,6 +350,7 @@ struct FwdKernel {
         wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
         scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
         warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
+        if (n == range.n_block_min) { release_q(smem, mma_tidx); }
         pipeline_k.consumer_release(state_k);
         ++state_k;
         mask(n);
@@ -342,6 +375,15 @@ struct FwdKernel {
     epilogue(params, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg);
   }
 
+  // kSeparateO: this warpgroup's last Q.K^T GEMM of the tile has completed, so the producer may
+  // load the next tile's Q; one arrival per warpgroup and tile that loaded Q. Otherwise Q is
+  // released by the epilogue, after O's TMA store has read it.
+  CUTLASS_DEVICE static void release_q(SharedStorage& smem, int mma_tidx) {
+    if constexpr (kSeparateO) {
+      if (mma_tidx % 128 == 0) { smem.barrier_q_empty.arrive(); }
+    }
+  }
+
   // O goes registers -> shared memory (this warpgroup's own Q rows, no longer read) -> TMA store,
   // which clips rows past seqlen_q and columns past the real head dim. LSE goes straight out.
   template <typename TensorO, typename TensorL>
@@ -352,7 +394,14 @@ struct FwdKernel {
     convert_into(tOrO, tOrO_out);
     auto smem_tiled_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
     auto smem_thr_copy_o = smem_tiled_copy_o.get_thread_slice(mma_tidx);
-    Tensor sO = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+    Element* const o_buffer = [&] {
+      if constexpr (kSeparateO) {
+        return smem.o.o.data();
+      } else {
+        return smem.q.data();
+      }
+    }();
+    Tensor sO = make_tensor(make_smem_ptr(o_buffer), SmemLayoutQ{});
     Tensor taccOrO = smem_thr_copy_o.retile_S(tOrO_out);
     Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
     copy(smem_tiled_copy_o, taccOrO, taccOsO);
@@ -363,12 +412,12 @@ struct FwdKernel {
     if (warp_idx_in_wg == 0 && cute::elect_one_sync()) {
       Tensor mO = params.tma_o.get_tma_tensor(params.shape_q)(_, _, head, batch);
       Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(m_block * kNumMmaWarpGroups + wg, _0{}));
-      Tensor sOwg = make_tensor(make_smem_ptr(smem.q.data() + wg * 64 * kHeadDim), SmemLayoutO64{});
+      Tensor sOwg = make_tensor(make_smem_ptr(o_buffer + wg * 64 * kHeadDim), SmemLayoutO64{});
       auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO, tOgO);
       tma_store_arrive();
-      tma_store_wait<0>();  // the store has read shared memory: the producer may refill Q
-      smem.barrier_q_empty.arrive();
+      tma_store_wait<0>();  // the store has read shared memory (Q's, or the O buffer)
+      if constexpr (!kSeparateO) { smem.barrier_q_empty.arrive(); }  // the producer may refill Q
     }
 
     // One lane of each quad holds a row's LSE.
