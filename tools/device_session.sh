@@ -2,7 +2,9 @@
 # A whole GPU session in one bounded call (device time is the scarce thing): build the selected
 # head dims, then run the chosen steps. Every step writes under $OUT as it goes, so a cut-off run
 # still reports.
-#   STEPS: comma list of diag, regdiag, bwdcheck, cmd, bench, benchbwd, pytest, bwdtest (default diag,bench,pytest)
+#   STEPS: comma list of diag, regdiag, bwdcheck, cmd, ncu, bench, benchbwd, pytest, bwdtest (default diag,bench,pytest)
+#   ncu: Nsight Compute on one launch of $NCU_KERNEL (default flash_bwd_kernel) in
+#        tools/profile_case.py $NCU_CASE (default --hdim 128 --seqlen 8192 --bwd), report in $OUT/ncu.txt
 #   cmd: runs $EXTRA_CMD (e.g. tools/variants.py ...; pair it with BG_CMD=... --build-only so the
 #        variants build beside the main build), output in $OUT/cmd.log
 #   BWD=1: also build the (experimental) backward.
@@ -37,6 +39,13 @@ except RuntimeError as e:
   fi
   if has cmd; then
     timeout ${CMD_TIMEOUT:-200} bash -c "$EXTRA_CMD" > $OUT/cmd.log 2>&1; echo "cmd exit $?"; grep -v "^ptxas\|^ *[0-9]* bytes\|^ *$" $OUT/cmd.log | tail -40
+  fi
+  if has ncu; then
+    timeout ${NCU_TIMEOUT:-180} ncu --clock-control none -k regex:${NCU_KERNEL:-flash_bwd_kernel} -s 2 -c 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section Occupancy \
+        python3 tools/profile_case.py ${NCU_CASE:---hdim 128 --seqlen 8192 --bwd} > $OUT/ncu.txt 2>&1
+    echo "ncu exit $?"; grep -E "Throughput|Pipe|Stall|Issue|Eligible|Duration|Shared|L2|DRAM|==ERR|==WARN" $OUT/ncu.txt | head -40
   fi
   if has bench || has benchbwd; then
     extra=""; has benchbwd && extra="--bwd"

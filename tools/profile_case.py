@@ -1,0 +1,44 @@
+"""Developer tool for the GPU machine: run one benchmark-method problem a few times through the
+raw ops, so that a profiler (ncu) can capture a representative launch of the forward or the
+backward kernel. Prints the median time of the last runs.
+
+    ncu --clock-control none -k regex:flash_bwd_kernel -s 2 -c 1 --section SpeedOfLight \\
+        python3 tools/profile_case.py --hdim 128 --seqlen 8192 --bwd
+"""
+import argparse
+import statistics
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--bwd", action="store_true", help="also run the backward op")
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--runs", type=int, default=4)
+    args = ap.parse_args()
+    import flash_attn_hopper._C  # noqa: F401
+    op = torch.ops.flash_attn_hopper
+    d, s = args.hdim, args.seqlen
+    b, h = 16384 // s, 2048 // d
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = d ** -0.5
+    times = []
+    for _ in range(args.runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out, lse = op.fwd(q, k, v, scale, args.causal)
+        if args.bwd:
+            op.bwd(dout, q, k, v, out, lse, scale, args.causal, -1, -1, False, args.deterministic)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    print(f"hdim {d} seqlen {s} causal={args.causal} bwd={args.bwd}: median {statistics.median(times):.3f} ms "
+          f"over {args.runs} runs (fwd{' + bwd' if args.bwd else ''})")
+
+
+if __name__ == "__main__":
+    main()
