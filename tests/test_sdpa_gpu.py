@@ -7,6 +7,7 @@ the op as SDPA calls it.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -270,19 +271,23 @@ needs_backward = pytest.mark.skipif(
 )
 
 
+@contextlib.contextmanager
 def deterministic_algorithms():
     """use_deterministic_algorithms(True, warn_only=True) for a block: our backward is then bitwise
     reproducible, so compiled and eager (or replayed and eager) gradients can be compared exactly."""
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
-    class _Switch:
-        def __enter__(self):
-            self.was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-            torch.use_deterministic_algorithms(True, warn_only=True)
 
-        def __exit__(self, *exc):
-            torch.use_deterministic_algorithms(self.was[0], warn_only=self.was[1])
-
-    return _Switch()
+def reference_grads(q, k, v, dout, causal, upcast):
+    """Gradients of Block's maths (2 * sdpa(2 q, k, v)) through the reference, in float32 or the input dtype."""
+    leaves = [t.detach().to(torch.float32 if upcast else t.dtype).requires_grad_() for t in (q, k, v)]
+    out = sdpa_ref(leaves[0] * 2, leaves[1], leaves[2], causal, None, upcast=upcast) * 2
+    return torch.autograd.grad(out, leaves, dout.to(leaves[0].dtype))
 
 
 @needs_backward
@@ -307,17 +312,10 @@ def test_compile_fullgraph_forward_and_backward_matches_eager(causal):
     for name, got, want in zip(("dq", "dk", "dv"), grads, eager_grads):
         assert torch.equal(got, want), name
     # And the gradients are right: FlashAttention's rule against the float32 reference.
-    ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    low_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    for leaves, upcast in ((ref_leaves, True), (low_leaves, False)):
-        o = sdpa_ref(leaves[0] * 2, leaves[1], leaves[2], causal, None, upcast=upcast) * 2
-        grads_of = torch.autograd.grad(o, leaves, dout.to(leaves[0].dtype))
-        if upcast:
-            ref_grads = grads_of
-        else:
-            low_grads = grads_of
-    for got, ref, low in zip(grads, ref_grads, low_grads):
-        assert_fa_close(got, ref, low)
+    ref = reference_grads(q, k, v, dout, causal, upcast=True)
+    low = reference_grads(q, k, v, dout, causal, upcast=False)
+    for got, r, lo in zip(grads, ref, low):
+        assert_fa_close(got, r, lo)
 
 
 @needs_backward
