@@ -12,10 +12,10 @@ Used by setup.py (``generate(...)``) and by hand::
     python tools/generate_instantiations.py                  # knobs from the environment
     python tools/generate_instantiations.py --hdims 128 --dtypes bf16
     python tools/generate_instantiations.py --list           # print the selection only
-    python tools/generate_instantiations.py --experimental-backward   # also the (unverified) backward
+    python tools/generate_instantiations.py --disable-backward   # forward files only
 
-With the backward selected (``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``) it
-writes ``flash_bwd_hdim{D}_{dtype}_sm90.cu`` for the forward's head dims and
+With the backward selected (the default; ``FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1``
+leaves it out) it writes ``flash_bwd_hdim{D}_{dtype}_sm90.cu`` for the forward's head dims and
 dtypes, lists them in ``FLASH_ATTN_HOPPER_FOR_EACH_BWD`` and sets
 ``FLASH_ATTN_HOPPER_HAS_BWD`` to 1, which makes ``csrc/flash_api.cpp`` define
 the ``bwd`` op.
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--experimental-backward",
         action="store_true",
-        help=f"like ${manifest.ENV_EXPERIMENTAL_BACKWARD}=1: also the backward files (not yet verified on a GPU)",
+        help=f"like ${manifest.ENV_EXPERIMENTAL_BACKWARD}=1: also the experimental directions' files "
+        "(none in this version; kept for old scripts)",
     )
     parser.add_argument("--disable-backward", action="store_true", help=f"like ${manifest.ENV_DISABLE_BACKWARD}=1")
     parser.add_argument("--list", action="store_true", help="print the selected files and write nothing")
