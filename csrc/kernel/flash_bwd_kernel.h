@@ -87,8 +87,18 @@ struct BwdKernel {
   using AtomLayoutKeys = Layout<Shape<Int<kKeyWGs>, Int<kOtherWGs>, _1>>;
 
   // S^T, dP^T: (keys, queries), K = head dim; A = K or V, B = Q or dO, both K-major.
+  // Experiment (not yet measured): FLASH_BWD_DEV_KV_REGS=1 keeps this warpgroup's K and V rows in
+  // registers for the whole loop (RS, head dims <= 64 only: 32 more registers), halving the
+  // shared-memory reads of the S^T and dP^T GEMMs, which otherwise run at the 128 B/clk limit.
+#if defined(FLASH_BWD_DEV_KV_REGS) && FLASH_BWD_DEV_KV_REGS
+  static constexpr bool kKVRegs = kRS && kHeadDim <= 64;
+#else
+  static constexpr bool kKVRegs = false;
+#endif
+  using SdPShape = Shape<_64, Int<kBlockM / kOtherWGs>, Int<kHeadDim>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / kOtherWGs>, Int<kHeadDim>>>(),
+      std::conditional_t<kKVRegs, decltype(GMMA::rs_op_selector<Element, Element, float, SdPShape>()),
+                         decltype(GMMA::ss_op_selector<Element, Element, float, SdPShape>())>{},
       AtomLayoutKeys{}));
   // dV, dK: (keys, head dim), K = queries; A = P^T or dS^T (K-major: registers in RS, shared
   // memory in SS), B = dO^T or Q^T (MN-major).
@@ -489,7 +499,7 @@ struct BwdKernel {
     Tensor sdSt = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutPdSt{}); // (N, M, 2)
     Tensor sdS = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{});    // (M, N, 2)
 
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // descriptors, or registers with kKVRegs
     Tensor tSrV = thr_sdp.partition_fragment_A(sV);
     Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);       // (..., stages)
     Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
@@ -513,7 +523,15 @@ struct BwdKernel {
     Tensor tdSsdSt = smem_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
 
     int const n0 = n_block * kBlockN;
-    if (num_steps > 0) { smem.barrier_kv.wait(0); }
+    if (num_steps > 0) {
+      smem.barrier_kv.wait(0);
+      if constexpr (kKVRegs) {  // this warpgroup's K and V rows into registers, once (ldmatrix)
+        auto smem_copy_a = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sdp);
+        auto thr_copy_a = smem_copy_a.get_thread_slice(mma_tidx);
+        copy(smem_copy_a, thr_copy_a.partition_S(sK), thr_copy_a.retile_D(tSrK));
+        copy(smem_copy_a, thr_copy_a.partition_S(sV), thr_copy_a.retile_D(tSrV));
+      }
+    }
 
     PipelineState state;
     for (int step = 0; step < num_steps; ++step) {
