@@ -7,6 +7,8 @@ tolerance rule (reference.assert_fa_close).  ``cuda_kernel_names`` lists the
 kernels a call launches, and ``is_our_forward_kernel`` tells ours from torch's
 FlashAttention-2, whose kernel has the same base name in namespace ``pytorch_flash``;
 ``is_our_backward_kernel`` does the same for the three kernels of our backward.
+``compiled_config``, ``skip_unless_compiled`` and ``poison_allocations`` serve the
+kernel tests (test_flash_fwd.py, test_flash_bwd.py) too.
 """
 
 from __future__ import annotations
@@ -44,14 +46,36 @@ def compiled_config(direction: str = "fwd") -> tuple[int, torch.dtype]:
     return inst.hdim, getattr(torch, manifest.DTYPES[inst.dtype].torch_name)
 
 
-def skip_unless_compiled(head_dim: int, dtype: torch.dtype) -> None:
+def skip_unless_compiled(head_dim: int, dtype: torch.dtype, directions: tuple[str, ...] = ("fwd",)) -> None:
+    """Skip, naming the knob, unless this build compiled ``directions`` for (head_dim, dtype).
+
+    Without a build record the C++ dispatch decides.
+    """
     compiled = _build_info.COMPILED
     if compiled is None:
         return
     name = manifest.dtype_name(str(dtype).removeprefix("torch."))
-    message = manifest.not_compiled_message("fwd", head_dim, name, compiled)
-    if message is not None:
-        pytest.skip(message)
+    for direction in directions:
+        message = manifest.not_compiled_message(direction, head_dim, name, compiled)
+        if message is not None:
+            pytest.skip(message)
+
+
+def poison_allocations(*specs) -> set[int]:
+    """Fill the blocks an op's next allocations will get with NaN; return their addresses.
+
+    ``specs`` are (shape, dtype) of what the op allocates itself (outputs, gradients), so
+    we cannot hand it a poisoned buffer. Instead: empty torch's cache, allocate NaN
+    tensors of those sizes and free them; the caching allocator gives those cached
+    blocks to the next allocations of the same sizes, so rows a kernel forgets to
+    write stay NaN.
+    """
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape, dtype in specs]
+    addresses = {t.data_ptr() for t in blocks}
+    del blocks
+    return addresses
 
 
 def cuda_kernel_names(fn) -> list[str]:

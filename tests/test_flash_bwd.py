@@ -27,12 +27,15 @@ import pytest
 import torch
 
 import flash_attn_hopper
-from flash_attn_hopper import _build_info, manifest, ops, sdpa
+from flash_attn_hopper import manifest, ops, sdpa
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func
 
 from conftest import FULL_TESTS, REPO_ROOT
 from reference import assert_fa_close, attention_ref, rounding_noise
-from sdpa_reference import cuda_kernel_names, sdpa_ref
+from sdpa_reference import compiled_config as _compiled_config
+from sdpa_reference import cuda_kernel_names, poison_allocations, sdpa_ref
+from sdpa_reference import skip_unless_compiled as _skip_unless_compiled
+from sweep import BATCHES, DTYPES, GQA, HDIMS, NHEADS_KV
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,42 +47,17 @@ pytestmark = [
 
 SEQLEN_PAIRS_FULL = [(1, 1), (1, 239), (3, 799), (113, 203), (128, 217), (799, 3), (1024, 1024), (2048, 2049)]
 SEQLEN_PAIRS_QUICK = [(1, 239), (3, 799), (113, 203), (799, 3), (1024, 1024)]
-HDIMS_FULL = [64, 72, 96, 128, 136, 192, 256]
-HDIMS_QUICK = [64, 72, 128, 256]
-GQA_FULL = [1, 2, 6]
-GQA_QUICK = [1, 6]
-BATCHES_FULL = [1, 4]
-BATCHES_QUICK = [2]
-DTYPES = [torch.float16, torch.bfloat16]
-NHEADS_KV = 2
-
 SEQLEN_PAIRS = SEQLEN_PAIRS_FULL if FULL_TESTS else SEQLEN_PAIRS_QUICK
-HDIMS = HDIMS_FULL if FULL_TESTS else HDIMS_QUICK
-GQA = GQA_FULL if FULL_TESTS else GQA_QUICK
-BATCHES = BATCHES_FULL if FULL_TESTS else BATCHES_QUICK
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return manifest.dtype_name(str(dtype).removeprefix("torch."))
 
 
 def skip_unless_compiled(hdim: int, dtype: torch.dtype) -> None:
-    compiled = _build_info.COMPILED
-    if compiled is None:
-        return  # no build record: let the C++ dispatch decide
-    for direction in ("fwd", "bwd"):
-        message = manifest.not_compiled_message(direction, hdim, _dtype_name(dtype), compiled)
-        if message is not None:
-            pytest.skip(message)
+    """Skip unless this build has both kernels for (hdim, dtype)."""
+    _skip_unless_compiled(hdim, dtype, ("fwd", "bwd"))
 
 
 def compiled_config() -> tuple[int, torch.dtype]:
     """One (hdim, dtype) with backward kernels, preferring hdim 128 bf16, for the tests that need just one."""
-    compiled = _build_info.COMPILED
-    if compiled is None or manifest.Instantiation("bwd", 128, "bf16") in compiled:
-        return 128, torch.bfloat16
-    inst = sorted(i for i in compiled if i.direction == "bwd")[0]
-    return inst.hdim, getattr(torch, manifest.DTYPES[inst.dtype].torch_name)
+    return _compiled_config("bwd")
 
 
 def random_inputs(b, sq, sk, hq, hk, d, dtype, seed=0):
@@ -91,27 +69,12 @@ def random_inputs(b, sq, sk, hq, hk, d, dtype, seed=0):
     return q, k, v, dout
 
 
-def poison_gradient_memory(*specs) -> set[int]:
-    """Fill the blocks the bwd op's next allocations will get with NaN; return their addresses.
-
-    As test_flash_fwd.poison_output_memory: the op allocates dq, dk and dv
-    itself, and the caching allocator hands it the freed NaN blocks of those
-    sizes, so rows the kernel forgets to write stay NaN.
-    """
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape, dtype in specs]
-    addresses = {t.data_ptr() for t in blocks}
-    del blocks
-    return addresses
-
-
 def flash_grads(q, k, v, dout, poison=True, **kwargs):
     """out and (dq, dk, dv) through flash_attn_func, the gradients' memory poisoned first."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = flash_attn_func(q, k, v, **kwargs)
     if poison:
-        poison_gradient_memory((q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype))
+        poison_allocations((q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype))
     return out, torch.autograd.grad(out, (q, k, v), dout)
 
 
@@ -171,7 +134,7 @@ def test_poisoning_reaches_the_gradients():
     q, k, v, dout = random_inputs(2, 300, 300, 4, 2, d, dtype)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = flash_attn_func(q, k, v)
-    addresses = poison_gradient_memory((q.shape, dtype), (k.shape, dtype), (v.shape, dtype))
+    addresses = poison_allocations((q.shape, dtype), (k.shape, dtype), (v.shape, dtype))
     grads = torch.autograd.grad(out, (q, k, v), dout)
     assert {g.data_ptr() for g in grads} == addresses
     assert not any(g.isnan().any() for g in grads)
@@ -406,7 +369,8 @@ def test_benchmark_bwd_path_times_the_backward():
     sys.modules["benchmark_attn"] = bench
     spec.loader.exec_module(bench)
     d, dtype = compiled_config()
-    args = bench.parse_args(["--bwd", "--warmup", "2", "--rep", "5", "--dtype", _dtype_name(dtype)])
+    dtype_name = manifest.dtype_name(str(dtype).removeprefix("torch."))
+    args = bench.parse_args(["--bwd", "--warmup", "2", "--rep", "5", "--dtype", dtype_name])
     run = bench.PROVIDERS["flash_attn_hopper"]()
     row = bench.measure_point("flash_attn_hopper", run, dtype, d, True, 1024, args)
     assert math.isfinite(row.fwd_tflops) and row.fwd_tflops > 0

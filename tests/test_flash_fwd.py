@@ -15,11 +15,13 @@ import pytest
 import torch
 
 import flash_attn_hopper
-from flash_attn_hopper import _build_info, manifest, ops
+from flash_attn_hopper import manifest, ops
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func
 
 from conftest import FULL_TESTS
 from reference import assert_fa_close, attention_ref
+from sdpa_reference import compiled_config, poison_allocations, skip_unless_compiled
+from sweep import BATCHES, DTYPES, GQA, HDIMS, NHEADS_KV
 
 pytestmark = pytest.mark.gpu
 
@@ -39,41 +41,7 @@ SEQLEN_PAIRS_FULL = [
     (4224, 4224),
 ]
 SEQLEN_PAIRS_QUICK = [(1, 1), (1, 239), (113, 203), (799, 3), (1024, 1024)]
-HDIMS_FULL = [64, 72, 96, 128, 136, 192, 256]
-HDIMS_QUICK = [64, 72, 128, 256]
-GQA_FULL = [1, 2, 6]
-GQA_QUICK = [1, 6]
-BATCHES_FULL = [1, 4]
-BATCHES_QUICK = [2]
-DTYPES = [torch.float16, torch.bfloat16]
-NHEADS_KV = 2
-
 SEQLEN_PAIRS = SEQLEN_PAIRS_FULL if FULL_TESTS else SEQLEN_PAIRS_QUICK
-HDIMS = HDIMS_FULL if FULL_TESTS else HDIMS_QUICK
-GQA = GQA_FULL if FULL_TESTS else GQA_QUICK
-BATCHES = BATCHES_FULL if FULL_TESTS else BATCHES_QUICK
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return manifest.dtype_name(str(dtype).removeprefix("torch."))
-
-
-def skip_unless_compiled(hdim: int, dtype: torch.dtype) -> None:
-    compiled = _build_info.COMPILED
-    if compiled is None:
-        return  # no build record: let the C++ dispatch decide
-    message = manifest.not_compiled_message("fwd", hdim, _dtype_name(dtype), compiled)
-    if message is not None:
-        pytest.skip(message)
-
-
-def compiled_config() -> tuple[int, torch.dtype]:
-    """One compiled (hdim, dtype), preferring hdim 128 bf16, for the tests that need just one."""
-    compiled = _build_info.COMPILED
-    if compiled is None or manifest.Instantiation("fwd", 128, "bf16") in compiled:
-        return 128, torch.bfloat16
-    inst = sorted(i for i in compiled if i.direction == "fwd")[0]
-    return inst.hdim, getattr(torch, manifest.DTYPES[inst.dtype].torch_name)
 
 
 def random_qkv(b, sq, sk, hq, hk, d, dtype, seed=0):
@@ -84,25 +52,9 @@ def random_qkv(b, sq, sk, hq, hk, d, dtype, seed=0):
     return q, k, v
 
 
-def poison_output_memory(*specs) -> set[int]:
-    """Fill the blocks the op's next allocations will get with NaN; return their addresses.
-
-    The op allocates its own outputs, so we cannot hand it a poisoned buffer.
-    Instead: empty torch's cache, allocate NaN tensors of the output sizes and
-    free them; the caching allocator gives those cached blocks to the next
-    allocations of the same sizes, so rows the kernel forgets to write stay NaN.
-    """
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape, dtype in specs]
-    addresses = {t.data_ptr() for t in blocks}
-    del blocks
-    return addresses
-
-
 def run_and_check(q, k, v, causal, **kwargs):
     b, sq, hq, d = q.shape
-    poison_output_memory(((b, sq, hq, d), q.dtype), ((b, hq, sq), torch.float32))
+    poison_allocations(((b, sq, hq, d), q.dtype), ((b, hq, sq), torch.float32))
     out, lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, **kwargs)
     ref, lse_ref = attention_ref(q, k, v, causal=causal, **kwargs)
     low, lse_low = attention_ref(q, k, v, causal=causal, upcast=False, **kwargs)
@@ -145,7 +97,7 @@ def test_poisoning_reaches_the_outputs():
     """The NaN poisoning above is only worth something if the op's outputs land in the poisoned blocks."""
     d, dtype = compiled_config()
     q, k, v = random_qkv(2, 300, 300, 4, 4, d, dtype)
-    addresses = poison_output_memory(((2, 300, 4, d), dtype), ((2, 4, 300), torch.float32))
+    addresses = poison_allocations(((2, 300, 4, d), dtype), ((2, 4, 300), torch.float32))
     out, lse = flash_attn_func(q, k, v, return_attn_probs=True)
     assert out.data_ptr() in addresses and lse.data_ptr() in addresses
     assert not out.isnan().any() and not lse.isnan().any()
