@@ -79,7 +79,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the backward kernel");
 
   dim3 const grid_post(p.seqlen_q_padded / Kernel::kBlockM, p.heads_q, p.batch);
-  flash_bwd_dq_postprocess_kernel<Kernel, Kernel::kDqSmem><<<grid_post, Kernel::kNumMmaThreads, 0, stream>>>(p);
+  flash_bwd_dq_postprocess_kernel<Kernel><<<grid_post, Kernel::kNumMmaThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward dQ postprocess kernel");
 }
 

@@ -6,7 +6,7 @@
 //   S^T  = K  . Q^T     dP^T = V . dO^T        (WGMMA, all operands in shared memory)
 //   dS^T = P^T * (dP^T - D)                     (registers)
 //   dV  += P^T  . dO    dK  += dS^T . Q         (A = P^T, dS^T written to shared memory)
-//   dQ   = dS   . K     (atomically added; scaled by softmax_scale afterwards, as is dK)
+//   dQ   = dS   . K     (added into a float32 buffer; scaled by softmax_scale afterwards, as is dK)
 // Computing the transposes keeps the keys on the MMA's M side, so dK and dV accumulate in the
 // same threads for the whole loop. Warpgroup 0 is the producer (TMA: K and V once; Q, dO, LSE2
 // and D per query block through a kStages pipeline); two consumer warpgroups do the maths.
@@ -18,11 +18,10 @@
 //   dS is computed.
 // - kBlockN == 64 (head dims 192, 256, "SS"): the warpgroups split the queries for S^T/dP^T and
 //   the head dim for dK/dV, so P^T and dS^T go through shared memory.
-// dQ: where shared memory has room (kDqSmem), each step's dQ block goes to shared memory in the
-// accumulator's register order (kDqStages buffers), and warp 1 of the producer warpgroup adds it
-// to the float32 accumulator with one bulk reduce-add (cp.reduce.async.bulk); the accumulator then
-// holds each 64-row block in that order, which the dQ postprocess kernel (flash_bwd_prepost.h)
-// undoes. Otherwise the consumers add dQ with float32 atomics into a row-major accumulator.
+// dQ: each step's dQ block goes to shared memory in the accumulator's register order (kDqStages
+// buffers), and warp 1 of the producer warpgroup adds it to the float32 accumulator with one bulk
+// reduce-add (cp.reduce.async.bulk); the accumulator therefore holds each 64-row block in that
+// order, which the dQ postprocess kernel (flash_bwd_prepost.h) undoes.
 #pragma once
 
 #include "kernel/config.h"
@@ -158,7 +157,6 @@ struct BwdKernel {
   struct SmemDq {
     alignas(1024) cute::array_aligned<float, kBuffers * kBlockM * kHeadDim> dq;
   };
-  struct NoDq {};
   template <int kDqBuffers>
   struct Storage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
@@ -166,23 +164,24 @@ struct BwdKernel {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> v;
     std::conditional_t<kRS, SmemRS, SmemSS> pds;
-    std::conditional_t<(kDqBuffers > 0), SmemDq<kDqBuffers>, NoDq> dq;
+    SmemDq<kDqBuffers> dq;
     alignas(16) float lse2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
   };
   static constexpr int kSmemLimit = 227 * 1024;
-  // As many dQ staging buffers (0: atomics) as fit, at most 2; FLASH_BWD_DEV_DQ_STAGES overrides.
+  // Two dQ staging buffers where they fit, else one; FLASH_BWD_DEV_DQ_STAGES overrides.
 #ifdef FLASH_BWD_DEV_DQ_STAGES
   static constexpr int kDqStages = FLASH_BWD_DEV_DQ_STAGES;
 #else
-  static constexpr int kDqStages = sizeof(Storage<2>) <= kSmemLimit ? 2 : sizeof(Storage<1>) <= kSmemLimit ? 1 : 0;
+  static constexpr int kDqStages = sizeof(Storage<2>) <= kSmemLimit ? 2 : 1;
 #endif
-  static constexpr bool kDqSmem = kDqStages > 0;
+  static_assert(kDqStages == 1 || kDqStages == 2);
   using SharedStorage = Storage<kDqStages>;
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
-  static_assert(kSharedStorageSize <= kSmemLimit, "backward tile does not fit in shared memory");
+  static_assert(kSharedStorageSize <= kSmemLimit,
+                "backward tile (with a dQ staging buffer) does not fit in shared memory: fewer Q/dO stages");
 
   struct Params {
     TmaQ tma_q;
@@ -245,9 +244,7 @@ struct BwdKernel {
       if (warp_idx_in_wg == 0 && lane_predicate) {
         load(params, smem, pipeline, range, num_steps, n_block, head_kv, batch);
       }
-      if constexpr (kDqSmem) {
-        if (warp_idx_in_wg == 1) { reduce_dq(params, smem, range, num_steps, n_block, head_kv, batch); }
-      }
+      if (warp_idx_in_wg == 1) { reduce_dq(params, smem, range, num_steps, n_block, head_kv, batch); }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       if constexpr (kRS) {
@@ -347,19 +344,15 @@ struct BwdKernel {
     Tensor tPsPt = smem_thr_copy_pds.partition_D(sPt);    // (CPY, CPY_N, CPY_M, 2)
     Tensor tPsdSt = smem_thr_copy_pds.partition_D(sdSt);
 
-    Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-    Tensor tdQcdQ_rc = make_tensor(tdQcdQ.data(), acc_layout_rowcol(tdQcdQ.layout()));
 
     int const n0 = n_block * kBlockN;
     if (num_steps > 0) { smem.barrier_kv.wait(0); }
 
     PipelineState state;
     for (int step = 0; step < num_steps; ++step) {
-      int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
       int const m_block = step_m_block(params, range, step, n_block);
       int const m0 = m_block * kBlockM;
       int const buf = step & 1;
-      int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
 
       pipeline.consumer_wait(state);
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -421,41 +414,7 @@ struct BwdKernel {
       pipeline.consumer_release(state);
       ++state;
 
-      if constexpr (kDqSmem) {
-        stage_dq(smem, tdQrdQ, step, mma_tidx);
-      } else {
-        // dQ(m_block) += dS . K: float32 atomics, pairs of neighbouring head-dim columns at once.
-        // Deterministic mode serialises the key blocks' additions into one dQ block, in key order.
-        int* semaphore = nullptr;
-        int turn = 0;
-        if (params.dq_semaphore != nullptr) {
-          semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
-          turn = n_block - first_key_block(m_block, params);
-          if (mma_tidx == 0) {
-            while (load_acquire(semaphore) != turn) {}
-          }
-          cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kDqTurn));
-        }
-        Tensor tdQrdQ_rc = make_tensor(tdQrdQ.data(), acc_layout_rowcol(tdQrdQ.layout()));
-        float* dq_rows = params.dq_accum + row_base * kHeadDim;
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < size<0>(tdQrdQ_rc); ++r) {
-          int const query = m0 + get<0>(tdQcdQ_rc(r, 0));
-          if (query < params.seqlen_q) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < size<1>(tdQrdQ_rc); c += 2) {
-              int const col = get<1>(tdQcdQ_rc(r, c));
-              atomicAdd(reinterpret_cast<float2*>(dq_rows + int64_t(query) * kHeadDim + col),
-                        make_float2(tdQrdQ_rc(r, c), tdQrdQ_rc(r, c + 1)));
-            }
-          }
-        }
-        if (semaphore != nullptr) {
-          __threadfence();  // our additions are visible before the next key block's turn
-          cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kDqTurn));
-          if (mma_tidx == 0) { atomicAdd(semaphore, 1); }
-        }
-      }
+      stage_dq(smem, tdQrdQ, step, mma_tidx);
     }
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
   }
@@ -600,7 +559,7 @@ struct BwdKernel {
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
   }
 
-  // Warp 1 of the producer warpgroup (kDqSmem): adds each step's dQ block from shared memory into
+  // Warp 1 of the producer warpgroup: adds each step's dQ block from shared memory into
   // the float32 accumulator with one bulk reduce-add. Deterministic mode takes the block's turn
   // first and waits for the addition to complete before passing the turn on.
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem,

@@ -57,10 +57,9 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
 }
 
 // dq = softmax_scale * accumulator. One CTA per (64-row query block, head, batch), one thread per
-// consumer thread of the main kernel: thread t reads the fragment that consumer thread t added
-// (kPermuted: the accumulator holds pair j of thread t at float2 index j * threads + t of the
-// block; otherwise the block is row-major).
-template <typename Kernel, bool kPermuted>
+// consumer thread of the main kernel: thread t reads the fragment that consumer thread t staged
+// (pair j of thread t at float2 index j * threads + t of the block) and writes it where it belongs.
+template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
     flash_bwd_dq_postprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p) {
   using Element = typename Kernel::Element;
@@ -78,9 +77,7 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
   for (int j = 0; j < kPairs; ++j) {
     int const row = get<0>(coord(2 * j));
     int const col = get<1>(coord(2 * j));
-    float2 const acc = kPermuted
-        ? reinterpret_cast<float2 const*>(block)[j * Kernel::kNumMmaThreads + threadIdx.x]
-        : *reinterpret_cast<float2 const*>(block + row * kHeadDim + col);
+    float2 const acc = reinterpret_cast<float2 const*>(block)[j * Kernel::kNumMmaThreads + threadIdx.x];
     int const query = m_block * kBlockM + row;
     if (query < p.seqlen_q && col < p.head_dim) {
       Element pair[2] = {Element(acc.x * p.softmax_scale), Element(acc.y * p.softmax_scale)};

@@ -16,7 +16,6 @@ enum class FwdNamedBarrier : int {
 
 enum class BwdNamedBarrier : int {
   kPdSReady = 1,  // all consumer warpgroups wrote their part of P^T and dS^T to shared memory
-  kDqTurn = 2,    // SS, deterministic mode: this CTA's turn to add into a dQ block / its additions done
   // dQ staging buffer b (+ b): the consumers wrote a dQ block to it / the reducer warp has read it.
   // 256 consumer threads + the 32 of the reducer warp.
   kDqFull0 = 3,
