@@ -78,7 +78,8 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
   constexpr FwdTileShape tile = fwd_tile<kHeadDim, kLocal>();
-  using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal>;
+  using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal, tile.persistent,
+                           tile.own_o>;
   launch_fwd<Kernel>(p, stream);
 }
 

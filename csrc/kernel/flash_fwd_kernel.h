@@ -24,21 +24,15 @@
 #include "kernel/tile_scheduler.h"
 #include "kernel/utils.h"
 
-#ifndef FLASH_FWD_PERSISTENT
-#define FLASH_FWD_PERSISTENT 0
-#endif
-// Experiment (persistent mode only, not yet measured): stage O in its own shared-memory buffer
-// where it fits, so the next tile's Q may load as soon as this tile's last Q.K^T GEMM has read Q,
-// instead of after O's TMA store.
-#ifndef FLASH_FWD_DEV_SEPARATE_O
-#define FLASH_FWD_DEV_SEPARATE_O 0
-#endif
-
 namespace flash {
 
 using namespace cute;
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_>
+// kPersistent: one CTA per SM striding over the tiles; kOwnO (persistent only): O is staged in its
+// own shared-memory buffer, so the next tile's Q may load once this tile's last Q.K^T GEMM has read
+// Q instead of after O's TMA store. tile_size.h picks both per head dim and mask.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_,
+          bool kPersistent_ = false, bool kOwnO_ = false>
 struct FwdKernel {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -92,7 +86,7 @@ struct FwdKernel {
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutO64{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
 
-  using Scheduler = FwdTileScheduler<bool(FLASH_FWD_PERSISTENT), kLocal>;
+  using Scheduler = FwdTileScheduler<kPersistent_, kLocal>;
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -114,10 +108,9 @@ struct FwdKernel {
     alignas(16) typename Pipeline::SharedStorage pipeline_k;
     alignas(16) typename Pipeline::SharedStorage pipeline_v;
   };
-  static constexpr bool kSeparateO =
-      bool(FLASH_FWD_PERSISTENT) && bool(FLASH_FWD_DEV_SEPARATE_O) && sizeof(Storage<true>) <= 227 * 1024;
-  static_assert(!(FLASH_FWD_PERSISTENT && FLASH_FWD_DEV_SEPARATE_O) || kSeparateO,
-                "FLASH_FWD_DEV_SEPARATE_O: this tile leaves no shared memory for an O buffer");
+  static constexpr bool kSeparateO = kPersistent_ && kOwnO_;
+  static_assert(!kSeparateO || sizeof(Storage<true>) <= 227 * 1024,
+                "own O buffer: this tile leaves no shared memory for it");
   using SharedStorage = Storage<kSeparateO>;
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
@@ -367,6 +360,7 @@ struct FwdKernel {
       scheduler_arrive(wg);
       warpgroup_wait<0>();
       pipeline_v.consumer_release(state_v);
+      ++state_v;  // persistent mode: the next tile's first V is the next stage
       softmax.finalize(tOrO_rc, params.softmax_scale, lse);
     } else {
       clear(tOrO);
