@@ -42,6 +42,7 @@ were left alone (None when they were overridden too).
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ import torch
 
 from . import _build_info, manifest, ops
 from .sdpa import flash_refusal
+
+#: DEBUG records say, per call of an overridden aten op, whether our kernels ran or why it fell back.
+_log = logging.getLogger(__name__)
 
 #: The name under which flash_attn_hopper appears in torch's registry.
 IMPL_NAME = "flash_attn_hopper"
@@ -484,7 +488,11 @@ def _override(op_name: str, original):
     refusal, implementation = _OVERRIDES[op_name]
 
     def kernel(keyset, *args, **kwargs):
-        if refusal(*args, **kwargs) is not None:
+        reason = refusal(*args, **kwargs)
+        if _log.isEnabledFor(logging.DEBUG):
+            shapes = [(tuple(a.shape), a.stride()) for a in args if isinstance(a, torch.Tensor)]
+            _log.debug("aten::%s %s: %s", op_name, shapes, "ours" if reason is None else f"torch's kernel ({reason})")
+        if reason is not None:
             return original.call_boxed(keyset, *args, **kwargs)
         return implementation(*args, **kwargs)
 

@@ -326,14 +326,18 @@ def test_cuda_graph_capture_and_replay_of_forward_and_backward():
 
     def step():
         out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        # Detached, so that no autograd graph (and no AccumulateGrad node of q, k, v tied to the
+        # stream it was made on) outlives the step: the capture below must not sync with it.
+        return (out.detach(), *grads)
 
     with deterministic_algorithms():
-        before = [t.clone() for t in step()]
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        # Every step runs on the side stream, as torch's whole-network capture recipe does.
         with torch.cuda.stream(stream):
+            before = [t.clone() for t in step()]
             step()  # warm-up outside the capture
             with torch.cuda.graph(graph, stream=stream):
                 captured = step()

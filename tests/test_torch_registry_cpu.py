@@ -12,6 +12,7 @@ so a wrong scale, mask, alignment or layout handed to the bwd op shows up as a w
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 
 import pytest
@@ -308,6 +309,25 @@ def test_override_sends_refused_calls_to_the_original_unchanged(monkeypatch, fak
         result = kernel(keyset, q, k, k, 0.0, True, scale=0.5)
     assert len(original.calls) == 1, "a call our kernel covers reached torch's kernel"
     assert len(result) == 9 and result[0].shape == q.shape and result[1].shape == (2, 8, 100)
+
+
+def test_override_logs_which_kernel_served_each_call_at_debug_level(monkeypatch, fake_cuda, caplog):
+    original = RecordingKernel()
+    kernel = torch_registry._override("_scaled_dot_product_flash_attention", original)
+    q, k = fake(2, 8, 100, 128), fake(2, 2, 130, 128)
+    with caplog.at_level(logging.INFO, logger=torch_registry.__name__):
+        kernel(object(), q, k, k, 0.25, True, scale=0.5)
+    assert caplog.records == [], "logged below DEBUG"
+    with caplog.at_level(logging.DEBUG, logger=torch_registry.__name__):
+        kernel(object(), q, k, k, 0.25, True, scale=0.5)
+        with emulated_op(monkeypatch):
+            kernel(object(), q, k, k, 0.0, True, scale=0.5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "aten::_scaled_dot_product_flash_attention" in messages[0]
+    assert "torch's kernel (dropout_p=0.25" in messages[0], messages[0]
+    assert messages[1].endswith(": ours"), messages[1]
+    assert str((2, 8, 100, 128)) in messages[1]
 
 
 def test_inplace_override_writes_into_out(monkeypatch):

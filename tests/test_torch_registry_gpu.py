@@ -222,7 +222,10 @@ def test_flash_backend_runs_our_backward_after_activation(activated, layout, cau
     out = flash_sdpa(q, k, v, is_causal=causal, enable_gqa=gqa > 1)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     for name, grad, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
-        assert grad.stride() == torch.empty_like(t).stride(), f"{name}: not the layout aten's meta kernel promises"
+        assert grad.stride() == torch.empty_like(t).stride(), (
+            f"{name}: not the layout aten's meta kernel promises; leaf strides {t.stride()}, backward kernel "
+            f"{torch.library.get_kernel('aten::_scaled_dot_product_flash_attention_backward', 'CUDA')!r}"
+        )
     check_sdpa_outputs(out, grads, q, k, v, dout, causal)
 
 
