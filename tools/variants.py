@@ -97,6 +97,7 @@ def main():
     ap.add_argument("--seqlens", default="512,2048,8192")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="print each check case before it runs (find a hang)")
     ap.add_argument("--bwd", action="store_true", help="build, check and time the backward")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also time deterministic=True")
     args = ap.parse_args()
@@ -126,10 +127,14 @@ def main():
         for (sq, sk, causal) in [(113, 203, False), (799, 3, True), (1024, 1024, True), (2048, 2049, False),
                                  (300, 4000, True)]:
             for rep in range(2):
+                if args.verbose:
+                    print(f"{name}: checking sq={sq} sk={sk} causal={causal} rep={rep}", flush=True)
                 q = torch.randn(2, sq, 6, d, device="cuda", dtype=dtype)
                 k = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)
                 v = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)
                 out, lse = op(q, k, v, d ** -0.5, causal)
+                if args.verbose:
+                    torch.cuda.synchronize()
                 o_ref, _ = reference(q, k, v, causal, d ** -0.5)
                 o_low, _ = reference(q, k, v, causal, d ** -0.5, dtype=dtype)
                 err = (out.float() - o_ref).abs().max().item()
