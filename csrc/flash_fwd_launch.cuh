@@ -64,6 +64,8 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.window_right,
       p.softmax_scale,
       p.softmax_scale_log2,
+      Kernel::Scheduler::heads_per_group(p.heads_q, p.heads_q / p.heads_kv, p.batch,
+                                         int64_t(p.seqlen_k) * p.head_dim * int64_t(sizeof(Element))),
   };
 
   dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms);

@@ -134,6 +134,7 @@ struct FwdKernel {
     int window_right;
     float softmax_scale;
     float softmax_scale_log2;
+    int heads_per_group;  // persistent causal/local order: (batch x head)s walked together (tile_scheduler.h)
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
@@ -160,7 +161,7 @@ struct FwdKernel {
     Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on them
 
-    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch);
+    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group);
     auto range_of = [&](FwdTile const& t) {
       return BlockRange<kBlockM, kBlockN, kLocal>(t.m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
                                                   params.window_left, params.window_right);
