@@ -37,3 +37,23 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def torch_sdpa_left_as_found():
+    """Fail a test that leaves ``torch.nn.functional.scaled_dot_product_attention`` replaced.
+
+    A leaked patch_sdpa() sends every later test's F.scaled_dot_product_attention call on that
+    pytest worker through our drop-in instead of torch (and the registry tests then check our
+    drop-in's strides against aten's promise: an order-dependent failure, seen on the H200).
+    Autouse fixtures are torn down after a test's monkeypatch has been undone, so this sees the
+    final state; it puts torch's function back before failing, so one leak fails one test.
+    """
+    import torch.nn.functional as F
+
+    before = F.scaled_dot_product_attention
+    yield
+    after = F.scaled_dot_product_attention
+    if after is not before:
+        F.scaled_dot_product_attention = before
+        pytest.fail(f"the test left torch.nn.functional.scaled_dot_product_attention replaced by {after!r}")

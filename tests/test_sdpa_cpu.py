@@ -375,6 +375,9 @@ def test_patch_sdpa_restores_after_an_exception_and_as_a_switch():
 
 def test_patch_sdpa_nests_and_leaves_other_patches_alone(monkeypatch):
     original = F.scaled_dot_product_attention
+    # monkeypatch undoes in reverse order: recording torch's function first makes the last undo
+    # put it back (the other library's undo below re-installs what it found: our function).
+    monkeypatch.setattr(F, "scaled_dot_product_attention", original)
     outer = flash_attn_hopper.patch_sdpa()
     with flash_attn_hopper.patch_sdpa():
         assert F.scaled_dot_product_attention is flash_attn_hopper.scaled_dot_product_attention

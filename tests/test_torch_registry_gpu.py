@@ -18,6 +18,7 @@ from torch.nn import attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flash_attn_hopper import _build_info, manifest, torch_registry
+from flash_attn_hopper.sdpa import TORCH_SDPA
 from flash_attn_hopper.torch_registry import IMPL_NAME
 
 from reference import assert_fa_close, attention_ref, rounding_noise
@@ -57,6 +58,8 @@ def activated():
 
 
 def flash_sdpa(*args, **kwargs):
+    # torch's own function: through a leaked patch_sdpa() these tests would check our drop-in, not the registry.
+    assert F.scaled_dot_product_attention is TORCH_SDPA, "F.scaled_dot_product_attention is not torch's"
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         return F.scaled_dot_product_attention(*args, **kwargs)
 
