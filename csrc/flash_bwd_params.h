@@ -6,8 +6,13 @@
 namespace flash {
 
 // Query rows per main-loop step of the backward kernel; the binding pads the per-row
-// float32 buffers (LSE, D, dQ accumulator) to a multiple of it.
+// float32 buffers (LSE, D, dQ accumulator) to a multiple of it. FLASH_BWD_DEV_BLOCK_M=128 is an
+// experiment for head dims <= 64 (tools/variants.py defines it for the binding too).
+#ifdef FLASH_BWD_DEV_BLOCK_M
+constexpr int kBwdBlockM = FLASH_BWD_DEV_BLOCK_M;
+#else
 constexpr int kBwdBlockM = 64;
+#endif
 
 struct BwdParams {
   // (batch, seqlen, heads, head_dim) with a unit head_dim stride.
@@ -20,7 +25,7 @@ struct BwdParams {
   void* dq_ptr;  // (batch, seqlen_q, heads_q, head_dim) with a unit last stride
   void* dk_ptr;  // (batch, seqlen_k, heads_kv, head_dim), contiguous
   void* dv_ptr;
-  // Workspaces. dq_accum: (batch, heads_q, seqlen_q_padded / 64) blocks of 64 x head_dim_rounded
+  // Workspaces. dq_accum: (batch, heads_q, seqlen_q_padded / kBwdBlockM) blocks of kBwdBlockM x head_dim_rounded
   // float32, zeroed, unscaled, in the order the kernel chooses (flash_bwd_kernel.h).
   float* dq_accum_ptr;
   float* lse_log2_ptr;  // (batch, heads_q, seqlen_q_padded): LSE * log2(e), +inf for empty/pad rows (preprocess)

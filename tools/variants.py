@@ -82,7 +82,9 @@ def build(args):
                      "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__", "-lineinfo",
                      "-Xptxas=-v"] + [f"-D{k}={v}" for k, v in defines.items()]
     start = time.time()
-    load(name=ns, sources=sources(name, hdim, dtype, bwd), extra_cflags=common, extra_cuda_cflags=nvcc,
+    # The binding sees the defines too (FLASH_BWD_DEV_BLOCK_M sizes its workspaces).
+    cxx = common + [f"-D{k}={v}" for k, v in defines.items()]
+    load(name=ns, sources=sources(name, hdim, dtype, bwd), extra_cflags=cxx, extra_cuda_cflags=nvcc,
          extra_include_paths=[str(ROOT / "csrc"), str(cutlass / "include"), str(cutlass / "tools/util/include"),
                               f"{cuda_home}/include/cccl"],
          build_directory=str(BUILD / name), verbose=False)

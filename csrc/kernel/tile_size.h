@@ -5,6 +5,8 @@
 // consumer registers (S accumulator + P + O accumulator per thread).
 #pragma once
 
+#include "flash_bwd_params.h"  // kBwdBlockM
+
 namespace flash {
 
 struct FwdTileShape {
@@ -80,7 +82,7 @@ constexpr FwdTileShape bwd_tile() {
 #else
   constexpr int kStages = kHeadDim > 192 ? 1 : 2;
 #endif
-  return kHeadDim <= 128 ? FwdTileShape{64, 128, kStages} : FwdTileShape{64, 64, kStages};
+  return kHeadDim <= 128 ? FwdTileShape{kBwdBlockM, 128, kStages} : FwdTileShape{kBwdBlockM, 64, kStages};
 }
 
 }  // namespace flash
