@@ -14,7 +14,7 @@ import torch
 from fwd_check import reference
 
 
-def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False, op=None):
+def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False, op=None, deterministic=False):
     """op: an op namespace with fwd and bwd (default torch.ops.flash_attn_hopper)."""
     if op is None:
         import flash_attn_hopper._C  # noqa: F401
@@ -26,7 +26,7 @@ def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False, 
     dout = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(d)
     out, lse = op.fwd(q, k, v, scale, causal, window[0], window[1], top_left)
-    dq, dk, dv = op.bwd(dout, q, k, v, out, lse, scale, causal, window[0], window[1], top_left)
+    dq, dk, dv = op.bwd(dout, q, k, v, out, lse, scale, causal, window[0], window[1], top_left, deterministic)
     torch.cuda.synchronize()
     grads = {}
     for name, dt in (("ref", torch.float32), ("low", dtype)):
@@ -42,7 +42,8 @@ def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False, 
         ok &= bool(torch.isfinite(got).all()) and err <= bound
         errs.append(f"{name} {err:.1e}/{bound:.1e}")
     print(f"{'ok  ' if ok else 'FAIL'} b={b} sq={sq} sk={sk} hq={hq} hk={hk} d={d} causal={int(causal)} "
-          f"window={window} top_left={int(top_left)} {str(dtype)[6:]}: " + ", ".join(errs), flush=True)
+          f"window={window} top_left={int(top_left)} det={int(deterministic)} {str(dtype)[6:]}: " + ", ".join(errs),
+          flush=True)
     return ok
 
 

@@ -174,13 +174,17 @@ def main_bwd(args, variants):
         build((name, defines, args.hdim, args.dtype, True))  # already built: only loads
         ops[name] = getattr(torch.ops, f"fahv_{name}")
     d = args.hdim
+    cases = [dict(b=2, sq=113, sk=203, hq=6, hk=2, causal=False), dict(b=2, sq=799, sk=3, hq=6, hk=2, causal=True),
+             dict(b=2, sq=1024, sk=1024, hq=6, hk=2, causal=True), dict(b=1, sq=2048, sk=2049, hq=4, hk=4, causal=False),
+             dict(b=2, sq=300, sk=500, hq=4, hk=2, causal=False, window=(37, 11)),
+             dict(b=2, sq=500, sk=300, hq=4, hk=2, causal=True, top_left=True)]
     for name, op in ops.items():  # correctness first, twice: a moving error is a race
-        ok = True
-        for _ in range(2):
-            for (b, sq, sk, hq, hk, causal) in [(2, 113, 203, 6, 2, False), (2, 799, 3, 6, 2, True),
-                                                (2, 1024, 1024, 6, 2, True), (1, 2048, 2049, 4, 4, False)]:
-                ok &= check(b, sq, sk, hq, hk, d, causal, dtype, op=op)
-        print(f"{name}: backward {'ok' if ok else 'FAIL'}", flush=True)
+        for det in ([False, True] if args.deterministic else [False]):
+            ok = True
+            for _ in range(2):
+                for case in cases:
+                    ok &= check(d=d, dtype=dtype, op=op, deterministic=det, **case)
+            print(f"{name}{'-det' if det else ''}: backward {'ok' if ok else 'FAIL'}", flush=True)
 
     h = 2048 // d
     for causal in [bool(int(c)) for c in args.causal.split(",")]:
