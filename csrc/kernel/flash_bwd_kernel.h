@@ -376,9 +376,7 @@ struct BwdKernel {
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
       warpgroup_wait<1>();  // S^T ready
-      bool const needs_mask =
-          kLocal && (n0 + kBlockN - 1 > m0 + params.diag_offset + params.window_right ||
-                     n0 < m0 + kBlockM - 1 + params.diag_offset - params.window_left);
+      bool const needs_mask = block_needs_mask(m0, n0, params);
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < size<0>(tSrS_rc); ++r) {
         CUTLASS_PRAGMA_UNROLL
@@ -510,9 +508,7 @@ struct BwdKernel {
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
-      bool const needs_mask =
-          kLocal && (n0 + kBlockN - 1 > m0 + params.diag_offset + params.window_right ||
-                     n0 < m0 + kBlockM - 1 + params.diag_offset - params.window_left);
+      bool const needs_mask = block_needs_mask(m0, n0, params);
       warpgroup_wait<1>();  // S^T ready
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
@@ -663,6 +659,13 @@ struct BwdKernel {
       if (params.dq_semaphore != nullptr) { return int(gridDim.x) - 1 - int(blockIdx.x); }
     }
     return blockIdx.x;
+  }
+
+  // Whether the (query block m0, key block n0) tile crosses a window edge (causal diagonal
+  // included), so that its elements need the mask.
+  CUTLASS_DEVICE static bool block_needs_mask(int m0, int n0, Params const& params) {
+    return kLocal && (n0 + kBlockN - 1 > m0 + params.diag_offset + params.window_right ||
+                      n0 < m0 + kBlockM - 1 + params.diag_offset - params.window_left);
   }
 
   CUTLASS_DEVICE static int load_acquire(int const* ptr) {

@@ -35,20 +35,13 @@ constexpr FwdTileShape fwd_tile_table() {
   // Developer builds (tools/variants.py) sweep tiles without editing this table.
   return {FLASH_FWD_DEV_BLOCK_M, FLASH_FWD_DEV_BLOCK_N, FLASH_FWD_DEV_STAGES};
 #endif
+  constexpr bool kPersist = !kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);  // and its own O buffer
   if constexpr (kHeadDim <= 64) {
-    if constexpr (kLocal) {
-      return {192, 128, 2};
-    } else {
-      return FLASH_FWD_PERSISTENT_NONCAUSAL ? FwdTileShape{192, 128, 2, true, true} : FwdTileShape{192, 128, 2};
-    }
+    return {192, 128, 2, kPersist, kPersist};
   } else if constexpr (kHeadDim <= 96) {
     return {128, 128, 2};
   } else if constexpr (kHeadDim <= 128) {
-    if constexpr (kLocal) {
-      return {128, 128, 2};
-    } else {
-      return FLASH_FWD_PERSISTENT_NONCAUSAL ? FwdTileShape{128, 128, 2, true, true} : FwdTileShape{128, 176, 2};
-    }
+    return kLocal || kPersist ? FwdTileShape{128, 128, 2, kPersist, kPersist} : FwdTileShape{128, 176, 2};
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
   } else {
