@@ -67,7 +67,9 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   };
 
   int64_t const rows = int64_t(p.batch) * p.heads_q * p.seqlen_q_padded;
-  flash_bwd_preprocess_kernel<Element><<<int((rows + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, stream>>>(p);
+  constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
+  flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim>
+      <<<int((rows + kPrepRows - 1) / kPrepRows), kPrepWarps * 32, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward preprocess kernel");
 
   dim3 const grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);

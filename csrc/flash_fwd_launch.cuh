@@ -77,12 +77,23 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the forward kernel");
 }
 
-template <int kHeadDim, typename Element, bool kLocal>
-void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
-  constexpr FwdTileShape tile = fwd_tile<kHeadDim, kLocal>();
+template <int kHeadDim, typename Element, bool kLocal, bool kLongKeys>
+void run_flash_fwd_tile(FwdParams& p, cudaStream_t stream) {
+  constexpr FwdTileShape tile = fwd_tile<kHeadDim, kLocal, kLongKeys>();
   using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal, tile.persistent,
                            tile.own_o>;
   launch_fwd<Kernel>(p, stream);
+}
+
+template <int kHeadDim, typename Element, bool kLocal>
+void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
+  if constexpr (fwd_has_long_keys_tile<kHeadDim, kLocal>()) {
+    if (p.seqlen_k >= kFwdLongKeysFrom) {
+      run_flash_fwd_tile<kHeadDim, Element, kLocal, true>(p, stream);
+      return;
+    }
+  }
+  run_flash_fwd_tile<kHeadDim, Element, kLocal, false>(p, stream);
 }
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.

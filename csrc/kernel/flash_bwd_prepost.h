@@ -16,55 +16,88 @@ namespace flash {
 
 using namespace cute;
 
-// One warp per (batch, head, padded query row); blocks of kPrepWarps warps.
+// kGroup lanes per query row, 16 bytes of O and dO each per lane (kGroup * 8 >= the padded head
+// dim); a warp covers 32 / kGroup rows per pass and kPrepPasses passes, all loads issued before
+// any arithmetic so that enough bytes are in flight (one row per warp, half the lanes idle at
+// hdim 128, measured 92 us against cuDNN's 68 us for 16k tokens x 2048).
 constexpr int kPrepWarps = 8;
+constexpr int kPrepPasses = 4;
 
-template <typename Element>
+template <int kHeadDim>
+constexpr int prep_lanes_per_row() {
+  return kHeadDim <= 64 ? 8 : kHeadDim <= 128 ? 16 : 32;
+}
+
+template <int kHeadDim>
+constexpr int prep_rows_per_cta() {
+  return kPrepWarps * kPrepPasses * (32 / prep_lanes_per_row<kHeadDim>());
+}
+
+template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kPrepWarps * 32)
     flash_bwd_preprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p) {
+  constexpr int kGroup = prep_lanes_per_row<kHeadDim>();
+  static_assert(kGroup * 8 >= kHeadDim);
+  constexpr int kRowsPerPass = 32 / kGroup;
   int const lane = threadIdx.x % 32;
-  int64_t const row = int64_t(blockIdx.x) * kPrepWarps + threadIdx.x / 32;  // over (batch, head, padded row)
-  int64_t const rows = int64_t(p.batch) * p.heads_q * p.seqlen_q_padded;
-  if (row >= rows) { return; }
-  int const i = int(row % p.seqlen_q_padded);
-  int const head = int((row / p.seqlen_q_padded) % p.heads_q);
-  int const batch = int(row / (int64_t(p.seqlen_q_padded) * p.heads_q));
-  float dot = 0.f;
-  float lse2 = INFINITY;
-  if (i < p.seqlen_q) {
-    auto const* o = static_cast<Element const*>(p.o_ptr) + batch * p.o_batch_stride + i * p.o_row_stride +
-                    head * p.o_head_stride;
-    auto const* dout = static_cast<Element const*>(p.do_ptr) + batch * p.do_batch_stride +
-                       i * p.do_row_stride + head * p.do_head_stride;
-    // 8 elements (16 bytes) per lane and pass; head dims are multiples of 8, rows 16-byte aligned.
-    for (int d = lane * 8; d < p.head_dim; d += 32 * 8) {
-      uint4 const ov = *reinterpret_cast<uint4 const*>(o + d);
-      uint4 const dv = *reinterpret_cast<uint4 const*>(dout + d);
-      Element const* oe = reinterpret_cast<Element const*>(&ov);
-      Element const* de = reinterpret_cast<Element const*>(&dv);
-      CUTLASS_PRAGMA_UNROLL
-      for (int e = 0; e < 8; ++e) { dot += float(oe[e]) * float(de[e]); }
+  int const d = (lane % kGroup) * 8;  // this lane's 8 columns
+  int64_t const rows = int64_t(p.batch) * p.heads_q * p.seqlen_q_padded;  // over (batch, head, padded row)
+  int64_t const first_row = (int64_t(blockIdx.x) * kPrepWarps + threadIdx.x / 32) * (kPrepPasses * kRowsPerPass) +
+                            lane / kGroup;
+  uint4 o_chunk[kPrepPasses], do_chunk[kPrepPasses];
+  CUTLASS_PRAGMA_UNROLL
+  for (int pass = 0; pass < kPrepPasses; ++pass) {
+    int64_t const row = first_row + pass * kRowsPerPass;
+    int const i = int(row % p.seqlen_q_padded);
+    o_chunk[pass] = do_chunk[pass] = make_uint4(0, 0, 0, 0);
+    if (row < rows && i < p.seqlen_q && d < p.head_dim) {  // head dims are multiples of 8
+      int const head = int((row / p.seqlen_q_padded) % p.heads_q);
+      int const batch = int(row / (int64_t(p.seqlen_q_padded) * p.heads_q));
+      o_chunk[pass] = *reinterpret_cast<uint4 const*>(static_cast<Element const*>(p.o_ptr) + batch * p.o_batch_stride +
+                                                      i * p.o_row_stride + head * p.o_head_stride + d);
+      do_chunk[pass] = *reinterpret_cast<uint4 const*>(static_cast<Element const*>(p.do_ptr) + batch * p.do_batch_stride +
+                                                       i * p.do_row_stride + head * p.do_head_stride + d);
     }
-    CUTLASS_PRAGMA_UNROLL
-    for (int offset = 16; offset > 0; offset /= 2) { dot += __shfl_xor_sync(0xffffffff, dot, offset); }
-    float const lse = p.lse_ptr[(int64_t(batch) * p.heads_q + head) * p.seqlen_q + i];
-    lse2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
   }
-  if (lane == 0) {
-    p.dsum_ptr[row] = dot;
-    p.lse_log2_ptr[row] = lse2;
+  CUTLASS_PRAGMA_UNROLL
+  for (int pass = 0; pass < kPrepPasses; ++pass) {
+    Element const* oe = reinterpret_cast<Element const*>(&o_chunk[pass]);
+    Element const* de = reinterpret_cast<Element const*>(&do_chunk[pass]);
+    float dot = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < 8; ++e) { dot += float(oe[e]) * float(de[e]); }
+    CUTLASS_PRAGMA_UNROLL
+    for (int offset = kGroup / 2; offset > 0; offset /= 2) { dot += __shfl_xor_sync(0xffffffff, dot, offset); }
+    int64_t const row = first_row + pass * kRowsPerPass;
+    if (lane % kGroup == 0 && row < rows) {
+      int const i = int(row % p.seqlen_q_padded);
+      float lse2 = INFINITY;  // padding rows and rows that see no key: P = exp2(s - inf) = 0
+      if (i < p.seqlen_q) {
+        int64_t const bh = row / p.seqlen_q_padded;  // batch * heads_q + head
+        float const lse = p.lse_ptr[bh * p.seqlen_q + i];
+        lse2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+      }
+      p.dsum_ptr[row] = dot;
+      p.lse_log2_ptr[row] = lse2;
+    }
   }
 }
 
 // dq = softmax_scale * accumulator. One CTA per (64-row query block, head, batch), one thread per
 // consumer thread of the main kernel: thread t reads the fragment that consumer thread t staged
-// (pair j of thread t at float2 index j * threads + t of the block) and writes it where it belongs.
+// (pair j of thread t at float2 index j * threads + t of the block), converts it into a
+// row-major tile in shared memory, and the CTA then writes whole rows 16 bytes per thread (the
+// fragment's own layout gave 16-byte pieces of 8 rows per warp store: 180 us against cuDNN's
+// 56 us at 16k tokens x 2048). dq is allocated by the binding: rows 16-byte aligned.
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
     flash_bwd_dq_postprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p) {
   using Element = typename Kernel::Element;
   constexpr int kBlockM = Kernel::kBlockM;
   constexpr int kHeadDim = Kernel::kHeadDim;
+  constexpr int kThreads = Kernel::kNumMmaThreads;
+  constexpr int kPitch = kHeadDim + 8;  // elements; 16 bytes of padding spread the rows over the banks
+  __shared__ alignas(16) Element tile[kBlockM * kPitch];
   typename Kernel::TiledMmadQ mma_dq;
   auto thr_dq = mma_dq.get_thread_slice(threadIdx.x);
   Tensor coord = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
@@ -72,16 +105,25 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   float const* block = p.dq_accum_ptr +
       ((int64_t(batch) * p.heads_q + head) * p.seqlen_q_padded + int64_t(m_block) * kBlockM) * kHeadDim;
-  auto* dq = static_cast<Element*>(p.dq_ptr) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  float2 acc[kPairs];
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < kPairs; ++j) { acc[j] = reinterpret_cast<float2 const*>(block)[j * kThreads + threadIdx.x]; }
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < kPairs; ++j) {
-    int const row = get<0>(coord(2 * j));
-    int const col = get<1>(coord(2 * j));
-    float2 const acc = reinterpret_cast<float2 const*>(block)[j * Kernel::kNumMmaThreads + threadIdx.x];
+    Element pair[2] = {Element(acc[j].x * p.softmax_scale), Element(acc[j].y * p.softmax_scale)};
+    *reinterpret_cast<uint32_t*>(&tile[get<0>(coord(2 * j)) * kPitch + get<1>(coord(2 * j))]) =
+        *reinterpret_cast<uint32_t*>(pair);
+  }
+  __syncthreads();
+  auto* dq = static_cast<Element*>(p.dq_ptr) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = threadIdx.x; c < kBlockM * kChunksPerRow; c += kThreads) {
+    int const row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     int const query = m_block * kBlockM + row;
-    if (query < p.seqlen_q && col < p.head_dim) {
-      Element pair[2] = {Element(acc.x * p.softmax_scale), Element(acc.y * p.softmax_scale)};
-      *reinterpret_cast<uint32_t*>(dq + int64_t(query) * p.dq_row_stride + col) = *reinterpret_cast<uint32_t*>(pair);
+    if (query < p.seqlen_q && col < p.head_dim) {  // head dims are multiples of 8: chunks stay whole
+      *reinterpret_cast<uint4*>(dq + int64_t(query) * p.dq_row_stride + col) =
+          *reinterpret_cast<uint4 const*>(&tile[row * kPitch + col]);
     }
   }
 }

@@ -19,17 +19,25 @@ struct FwdTileShape {
 
 // kLocal: causal or sliding window (fewer keys per row, smaller key blocks waste less).
 //
-// FLASH_FWD_PERSISTENT_NONCAUSAL=1 runs non-causal hdim <= 128 persistent with its own O buffer,
-// so the next tile's Q and K load while this tile's epilogue runs. Measured 2026-11-30 as
-// variants (same kernels), x cuDNN at 512/2k/8k: hdim 128 128x128 persistent+O 0.925/0.981/0.987
-// against today's 128x176 one-CTA-per-tile 0.772/0.941/1.005; hdim 64 0.985/1.060/1.124 against
-// 0.800/1.012/1.109. Off by default until the full GPU test suite has run on it (the variants'
-// checks passed, multi-tile CTAs included). Causal stays one CTA per tile: persistent measured
-// slower there (hdim 64 causal 2k 0.64 vs 0.89x); the heavy-first order matters more.
+// Persistent mode (one CTA per SM striding over the tiles) with O staged in its own buffer, so
+// that the next tile's Q and K load while this tile's epilogue runs, for non-causal hdim <= 128
+// (FLASH_FWD_PERSISTENT_NONCAUSAL=0 turns it off). Measured 2026-11-30 as variants, x cuDNN at
+// 512/2k/8k: hdim 128 128x128 persistent+O 0.925/0.981/0.987 against 128x176 one CTA per tile
+// 0.772/0.941/1.005; hdim 64 0.985/1.060/1.124 against 0.800/1.012/1.109. At hdim 128 the
+// persistent tile is 128x128 (128x176 plus its own O does not fit), which loses to 128x176 once
+// the keys are long, so kLongKeys (seqlen_k >= kFwdLongKeysFrom) picks 128x176 there: measured
+// in one build 0.969/0.966/1.018. Causal persistent (heaviest-first grouped order,
+// tile_scheduler.h) only pays at hdim 64 with short keys; at hdim 128 it measured 0.725-0.752
+// against 0.933-1.007 at 2k/8k, the static schedule leaving CTAs idle.
 #ifndef FLASH_FWD_PERSISTENT_NONCAUSAL
-#define FLASH_FWD_PERSISTENT_NONCAUSAL 0
+#define FLASH_FWD_PERSISTENT_NONCAUSAL 1
 #endif
-template <int kHeadDim, bool kLocal>
+#ifndef FLASH_FWD_LONG_KEYS_FROM
+#define FLASH_FWD_LONG_KEYS_FROM 4096
+#endif
+constexpr int kFwdLongKeysFrom = FLASH_FWD_LONG_KEYS_FROM;
+
+template <int kHeadDim, bool kLocal, bool kLongKeys = false>
 constexpr FwdTileShape fwd_tile_table() {
 #if defined(FLASH_FWD_DEV_BLOCK_M) && defined(FLASH_FWD_DEV_BLOCK_N)
   // Developer builds (tools/variants.py) sweep tiles without editing this table.
@@ -37,11 +45,15 @@ constexpr FwdTileShape fwd_tile_table() {
 #endif
   constexpr bool kPersist = !kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);  // and its own O buffer
   if constexpr (kHeadDim <= 64) {
-    return {192, 128, 2, kPersist, kPersist};
+    // Causal too below kFwdLongKeysFrom keys (x cuDNN at 512/2k: 0.731/0.903 against 0.617/0.884
+    // one CTA per tile; at 8k 1.001 against 1.041).
+    constexpr bool kPersist64 = kPersist || (kLocal && !kLongKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL));
+    return {192, 128, 2, kPersist64, kPersist64};
   } else if constexpr (kHeadDim <= 96) {
     return {128, 128, 2};
   } else if constexpr (kHeadDim <= 128) {
-    return kLocal || kPersist ? FwdTileShape{128, 128, 2, kPersist, kPersist} : FwdTileShape{128, 176, 2};
+    return kLocal || (kPersist && !kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
+                                              : FwdTileShape{128, 176, 2};
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
   } else {
@@ -50,9 +62,9 @@ constexpr FwdTileShape fwd_tile_table() {
 }
 
 // The table, with the developer overrides FLASH_FWD_PERSISTENT / FLASH_FWD_DEV_SEPARATE_O (0 or 1).
-template <int kHeadDim, bool kLocal>
+template <int kHeadDim, bool kLocal, bool kLongKeys = false>
 constexpr FwdTileShape fwd_tile() {
-  FwdTileShape tile = fwd_tile_table<kHeadDim, kLocal>();
+  FwdTileShape tile = fwd_tile_table<kHeadDim, kLocal, kLongKeys>();
 #ifdef FLASH_FWD_PERSISTENT
   tile.persistent = bool(FLASH_FWD_PERSISTENT);
 #endif
@@ -60,6 +72,17 @@ constexpr FwdTileShape fwd_tile() {
   tile.own_o = bool(FLASH_FWD_DEV_SEPARATE_O);
 #endif
   return tile;
+}
+
+constexpr bool same_tile(FwdTileShape a, FwdTileShape b) {
+  return a.block_m == b.block_m && a.block_n == b.block_n && a.stages == b.stages &&
+         a.persistent == b.persistent && a.own_o == b.own_o;
+}
+
+// Whether (head dim, mask) has a separate tile for long key sequences (one more kernel to compile).
+template <int kHeadDim, bool kLocal>
+constexpr bool fwd_has_long_keys_tile() {
+  return !same_tile(fwd_tile<kHeadDim, kLocal, false>(), fwd_tile<kHeadDim, kLocal, true>());
 }
 
 // Backward: kBlockM = 64 query rows per step (flash_bwd_params.h), kBlockN keys per CTA. Two

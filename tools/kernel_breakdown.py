@@ -1,0 +1,71 @@
+"""Developer tool for the GPU machine: where the time of one benchmark-method problem goes, kernel
+by kernel (torch.profiler), for our ops and for cuDNN SDPA side by side. Average microseconds
+per call of every kernel that ran, the memsets and copies included.
+
+    python3 tools/kernel_breakdown.py --hdim 128 --seqlens 512,8192 [--causal] [--bwd]
+"""
+import argparse
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+
+def kernel_times(fn, iters):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    totals = defaultdict(float)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            totals[evt.name] += evt.device_time / iters  # microseconds
+    return totals
+
+
+def show(label, totals):
+    total = sum(totals.values())
+    print(f"  {label}: {total:9.1f} us in all")
+    for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"    {t:9.1f} us {100 * t / total:5.1f} %  {name[:110]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--seqlens", default="512,8192")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--bwd", action="store_true", help="the backward only (forward outputs computed once)")
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    import flash_attn_hopper._C  # noqa: F401
+    op = torch.ops.flash_attn_hopper
+    d = args.hdim
+    for s in (int(x) for x in args.seqlens.split(",")):
+        b, h = 16384 // s, 2048 // d
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        scale = d ** -0.5
+        print(f"hdim {d} seqlen {s} batch {b} heads {h} causal={args.causal} {'bwd' if args.bwd else 'fwd'}")
+        out, lse = op.fwd(q, k, v, scale, args.causal)
+        if args.bwd:
+            ours = lambda: op.bwd(dout, q, k, v, out, lse, scale, args.causal, -1, -1, False, False)  # noqa: E731
+        else:
+            ours = lambda: op.fwd(q, k, v, scale, args.causal)  # noqa: E731
+        show("ours", kernel_times(ours, args.iters))
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+            if args.bwd:
+                g = dout.transpose(1, 2)
+                peer = lambda: torch.autograd.grad(ref, (qt, kt, vt), g, retain_graph=True)  # noqa: E731
+            else:
+                peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)  # noqa: E731
+            show("cudnn", kernel_times(peer, args.iters))
+
+
+if __name__ == "__main__":
+    main()
