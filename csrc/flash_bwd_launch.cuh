@@ -66,10 +66,9 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.window_right,
   };
 
-  int64_t const rows = int64_t(p.batch) * p.heads_q * p.seqlen_q_padded;
   constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
-  flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim>
-      <<<int((rows + kPrepRows - 1) / kPrepRows), kPrepWarps * 32, 0, stream>>>(p);
+  dim3 const grid_prep((p.seqlen_q_padded + kPrepRows - 1) / kPrepRows, p.heads_q, p.batch);
+  flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim><<<grid_prep, kPrepWarps * 32, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward preprocess kernel");
 
   dim3 const grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);

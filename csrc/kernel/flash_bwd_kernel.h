@@ -667,8 +667,32 @@ struct BwdKernel {
     return value;
   }
 
-  // dK (scaled) and dV straight from registers; rows past seqlen_k and columns past the real
-  // head dim are dropped. A CTA that no query sees writes zeros.
+  // Lane L of a quad holds in[k], its 4-byte piece (2 columns) of 8-column chunk k of a row,
+  // k = 0..3; afterwards it holds all of chunk L, pieces in lane order: a 4x4 transpose in three
+  // shuffles (the indices depend on the lane, so selects keep everything in registers).
+  CUTLASS_DEVICE static uint4 quad_transpose(uint32_t const (&in)[4], int lane_in_quad) {
+    auto pick = [](uint32_t const (&w)[4], int i) { return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3]; };
+    uint32_t out[4];
+    uint32_t const own = pick(in, lane_in_quad);  // round 0: its own piece of its own chunk
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; ++i) { out[i] = i == lane_in_quad ? own : 0u; }
+    CUTLASS_PRAGMA_UNROLL
+    for (int t = 1; t < 4; ++t) {
+      // Round t: lane R reads from lane (R + t) & 3, which gives its piece of chunk R.
+      uint32_t const give = pick(in, (lane_in_quad - t) & 3);
+      uint32_t const got = __shfl_sync(0xffffffff, give, (lane_in_quad + t) & 3, 4);
+      int const slot = (lane_in_quad + t) & 3;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 4; ++i) { out[i] = i == slot ? got : out[i]; }
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+  }
+
+  // dK (scaled) and dV from registers: each quad of lanes trades pieces so that every lane stores
+  // a whole 16-byte chunk, a quad 64 contiguous bytes of a row (the accumulator's own layout gave
+  // 4-byte pieces of 8 rows per store instruction). Rows past seqlen_k and columns past the real
+  // head dim are dropped. dk and dv are allocated by the binding (contiguous, rows 16-byte
+  // aligned). A CTA that no query sees writes zeros.
   template <typename TensorAcc>
   CUTLASS_DEVICE void epilogue(Params const& params, TiledMmadKV const& mma_dkv, TensorAcc& tdKrdK,
                                TensorAcc& tdVrdV, int n_block, int head_kv, int batch, int mma_tidx) const {
@@ -677,22 +701,36 @@ struct BwdKernel {
     Tensor tc_rc = make_tensor(tc.data(), acc_layout_rowcol(tc.layout()));
     Tensor dk_rc = make_tensor(tdKrdK.data(), acc_layout_rowcol(tdKrdK.layout()));
     Tensor dv_rc = make_tensor(tdVrdV.data(), acc_layout_rowcol(tdVrdV.layout()));
+    constexpr int kCols = decltype(size<1>(dk_rc))::value;
+    static_assert(kCols % 8 == 0, "groups of 4 chunks of 8 columns per row");
+    int const lane_in_quad = mma_tidx % 4;
     int const n0 = n_block * kBlockN;
     int64_t const row_stride = int64_t(params.heads_kv) * params.head_dim;  // dk, dv are contiguous
     int64_t const base = (int64_t(batch) * params.seqlen_k) * row_stride + int64_t(head_kv) * params.head_dim;
+    auto pack = [](float x, float y) {
+      Element pair[2] = {Element(x), Element(y)};
+      return *reinterpret_cast<uint32_t*>(pair);
+    };
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(dk_rc); ++r) {
       int const key = n0 + get<0>(tc_rc(r, 0));
-      if (key >= params.seqlen_k) { continue; }
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(dk_rc); c += 2) {
-        int const col = get<1>(tc_rc(r, c));
-        if (col >= params.head_dim) { continue; }  // head dims are multiples of 8: pairs stay whole
-        int64_t const offset = base + int64_t(key) * row_stride + col;
-        Element dk_pair[2] = {Element(dk_rc(r, c) * params.softmax_scale), Element(dk_rc(r, c + 1) * params.softmax_scale)};
-        Element dv_pair[2] = {Element(dv_rc(r, c)), Element(dv_rc(r, c + 1))};
-        *reinterpret_cast<uint32_t*>(params.dk + offset) = *reinterpret_cast<uint32_t*>(dk_pair);
-        *reinterpret_cast<uint32_t*>(params.dv + offset) = *reinterpret_cast<uint32_t*>(dv_pair);
+      for (int g = 0; g < kCols; g += 8) {
+        uint32_t dk_words[4], dv_words[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          dk_words[k] = pack(dk_rc(r, g + 2 * k) * params.softmax_scale, dk_rc(r, g + 2 * k + 1) * params.softmax_scale);
+          dv_words[k] = pack(dv_rc(r, g + 2 * k), dv_rc(r, g + 2 * k + 1));
+        }
+        uint4 const dk_chunk = quad_transpose(dk_words, lane_in_quad);
+        uint4 const dv_chunk = quad_transpose(dv_words, lane_in_quad);
+        // Column g of this thread is 2 * lane_in_quad into the group's first chunk.
+        int const col = get<1>(tc_rc(r, g)) - 2 * lane_in_quad + 8 * lane_in_quad;
+        if (key < params.seqlen_k && col < params.head_dim) {  // head dims are multiples of 8
+          int64_t const offset = base + int64_t(key) * row_stride + col;
+          *reinterpret_cast<uint4*>(params.dk + offset) = dk_chunk;
+          *reinterpret_cast<uint4*>(params.dv + offset) = dv_chunk;
+        }
       }
     }
   }

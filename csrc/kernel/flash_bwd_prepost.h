@@ -33,6 +33,7 @@ constexpr int prep_rows_per_cta() {
   return kPrepWarps * kPrepPasses * (32 / prep_lanes_per_row<kHeadDim>());
 }
 
+// Grid: (query-row blocks of prep_rows_per_cta, heads_q, batch), so that no thread divides.
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kPrepWarps * 32)
     flash_bwd_preprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p) {
@@ -41,24 +42,22 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   constexpr int kRowsPerPass = 32 / kGroup;
   int const lane = threadIdx.x % 32;
   int const d = (lane % kGroup) * 8;  // this lane's 8 columns
-  int64_t const rows = int64_t(p.batch) * p.heads_q * p.seqlen_q_padded;  // over (batch, head, padded row)
-  int64_t const first_row = (int64_t(blockIdx.x) * kPrepWarps + threadIdx.x / 32) * (kPrepPasses * kRowsPerPass) +
-                            lane / kGroup;
+  int const head = blockIdx.y, batch = blockIdx.z;
+  int const first_row = (int(blockIdx.x) * kPrepWarps + int(threadIdx.x / 32)) * (kPrepPasses * kRowsPerPass) +
+                        lane / kGroup;  // padded query row of pass 0
+  auto const* o = static_cast<Element const*>(p.o_ptr) + batch * p.o_batch_stride + head * p.o_head_stride + d;
+  auto const* dout = static_cast<Element const*>(p.do_ptr) + batch * p.do_batch_stride + head * p.do_head_stride + d;
   uint4 o_chunk[kPrepPasses], do_chunk[kPrepPasses];
   CUTLASS_PRAGMA_UNROLL
   for (int pass = 0; pass < kPrepPasses; ++pass) {
-    int64_t const row = first_row + pass * kRowsPerPass;
-    int const i = int(row % p.seqlen_q_padded);
+    int const i = first_row + pass * kRowsPerPass;
     o_chunk[pass] = do_chunk[pass] = make_uint4(0, 0, 0, 0);
-    if (row < rows && i < p.seqlen_q && d < p.head_dim) {  // head dims are multiples of 8
-      int const head = int((row / p.seqlen_q_padded) % p.heads_q);
-      int const batch = int(row / (int64_t(p.seqlen_q_padded) * p.heads_q));
-      o_chunk[pass] = *reinterpret_cast<uint4 const*>(static_cast<Element const*>(p.o_ptr) + batch * p.o_batch_stride +
-                                                      i * p.o_row_stride + head * p.o_head_stride + d);
-      do_chunk[pass] = *reinterpret_cast<uint4 const*>(static_cast<Element const*>(p.do_ptr) + batch * p.do_batch_stride +
-                                                       i * p.do_row_stride + head * p.do_head_stride + d);
+    if (i < p.seqlen_q && d < p.head_dim) {  // head dims are multiples of 8
+      o_chunk[pass] = *reinterpret_cast<uint4 const*>(o + i * p.o_row_stride);
+      do_chunk[pass] = *reinterpret_cast<uint4 const*>(dout + i * p.do_row_stride);
     }
   }
+  int64_t const bh = int64_t(batch) * p.heads_q + head;
   CUTLASS_PRAGMA_UNROLL
   for (int pass = 0; pass < kPrepPasses; ++pass) {
     Element const* oe = reinterpret_cast<Element const*>(&o_chunk[pass]);
@@ -68,17 +67,15 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
     for (int e = 0; e < 8; ++e) { dot += float(oe[e]) * float(de[e]); }
     CUTLASS_PRAGMA_UNROLL
     for (int offset = kGroup / 2; offset > 0; offset /= 2) { dot += __shfl_xor_sync(0xffffffff, dot, offset); }
-    int64_t const row = first_row + pass * kRowsPerPass;
-    if (lane % kGroup == 0 && row < rows) {
-      int const i = int(row % p.seqlen_q_padded);
+    int const i = first_row + pass * kRowsPerPass;
+    if (lane % kGroup == 0 && i < p.seqlen_q_padded) {
       float lse2 = INFINITY;  // padding rows and rows that see no key: P = exp2(s - inf) = 0
       if (i < p.seqlen_q) {
-        int64_t const bh = row / p.seqlen_q_padded;  // batch * heads_q + head
         float const lse = p.lse_ptr[bh * p.seqlen_q + i];
         lse2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
       }
-      p.dsum_ptr[row] = dot;
-      p.lse_log2_ptr[row] = lse2;
+      p.dsum_ptr[bh * p.seqlen_q_padded + i] = dot;
+      p.lse_log2_ptr[bh * p.seqlen_q_padded + i] = lse2;
     }
   }
 }
