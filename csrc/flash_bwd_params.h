@@ -7,7 +7,8 @@ namespace flash {
 
 // Query rows per main-loop step of the backward kernel; the binding pads the per-row
 // float32 buffers (LSE, D, dQ accumulator) to a multiple of it. FLASH_BWD_DEV_BLOCK_M=128 is an
-// experiment for head dims <= 64 (tools/variants.py defines it for the binding too).
+// experiment for head dims <= 64 (tools/variants.py defines it for the binding too); it measured
+// 5-13 % slower than 64 (2026-11-30, NOTES.md).
 #ifdef FLASH_BWD_DEV_BLOCK_M
 constexpr int kBwdBlockM = FLASH_BWD_DEV_BLOCK_M;
 #else
