@@ -77,23 +77,31 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the forward kernel");
 }
 
-template <int kHeadDim, typename Element, bool kLocal, bool kLongKeys>
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>
 void run_flash_fwd_tile(FwdParams& p, cudaStream_t stream) {
-  constexpr FwdTileShape tile = fwd_tile<kHeadDim, kLocal, kLongKeys>();
+  constexpr FwdTileShape tile = fwd_tile<kHeadDim, kLocal, kKeys>();
   using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal, tile.persistent,
                            tile.own_o>;
   launch_fwd<Kernel>(p, stream);
 }
 
+// The tile of the key-length class of seqlen_k (tile_size.h); classes sharing a tile share a kernel.
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
-  if constexpr (fwd_has_long_keys_tile<kHeadDim, kLocal>()) {
-    if (p.seqlen_k >= kFwdLongKeysFrom) {
-      run_flash_fwd_tile<kHeadDim, Element, kLocal, true>(p, stream);
+  FwdKeys const keys = fwd_keys_class(p.seqlen_k);
+  if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kLongKeys>()) {
+    if (keys == kLongKeys) {
+      run_flash_fwd_tile<kHeadDim, Element, kLocal, kLongKeys>(p, stream);
       return;
     }
   }
-  run_flash_fwd_tile<kHeadDim, Element, kLocal, false>(p, stream);
+  if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kMidKeys>()) {
+    if (keys >= kMidKeys) {
+      run_flash_fwd_tile<kHeadDim, Element, kLocal, kMidKeys>(p, stream);
+      return;
+    }
+  }
+  run_flash_fwd_tile<kHeadDim, Element, kLocal, kShortKeys>(p, stream);
 }
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.

@@ -35,9 +35,17 @@ struct FwdTileShape {
 #ifndef FLASH_FWD_LONG_KEYS_FROM
 #define FLASH_FWD_LONG_KEYS_FROM 4096
 #endif
+// Key-length classes of the tile choice: short keys, mid (from kFwdMidKeysFrom), long (from
+// kFwdLongKeysFrom). A class whose tile equals the class below it costs no extra kernel.
+constexpr int kFwdMidKeysFrom = 2048;
 constexpr int kFwdLongKeysFrom = FLASH_FWD_LONG_KEYS_FROM;
+enum FwdKeys : int { kShortKeys = 0, kMidKeys = 1, kLongKeys = 2 };
 
-template <int kHeadDim, bool kLocal, bool kLongKeys = false>
+constexpr FwdKeys fwd_keys_class(int seqlen_k) {
+  return seqlen_k >= kFwdLongKeysFrom ? kLongKeys : seqlen_k >= kFwdMidKeysFrom ? kMidKeys : kShortKeys;
+}
+
+template <int kHeadDim, bool kLocal, FwdKeys kKeys = kShortKeys>
 constexpr FwdTileShape fwd_tile_table() {
 #if defined(FLASH_FWD_DEV_BLOCK_M) && defined(FLASH_FWD_DEV_BLOCK_N)
   // Developer builds (tools/variants.py) sweep tiles without editing this table.
@@ -46,13 +54,16 @@ constexpr FwdTileShape fwd_tile_table() {
   constexpr bool kPersist = !kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);  // and its own O buffer
   if constexpr (kHeadDim <= 64) {
     // Causal too below kFwdLongKeysFrom keys (x cuDNN at 512/2k: 0.731/0.903 against 0.617/0.884
-    // one CTA per tile; at 8k 1.001 against 1.041).
-    constexpr bool kPersist64 = kPersist || (kLocal && !kLongKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL));
+    // one CTA per tile; at 8k 1.001 against 1.041), with 128x128 tiles for short keys (512/1k/2k:
+    // 0.813/0.802/0.814 against 192x128's 0.725/0.762/0.920).
+    constexpr bool kPersistCausal = kLocal && kKeys != kLongKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
+    if constexpr (kPersistCausal && kKeys == kShortKeys) { return {128, 128, 2, true, true}; }
+    constexpr bool kPersist64 = kPersist || kPersistCausal;
     return {192, 128, 2, kPersist64, kPersist64};
   } else if constexpr (kHeadDim <= 96) {
     return {128, 128, 2};
   } else if constexpr (kHeadDim <= 128) {
-    return kLocal || (kPersist && !kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
+    return kLocal || (kPersist && kKeys != kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
                                               : FwdTileShape{128, 176, 2};
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
@@ -62,9 +73,9 @@ constexpr FwdTileShape fwd_tile_table() {
 }
 
 // The table, with the developer overrides FLASH_FWD_PERSISTENT / FLASH_FWD_DEV_SEPARATE_O (0 or 1).
-template <int kHeadDim, bool kLocal, bool kLongKeys = false>
+template <int kHeadDim, bool kLocal, FwdKeys kKeys = kShortKeys>
 constexpr FwdTileShape fwd_tile() {
-  FwdTileShape tile = fwd_tile_table<kHeadDim, kLocal, kLongKeys>();
+  FwdTileShape tile = fwd_tile_table<kHeadDim, kLocal, kKeys>();
 #ifdef FLASH_FWD_PERSISTENT
   tile.persistent = bool(FLASH_FWD_PERSISTENT);
 #endif
@@ -79,10 +90,11 @@ constexpr bool same_tile(FwdTileShape a, FwdTileShape b) {
          a.persistent == b.persistent && a.own_o == b.own_o;
 }
 
-// Whether (head dim, mask) has a separate tile for long key sequences (one more kernel to compile).
-template <int kHeadDim, bool kLocal>
-constexpr bool fwd_has_long_keys_tile() {
-  return !same_tile(fwd_tile<kHeadDim, kLocal, false>(), fwd_tile<kHeadDim, kLocal, true>());
+// Whether key-length class kKeys of (head dim, mask) has a tile of its own, unlike the class
+// below it (one more kernel to compile).
+template <int kHeadDim, bool kLocal, FwdKeys kKeys>
+constexpr bool fwd_keys_class_differs() {
+  return !same_tile(fwd_tile<kHeadDim, kLocal, kKeys>(), fwd_tile<kHeadDim, kLocal, FwdKeys(kKeys - 1)>());
 }
 
 // Backward: kBlockM = 64 query rows per step (flash_bwd_params.h), kBlockN keys per CTA. Two
