@@ -68,7 +68,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
                                          int64_t(p.seqlen_k) * p.head_dim * int64_t(sizeof(Element))),
   };
 
-  dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms);
+  dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms * Kernel::kCtasPerSm);
   auto kernel = &flash_fwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),

@@ -47,10 +47,18 @@ struct FwdKernel {
   static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 1 && kNumMmaWarpGroups <= 3);
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0);
 
-  // setmaxnreg budgets: the producer keeps the minimum, consumers share the rest of 64K.
-  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : (kNumMmaWarpGroups == 2 ? 24 : 56);
-  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : (kNumMmaWarpGroups == 2 ? 240 : 256);
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 64 * 1024);
+  // One consumer warpgroup (kBlockM = 64): two CTAs per SM where their shared memory fits, so
+  // one CTA's prologue, softmax and epilogue overlap the other's GEMMs (the 64-row tile has no
+  // ping-pong partner inside the CTA). Computed below, once the shared memory is known. Not past
+  // head dim 128: ptxas then needs more than the 128 registers per thread two CTAs start with
+  // for one P.V instruction (64 x 256 accumulators: "insufficient registers", asks for 158).
+  static constexpr bool kMaybeTwoCtas = kNumMmaWarpGroups == 1 && kHeadDim <= 128;
+  // setmaxnreg budgets: the producer keeps the minimum, consumers share the rest of the CTA's
+  // registers (64K, or 32K with two CTAs per SM: 24 + 232 per thread pair of warpgroups).
+  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs =
+      kNumMmaWarpGroups == 3 ? 160 : (kNumMmaWarpGroups == 2 ? 240 : (kMaybeTwoCtas ? 232 : 256));
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= (kMaybeTwoCtas ? 32 : 64) * 1024);
 
   using TileShapeMNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using AtomLayoutMNK = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
@@ -114,6 +122,8 @@ struct FwdKernel {
   using SharedStorage = Storage<kSeparateO>;
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
+  // 228 KB per SM, 1 KB of it reserved per CTA.
+  static constexpr int kCtasPerSm = kMaybeTwoCtas && kSharedStorageSize <= 113 * 1024 ? 2 : 1;
 
   struct Params {
     TmaQ tma_q;
@@ -431,7 +441,7 @@ struct FwdKernel {
 };
 
 template <typename Kernel>
-__global__ void __launch_bounds__(Kernel::kNumThreads, 1)
+__global__ void __launch_bounds__(Kernel::kNumThreads, Kernel::kCtasPerSm)
     flash_fwd_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
   extern __shared__ __align__(1024) char smem_buf[];
   Kernel{}(params, smem_buf);

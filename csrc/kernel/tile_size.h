@@ -64,7 +64,7 @@ constexpr FwdTileShape fwd_tile_table() {
     return {128, 128, 2};
   } else if constexpr (kHeadDim <= 128) {
     return kLocal || (kPersist && kKeys != kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
-                                              : FwdTileShape{128, 176, 2};
+                                                      : FwdTileShape{128, 176, 2};
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
   } else {
