@@ -46,7 +46,7 @@ struct BwdBlockRange {
   int m_block_min;
   int m_block_max;  // exclusive
 
-  CUTLASS_DEVICE BwdBlockRange(int n_block, int seqlen_q, int diag, int left, int right) {
+  CUTLASS_HOST_DEVICE BwdBlockRange(int n_block, int seqlen_q, int diag, int left, int right) {
     m_block_min = 0;
     m_block_max = (seqlen_q + kBlockM - 1) / kBlockM;
     if constexpr (kLocal) {
@@ -57,7 +57,7 @@ struct BwdBlockRange {
       m_block_max = min(m_block_max, floor_div(last_key - diag + left, kBlockM) + 1);
     }
   }
-  CUTLASS_DEVICE int count() const { return max(0, m_block_max - m_block_min); }
+  CUTLASS_HOST_DEVICE int count() const { return max(0, m_block_max - m_block_min); }
 };
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_>
@@ -630,11 +630,11 @@ struct BwdKernel {
   // 3-5 % of the non-deterministic kernel). Query block m's last key block holds key
   // (m + 1) * kBlockM - 1 + diag + right. Its CTAs wait on higher key blocks, so those launch
   // first (key_block_of_cta), or a head with more CTAs than fit on the GPU at once could deadlock.
-  // The contributor intervals were checked against BwdBlockRange in a Python model (random
-  // shapes, windows, both alignments).
+  // tests/host/schedule_checks.cu checks, on random shapes, windows and both alignments, that
+  // the turns of each dQ block's key blocks are 0..k-1 in this order.
   static constexpr bool kDetDescending = kLocal;
 
-  CUTLASS_DEVICE static int dq_turn(int m_block, int n_block, Params const& params) {
+  CUTLASS_HOST_DEVICE static int dq_turn(int m_block, int n_block, Params const& params) {
     if constexpr (kDetDescending) {
       int const num_n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
       int const last = min(num_n_blocks - 1,

@@ -83,7 +83,7 @@ struct FwdTileScheduler {
   }
   CUTLASS_DEVICE bool valid(int tile) const { return tile < num_tiles; }
 
-  CUTLASS_DEVICE FwdTile decode(int tile) const {
+  CUTLASS_HOST_DEVICE FwdTile decode(int tile) const {
     if constexpr (kGrouped) {
       int const group_tiles = num_m_blocks * group;
       int const g = tile / group_tiles;

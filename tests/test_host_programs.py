@@ -1,6 +1,7 @@
-"""CPU test of the CUDA sources themselves: compile a host-only program against the kernel
-headers with nvcc and run it (tests/host/). It checks layout facts the kernels rely on without
-a GPU. Skipped, with the reason, where there is no CUDA toolkit or no CUTLASS headers."""
+"""CPU tests of the CUDA sources themselves: compile host-only programs against the kernel
+headers with nvcc and run them (tests/host/). They check, without a GPU, facts the kernels rely
+on: register layouts and the scheduling arithmetic. Skipped, with the reason, where there is no
+CUDA toolkit or no CUTLASS headers."""
 from __future__ import annotations
 
 import subprocess
@@ -42,3 +43,11 @@ def test_bwd_epilogue_accumulator_layout(tmp_path):
     lines = [line for line in run.stdout.splitlines() if line.startswith("hdim ")]
     assert len(lines) == 5 and all(line.endswith(" 0 mismatches") for line in lines), run.stdout
     assert all(int(line.split(":")[1].split()[0]) > 0 for line in lines), run.stdout
+
+
+def test_scheduling_arithmetic(tmp_path):
+    run = _compile_and_run(REPO_ROOT / "tests" / "host" / "schedule_checks.cu", tmp_path)
+    print(run.stdout)
+    assert run.returncode == 0, f"scheduling check failed:\n{run.stdout}{run.stderr}"
+    lines = [line for line in run.stdout.splitlines() if "random shapes" in line]
+    assert len(lines) == 8 and all(line.endswith(" 0 failures") for line in lines), run.stdout

@@ -1,0 +1,123 @@
+// Host-only checks of the kernels' scheduling arithmetic, on the real headers:
+// 1. Deterministic backward: for every dQ block, the key blocks whose CTA visits it
+//    (BwdBlockRange) take turns 0..k-1 exactly once (dq_turn), so no CTA waits for a turn that
+//    never comes and no two add at once; with a causal/local mask the turns run from the highest
+//    key block down, and those CTAs are launched first (key_block_of_cta reverses the order).
+// 2. Forward tile scheduler: decode maps the tile ids onto every (m_block, head, batch) exactly
+//    once, and the causal persistent order is heaviest first inside each group of heads.
+// Random shapes from a fixed seed; prints a summary and exits non-zero on any failure.
+#include "kernel/flash_bwd_kernel.h"
+#include "kernel/tile_scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+namespace {
+
+std::mt19937 rng(20261130);
+int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+
+template <int kBlockN, bool kLocal>
+int check_dq_turns(int cases) {
+  using Kernel = flash::BwdKernel<(kBlockN == 128 ? 128 : 256), 64, kBlockN, (kBlockN == 128 ? 2 : 1),
+                                  cutlass::bfloat16_t, kLocal>;
+  constexpr int kBlockM = Kernel::kBlockM;
+  int failures = 0;
+  for (int c = 0; c < cases; ++c) {
+    typename Kernel::Params params{};
+    int const seqlen_q = uniform(1, 1500), seqlen_k = uniform(1, 1500);
+    params.seqlen_q = seqlen_q;
+    params.seqlen_k = seqlen_k;
+    int const unbounded = seqlen_q + seqlen_k;  // as the binding stores an open side
+    params.diag_offset = uniform(0, 1) ? seqlen_k - seqlen_q : 0;  // bottom-right or top-left
+    params.window_left = uniform(0, 2) ? unbounded : uniform(0, 400);
+    params.window_right = uniform(0, 2) ? 0 : (uniform(0, 1) ? unbounded : uniform(0, 400));
+    if (!kLocal) { params.window_left = params.window_right = unbounded; }
+    int const num_n = (seqlen_k + kBlockN - 1) / kBlockN;
+    int const num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+    std::vector<std::vector<int>> contributors(num_m);
+    for (int n = 0; n < num_n; ++n) {
+      flash::BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n, seqlen_q, params.diag_offset,
+                                                                 params.window_left, params.window_right);
+      for (int m = range.m_block_min; m < range.m_block_min + range.count(); ++m) {
+        if (m < 0 || m >= num_m) { ++failures; continue; }
+        contributors[m].push_back(n);
+      }
+    }
+    for (int m = 0; m < num_m; ++m) {
+      std::vector<std::pair<int, int>> turns;  // (turn, n)
+      for (int n : contributors[m]) { turns.push_back({Kernel::dq_turn(m, n, params), n}); }
+      std::sort(turns.begin(), turns.end());
+      bool ok = true;
+      for (size_t i = 0; i < turns.size(); ++i) {
+        ok &= turns[i].first == int(i);
+        // Deadlock freedom: a CTA waits only for CTAs launched before it. Launch position of key
+        // block n: num_n - 1 - n with a causal/local mask (descending turns), n otherwise.
+        if (i > 0) { ok &= kLocal ? turns[i].second < turns[i - 1].second : turns[i].second > turns[i - 1].second; }
+      }
+      if (!ok && failures++ < 5) {
+        std::printf("dq turns wrong: kBlockN %d local %d seqlen_q %d seqlen_k %d diag %d left %d right %d m %d\n",
+                    kBlockN, int(kLocal), seqlen_q, seqlen_k, params.diag_offset, params.window_left,
+                    params.window_right, m);
+      }
+    }
+  }
+  std::printf("dq turns (kBlockN %d, %s): %d random shapes, %d failures\n", kBlockN,
+              kLocal ? "causal/local" : "no mask", cases, failures);
+  return failures;
+}
+
+template <bool kPersistent, bool kHeavyLast>
+int check_scheduler(int cases) {
+  using Scheduler = flash::FwdTileScheduler<kPersistent, kHeavyLast>;
+  int failures = 0;
+  for (int c = 0; c < cases; ++c) {
+    int const num_m = uniform(1, 70), heads = uniform(1, 40), batch = uniform(1, 9), q_per_kv = uniform(1, 4);
+    int const kv_heads_total = heads;  // heads here are query heads; groups are whole GQA groups
+    int64_t const kv_bytes = int64_t(uniform(1, 16384)) * 128 * 2;
+    int const group = Scheduler::heads_per_group(kv_heads_total, q_per_kv, batch, kv_bytes);
+    Scheduler const scheduler(num_m, heads, batch, group);
+    std::vector<char> seen(size_t(num_m) * heads * batch, 0);
+    int prev_group = -1, prev_m = 0;
+    bool ok = group >= 1;
+    for (int tile = 0; tile < scheduler.num_tiles; ++tile) {
+      flash::FwdTile const t = scheduler.decode(tile);
+      bool const in = t.m_block >= 0 && t.m_block < num_m && t.head >= 0 && t.head < heads && t.batch >= 0 &&
+                      t.batch < batch;
+      if (!in) { ok = false; break; }
+      char& s = seen[(size_t(t.batch) * heads + t.head) * num_m + t.m_block];
+      ok &= s == 0;
+      s = 1;
+      if (Scheduler::kGrouped) {  // heaviest first inside a group: m_block never grows
+        int const g = (t.batch * heads + t.head) / group;
+        if (g == prev_group) { ok &= t.m_block <= prev_m; }
+        prev_group = g;
+        prev_m = t.m_block;
+      }
+    }
+    if (!ok && failures++ < 5) {
+      std::printf("scheduler wrong: persistent %d heavy_last %d num_m %d heads %d batch %d group %d\n",
+                  int(kPersistent), int(kHeavyLast), num_m, heads, batch, group);
+    }
+  }
+  std::printf("tile scheduler (persistent %d, heaviest first %d): %d random shapes, %d failures\n",
+              int(kPersistent), int(kHeavyLast), cases, failures);
+  return failures;
+}
+
+}  // namespace
+
+int main() {
+  int failures = 0;
+  failures += check_dq_turns<128, true>(3000);
+  failures += check_dq_turns<128, false>(500);
+  failures += check_dq_turns<64, true>(3000);
+  failures += check_dq_turns<64, false>(500);
+  failures += check_scheduler<true, true>(2000);
+  failures += check_scheduler<true, false>(500);
+  failures += check_scheduler<false, true>(500);
+  failures += check_scheduler<false, false>(500);
+  return failures != 0;
+}
