@@ -49,16 +49,10 @@ struct FwdKernel {
 
   // One consumer warpgroup (kBlockM = 64): two CTAs per SM where their shared memory fits, so
   // one CTA's prologue, softmax and epilogue overlap the other's GEMMs (the 64-row tile has no
-  // ping-pong partner inside the CTA). Computed below, once the shared memory is known. Not past
+  // ping-pong partner inside the CTA). kCtasPerSm, below, once the shared memory is known. Not past
   // head dim 128: ptxas then needs more than the 128 registers per thread two CTAs start with
   // for one P.V instruction (64 x 256 accumulators: "insufficient registers", asks for 158).
   static constexpr bool kMaybeTwoCtas = kNumMmaWarpGroups == 1 && kHeadDim <= 128;
-  // setmaxnreg budgets: the producer keeps the minimum, consumers share the rest of the CTA's
-  // registers (64K, or 32K with two CTAs per SM: 24 + 232 per thread pair of warpgroups).
-  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : 24;
-  static constexpr int kConsumerRegs =
-      kNumMmaWarpGroups == 3 ? 160 : (kNumMmaWarpGroups == 2 ? 240 : (kMaybeTwoCtas ? 232 : 256));
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= (kMaybeTwoCtas ? 32 : 64) * 1024);
 
   using TileShapeMNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using AtomLayoutMNK = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
@@ -124,6 +118,17 @@ struct FwdKernel {
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
   // 228 KB per SM, 1 KB of it reserved per CTA.
   static constexpr int kCtasPerSm = kMaybeTwoCtas && kSharedStorageSize <= 113 * 1024 ? 2 : 1;
+
+  // setmaxnreg budgets: the producer keeps the minimum, consumers share the rest of the CTA's
+  // registers (64K, or 32K with two CTAs per SM: 24 + 232 per thread of the two warpgroups).
+  // A consumer's count must not be below what the kernel starts with (65536 / threads per SM,
+  // 256 for one warpgroup alone), since setmaxnreg.inc may only raise it.
+  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs =
+      kNumMmaWarpGroups == 3 ? 160 : (kNumMmaWarpGroups == 2 ? 240 : (kCtasPerSm == 2 ? 232 : 256));
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 64 * 1024 / kCtasPerSm);
+  static_assert(kConsumerRegs >= 64 * 1024 / (kNumThreads * kCtasPerSm),
+                "consumers would start above their setmaxnreg count");
 
   struct Params {
     TmaQ tma_q;
