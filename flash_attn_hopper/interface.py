@@ -126,6 +126,9 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
             f"nheads_q ({nheads_q}) must be a multiple of nheads_kv ({nheads_kv}) for grouped-query attention "
             f"(q shape {_describe_shape(q)}, k shape {_describe_shape(k)})"
         )
+    problem = manifest.size_limit_problem(batch, nheads_q, seqlen_q, seqlen_k)
+    if problem is not None:
+        raise ValueError(problem)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(

@@ -38,6 +38,24 @@ HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 192, 256)
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
 
+#: Size limits of the kernels (flash_api.cpp checks the same): batch and query heads index the
+#: grids' y/z dimensions (at most 65535), and seqlen_q + seqlen_k must stay below 2**29 so that
+#: no index sum overflows a 32-bit int.
+MAX_BATCH = 65535
+MAX_HEADS = 65535
+MAX_SEQLEN_SUM = 2**29 - 1
+
+
+def size_limit_problem(batch: int, heads_q: int, seqlen_q: int, seqlen_k: int) -> str | None:
+    """What exceeds the kernels' size limits, or None."""
+    if batch > MAX_BATCH:
+        return f"batch {batch} is over the kernels' limit of {MAX_BATCH}; split it into several calls"
+    if heads_q > MAX_HEADS:
+        return f"nheads_q {heads_q} is over the kernels' limit of {MAX_HEADS}"
+    if seqlen_q + seqlen_k > MAX_SEQLEN_SUM:
+        return f"seqlen_q + seqlen_k = {seqlen_q + seqlen_k} is over the kernels' limit of {MAX_SEQLEN_SUM} (2**29 - 1)"
+    return None
+
 
 @dataclass(frozen=True)
 class DType:

@@ -138,6 +138,9 @@ def flash_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | No
         return f"the query heads ({heads_q}) are not a multiple of the key/value heads ({heads_kv})"
     if q.numel() == 0 or k.numel() == 0:
         return "an input is empty"
+    problem = manifest.size_limit_problem(batch, heads_q, seqlen_q, k.size(1))
+    if problem is not None:
+        return problem
     rounded = manifest.round_up_headdim(head_dim)
     if rounded is None:
         return (

@@ -348,6 +348,19 @@ def test_build_info_shape():
     assert flash_attn_hopper.build_info()["features"]["varlen"] is False
 
 
+def test_batch_over_the_grid_limit():
+    q, k, v = qkv(b=65536, sq=1, sk=1, hq=1, hk=1, d=8)
+    with raises(ValueError, "batch 65536 is over the kernels' limit of 65535", "split it"):
+        flash_attn_func(q, k, v)
+
+
+def test_sequences_over_the_index_limit():
+    q, k, v = qkv(b=1, sq=1, sk=1, hq=1, hk=1, d=8)
+    k, v = (t.expand(1, 2**29, 1, 8) for t in (k, v))  # zero-stride: no memory
+    with raises(ValueError, "seqlen_q + seqlen_k = 536870913", "2**29 - 1"):
+        flash_attn_func(q, k, v)
+
+
 def test_zero_kv_heads():
     q, k, v = qkv(hq=4, hk=0)
     with raises(ValueError, "k and v must have at least one head"):

@@ -80,6 +80,7 @@ _CASES = {
     "batch_broadcast": (lambda q, k, v: ((q, k[:1], v[:1]), {}), "batch sizes"),
     "empty_query": (lambda q, k, v: ((q[:, :, :0], k, v), {}), "empty"),
     "empty_keys": (lambda q, k, v: ((q, k[:, :, :0], v[:, :, :0]), {}), "empty"),
+    "batch_over_grid_limit": (lambda q, k, v: (qkv(b=65536, hq=1, hk=1, sq=1, sk=2, e=8), {}), "batch 65536"),
     "last_dim_strided": (lambda q, k, v: ((q[..., ::2], k[..., ::2], v[..., ::2]), {}), "contiguous"),
     "infinite_scale": (lambda q, k, v: ((q, k, v), dict(scale=math.inf)), "not finite"),
     "nested": (lambda q, k, v: ((_nested(q), _nested(k), _nested(v)), {}), "nested"),
@@ -399,3 +400,11 @@ def test_fallback_does_not_recurse_into_a_patched_function():
     with flash_attn_hopper.patch_sdpa():
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+
+
+def test_sequences_over_the_index_limit_fall_back(hopper_here):
+    # Zero-stride views: 2**29 keys without the memory.
+    q, k, v = qkv(b=1, hq=1, hk=1, sq=1, sk=1, e=8)
+    k, v = (t.expand(1, 1, 2**29, 8) for t in (k, v))
+    reason = sdpa.sdpa_fallback_reason(q, k, v)
+    assert reason is not None and "2**29 - 1" in reason, reason
