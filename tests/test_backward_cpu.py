@@ -25,6 +25,7 @@ import flash_attn_hopper
 from flash_attn_hopper import _build_info, interface, manifest, ops, sdpa
 
 import op_emulator
+from conftest import deterministic_algorithms, random_bshd
 from op_emulator import emulate_bwd, emulate_fwd, emulated_bwd_op, emulated_op
 from reference import attention_ref
 
@@ -46,12 +47,7 @@ def kernels(monkeypatch):
 
 
 def random_qkv(b=2, sq=37, sk=53, hq=4, hk=2, d=64, seed=0, dtype=DTYPE):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, sq, hq, d, generator=gen).to(dtype)
-    k = torch.randn(b, sk, hk, d, generator=gen).to(dtype)
-    v = torch.randn(b, sk, hk, d, generator=gen).to(dtype)
-    dout = torch.randn(b, sq, hq, d, generator=gen).to(dtype)
-    return q, k, v, dout
+    return random_bshd(b, sq, sk, hq, hk, d, seed, dtype)
 
 
 def grads_of(fn, q, k, v, dout):
@@ -207,16 +203,6 @@ def test_gradient_of_lse_alone_is_not_propagated(kernels):
 # --------------------------------------------------------------------------
 # deterministic
 # --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def deterministic_algorithms(on: bool):
-    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(on, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 def test_deterministic_reaches_the_backward(kernels):

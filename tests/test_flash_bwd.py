@@ -30,7 +30,7 @@ import flash_attn_hopper
 from flash_attn_hopper import manifest, ops, sdpa
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func
 
-from conftest import FULL_TESTS, REPO_ROOT
+from conftest import FULL_TESTS, REPO_ROOT, deterministic_algorithms
 from reference import assert_fa_close, attention_ref, rounding_noise
 from sdpa_reference import compiled_config as _compiled_config
 from sdpa_reference import cuda_kernel_names, poison_allocations, sdpa_ref
@@ -274,12 +274,8 @@ def test_torch_deterministic_switch_gives_the_deterministic_gradients():
     d, dtype = compiled_config()
     q, k, v, dout = random_inputs(2, 700, 700, 8, 2, d, dtype, seed=7)
     _, per_call = flash_grads(q, k, v, dout, causal=True, deterministic=True)
-    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
+    with deterministic_algorithms():
         _, switched = flash_grads(q, k, v, dout, causal=True)
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
     for a, b in zip(per_call, switched):
         assert torch.equal(a, b)
 

@@ -7,7 +7,6 @@ the op as SDPA calls it.
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 import pytest
@@ -18,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flash_attn_hopper
 from flash_attn_hopper import sdpa
 
+from conftest import deterministic_algorithms
 from reference import assert_fa_close
 from sdpa_reference import (
     compiled_config,
@@ -269,18 +269,6 @@ def test_cuda_graph_capture_and_replay():
 needs_backward = pytest.mark.skipif(
     not sdpa.BACKWARD_READY, reason="this build has no backward kernels: inputs that require grad go to torch"
 )
-
-
-@contextlib.contextmanager
-def deterministic_algorithms():
-    """use_deterministic_algorithms(True, warn_only=True) for a block: our backward is then bitwise
-    reproducible, so compiled and eager (or replayed and eager) gradients can be compared exactly."""
-    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
 def reference_grads(q, k, v, dout, causal, upcast):

@@ -23,6 +23,7 @@ from torch.nn import attention
 from flash_attn_hopper import _build_info, manifest, ops, sdpa, torch_registry
 from flash_attn_hopper.torch_registry import IMPL_NAME
 
+from conftest import random_bshd  # fp16 inputs: the emulations compute in float32, comparisons stay sharp
 from op_emulator import emulate_fwd, emulated_bwd_op, emulated_op
 from reference import attention_ref
 
@@ -492,8 +493,6 @@ def test_grad_out_is_handed_over_readable_and_uncopied_when_it_can_be(backward_b
 # The backward overrides end to end: installed as aten's CPU kernels, reached through autograd
 # --------------------------------------------------------------------------
 
-FP16 = torch.float16  # the emulations compute in float32; fp16 inputs keep the comparisons sharp
-
 
 @contextlib.contextmanager
 def overrides_as_cpu_kernels(*op_names):
@@ -511,15 +510,6 @@ def overrides_as_cpu_kernels(*op_names):
         yield originals
     finally:
         library._destroy()
-
-
-def random_bshd(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, seqlen_q, heads_q, head_dim, generator=gen).to(FP16)
-    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen).to(FP16)
-    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen).to(FP16)
-    dout = torch.randn(batch, seqlen_q, heads_q, head_dim, generator=gen).to(FP16)
-    return q, k, v, dout
 
 
 def reference_grads(q, k, v, dout, **kwargs):
