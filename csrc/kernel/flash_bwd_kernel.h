@@ -298,6 +298,19 @@ struct BwdKernel {
     }
   }
 
+  // The shared-memory views both consumer paths read.
+  CUTLASS_DEVICE static auto smem_views(SharedStorage& smem) {
+    return cute::make_tuple(make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{}),        // sQ (M, D, stages)
+                            make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQt{}),       // sQt (D, M, stages)
+                            make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{}),     // sdO
+                            make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQt{}),    // sdOt
+                            make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{}),        // sK (N, D)
+                            make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{}),       // sKt (D, N)
+                            make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutK{}),        // sV
+                            make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutPdSt{}),  // sdSt (N, M, 2)
+                            make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{}));   // sdS (M, N, 2)
+  }
+
   CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline,
                               BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
                               int head_kv, int batch, int mma_tidx) const {
@@ -308,16 +321,8 @@ struct BwdKernel {
     auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
     auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
 
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});        // (M, D, stages)
-    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQt{});      // (D, M, stages)
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{});
-    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQt{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});        // (N, D)
-    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{});      // (D, N)
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutK{});
-    Tensor sPt = make_tensor(make_smem_ptr(smem.pds.pt.data()), SmemLayoutPdSt{});   // (N, M, 2)
-    Tensor sdSt = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutPdSt{}); // (N, M, 2)
-    Tensor sdS = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{});    // (M, N, 2)
+    auto [sQ, sQt, sdO, sdOt, sK, sKt, sV, sdSt, sdS] = smem_views(smem);
+    Tensor sPt = make_tensor(make_smem_ptr(smem.pds.pt.data()), SmemLayoutPdSt{});  // (N, M, 2)
 
     // Operand descriptors.
     Tensor tSrK = thr_sdp.partition_fragment_A(sK);
@@ -449,15 +454,7 @@ struct BwdKernel {
     auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
     auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
 
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});        // (M, D, stages)
-    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQt{});      // (D, M, stages)
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{});
-    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQt{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});        // (N, D)
-    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{});      // (D, N)
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutK{});
-    Tensor sdSt = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutPdSt{}); // (N, M, 2)
-    Tensor sdS = make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{});    // (M, N, 2)
+    auto [sQ, sQt, sdO, sdOt, sK, sKt, sV, sdSt, sdS] = smem_views(smem);
 
     Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // descriptors, or registers with kKVRegs
     Tensor tSrV = thr_sdp.partition_fragment_A(sV);
