@@ -3,6 +3,7 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -17,6 +18,7 @@
 #include <type_traits>
 
 #include "flash_fwd_params.h"
+#include "kernel/tile_size.h"
 #ifndef FLASH_ATTN_HOPPER_REGISTRY_PROVIDED  // developer variant builds define their own list
 #include "generated/fwd_registry.h"
 #endif
@@ -212,8 +214,16 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
   params.o_row_stride = out.stride(1);
   params.o_head_stride = out.stride(2);
   params.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  cudaStream_t const stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles
+  if (flash::fwd_needs_tile_counter(head_dim_rounded, params.is_local, params.seqlen_k)) {
+    // A 4-byte memset on the stream rather than at::zeros' fill kernel.
+    tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+    params.tile_counter = tile_counter.data_ptr<int>();
+    C10_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
+  }
 
-  fwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
+  fwd(params, stream);
   return {out, lse};
 }
 

@@ -66,7 +66,11 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.softmax_scale_log2,
       Kernel::Scheduler::heads_per_group(p.heads_q, p.heads_q / p.heads_kv, p.batch,
                                          int64_t(p.seqlen_k) * p.head_dim * int64_t(sizeof(Element))),
+      p.tile_counter,
   };
+  if (Kernel::kDynamic && p.tile_counter == nullptr) {
+    throw std::runtime_error("flash_attn_hopper: dynamic tile scheduling needs the binding's tile counter");
+  }
 
   dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms * Kernel::kCtasPerSm);
   auto kernel = &flash_fwd_kernel<Kernel>;

@@ -38,6 +38,9 @@ struct FwdParams {
   int window_right;
   int diag_offset;
   int num_sms;               // multiprocessors of the device (for the scheduler)
+  // A zeroed int of this call's own: the tile counter of dynamic persistent scheduling
+  // (persistent causal/local kernels, tile_size.h fwd_needs_tile_counter); null otherwise.
+  int* tile_counter = nullptr;
 };
 
 }  // namespace flash

@@ -22,6 +22,7 @@
 #include "kernel/named_barriers.h"
 #include "kernel/softmax.h"
 #include "kernel/tile_scheduler.h"
+#include "kernel/tile_size.h"
 #include "kernel/utils.h"
 
 namespace flash {
@@ -89,6 +90,11 @@ struct FwdKernel {
       SmemLayoutO64{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
 
   using Scheduler = FwdTileScheduler<kPersistent_, kLocal>;
+  // Persistent causal/local CTAs take their next tile from an atomic counter (the scheduler's
+  // heaviest-first order, grouped for L2) instead of a static stride, so a CTA that drew light
+  // tiles takes more of them. The producer thread draws the id and hands it to the consumers
+  // through a two-slot ring in shared memory.
+  static constexpr bool kDynamic = fwd_dynamic_schedule(kPersistent_, kLocal);
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -98,6 +104,12 @@ struct FwdKernel {
   struct NoO {};
   struct BufferO {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> o;
+  };
+  struct NoRing {};
+  struct TileRing {  // kDynamic: tile ids from the producer to the consumers
+    int ids[2];
+    alignas(16) cutlass::arch::ClusterBarrier full[2];   // id written (1 arrival: the producer)
+    alignas(16) cutlass::arch::ClusterBarrier empty[2];  // id read (every consumer thread)
   };
   template <bool kOwnO>
   struct Storage {
@@ -109,6 +121,7 @@ struct FwdKernel {
     alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
     alignas(16) typename Pipeline::SharedStorage pipeline_k;
     alignas(16) typename Pipeline::SharedStorage pipeline_v;
+    std::conditional_t<kDynamic, TileRing, NoRing> ring;
   };
   static constexpr bool kSeparateO = kPersistent_ && kOwnO_;
   static_assert(!kSeparateO || sizeof(Storage<true>) <= 227 * 1024,
@@ -150,6 +163,7 @@ struct FwdKernel {
     float softmax_scale;
     float softmax_scale_log2;
     int heads_per_group;  // persistent causal/local order: (batch x head)s walked together (tile_scheduler.h)
+    int* tile_counter;    // kDynamic: zeroed before the launch
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
@@ -165,6 +179,12 @@ struct FwdKernel {
       cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
       smem.barrier_q.init(/*arrive_count=*/1);
       smem.barrier_q_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
+      if constexpr (kDynamic) {
+        for (int slot = 0; slot < 2; ++slot) {
+          smem.ring.full[slot].init(1);
+          smem.ring.empty[slot].init(kNumMmaThreads);
+        }
+      }
     }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = kBytesKV;
@@ -191,18 +211,35 @@ struct FwdKernel {
         // kSeparateO every tile releases it (a tile with nothing to attend writes its zero O
         // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
         int q_loads = 0;
-        int iteration = 0;
-        for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile), ++iteration) {
+        auto produce = [&](int tile, int iteration) {
           FwdTile const t = scheduler.decode(tile);
           auto const range = range_of(t);
           int const wait_phase = kSeparateO ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
                                             : (iteration > 0 ? (iteration - 1) & 1 : -1);
           if (range.empty()) {  // nothing to load: consumers write zeros
             if (!kSeparateO && wait_phase >= 0) { smem.barrier_q_empty.wait(wait_phase); }
-            continue;
+            return;
           }
           load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase);
           ++q_loads;
+        };
+        if constexpr (kDynamic) {
+          int tile = scheduler.first();
+          for (int iteration = 0;; ++iteration) {
+            int const slot = iteration & 1;
+            smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // the consumers read its last id
+            smem.ring.ids[slot] = tile;
+            smem.ring.full[slot].arrive();
+            if (!scheduler.valid(tile)) { break; }
+            int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+            produce(tile, iteration);
+            tile = next;
+          }
+        } else {
+          int iteration = 0;
+          for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile), ++iteration) {
+            produce(tile, iteration);
+          }
         }
       }
     } else {
@@ -212,10 +249,23 @@ struct FwdKernel {
       PipelineState state_k;
       PipelineState state_v;
       int q_phase = 0;
-      for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) {
-        FwdTile const t = scheduler.decode(tile);
-        consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
-                threadIdx.x - 128, wg);
+      if constexpr (kDynamic) {
+        for (int iteration = 0;; ++iteration) {
+          int const slot = iteration & 1;
+          smem.ring.full[slot].wait((iteration >> 1) & 1);
+          int const tile = smem.ring.ids[slot];
+          smem.ring.empty[slot].arrive();
+          if (!scheduler.valid(tile)) { break; }
+          FwdTile const t = scheduler.decode(tile);
+          consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
+                  threadIdx.x - 128, wg);
+        }
+      } else {
+        for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) {
+          FwdTile const t = scheduler.decode(tile);
+          consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
+                  threadIdx.x - 128, wg);
+        }
       }
     }
   }

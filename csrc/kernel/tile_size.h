@@ -5,6 +5,8 @@
 // consumer registers (S accumulator + P + O accumulator per thread).
 #pragma once
 
+#include <type_traits>
+
 #include "flash_bwd_params.h"  // kBwdBlockM
 
 namespace flash {
@@ -26,9 +28,17 @@ struct FwdTileShape {
 // 0.772/0.941/1.005; hdim 64 0.985/1.060/1.124 against 0.800/1.012/1.109. At hdim 128 the
 // persistent tile is 128x128 (128x176 plus its own O does not fit), which loses to 128x176 once
 // the keys are long, so kLongKeys (seqlen_k >= kFwdLongKeysFrom) picks 128x176 there: measured
-// in one build 0.969/0.966/1.018. Causal persistent (heaviest-first grouped order,
-// tile_scheduler.h) only pays at hdim 64 with short keys; at hdim 128 it measured 0.725-0.752
-// against 0.933-1.007 at 2k/8k, the static schedule leaving CTAs idle.
+// in one build 0.969/0.966/1.018.
+//
+// Causal/local persistent tiles are scheduled dynamically: each CTA draws its next tile from an
+// atomic counter, in the scheduler's heaviest-first, L2-grouped order (tile_scheduler.h). A
+// static stride over that order left CTAs idle: at hdim 128 it measured 0.725-0.752x cuDNN at
+// 2k/8k against 0.933-1.007 one CTA per tile. Dynamic, 128x128 + own O, at 512/1k/2k/8k/16k:
+// 0.961/0.946/0.977/1.012/1.032 against one CTA per tile's 0.761/0.880/0.915/0.998/1.039 (and
+// 0.961/1.004/1.026/1.034 in another run). At hdim 64 it pays with short keys (128x128:
+// 0.894/0.919 at 512/1k against 0.802/0.787), ties static at 2k (192x128) and loses to one CTA
+// per tile from 8k; at hdim 256 (no room for its own O) it lost everywhere (0.79-0.90 against
+// 0.84-1.09).
 #ifndef FLASH_FWD_PERSISTENT_NONCAUSAL
 #define FLASH_FWD_PERSISTENT_NONCAUSAL 1
 #endif
@@ -53,9 +63,7 @@ constexpr FwdTileShape fwd_tile_table() {
 #endif
   constexpr bool kPersist = !kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);  // and its own O buffer
   if constexpr (kHeadDim <= 64) {
-    // Causal too below kFwdLongKeysFrom keys (x cuDNN at 512/2k: 0.731/0.903 against 0.617/0.884
-    // one CTA per tile; at 8k 1.001 against 1.041), with 128x128 tiles for short keys (512/1k/2k:
-    // 0.813/0.802/0.814 against 192x128's 0.725/0.762/0.920).
+    // Causal too below kFwdLongKeysFrom keys, with 128x128 tiles for short keys (see above).
     constexpr bool kPersistCausal = kLocal && kKeys != kLongKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
     if constexpr (kPersistCausal && kKeys == kShortKeys) { return {128, 128, 2, true, true}; }
     constexpr bool kPersist64 = kPersist || kPersistCausal;
@@ -63,6 +71,9 @@ constexpr FwdTileShape fwd_tile_table() {
   } else if constexpr (kHeadDim <= 96) {
     return {128, 128, 2};
   } else if constexpr (kHeadDim <= 128) {
+    // Causal: dynamic persistent 128x128 at every length.
+    constexpr bool kPersistCausal = kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
+    if constexpr (kPersistCausal) { return {128, 128, 2, true, true}; }
     return kLocal || (kPersist && kKeys != kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
                                                       : FwdTileShape{128, 176, 2};
   } else if constexpr (kHeadDim <= 192) {
@@ -85,6 +96,9 @@ constexpr FwdTileShape fwd_tile() {
   return tile;
 }
 
+// Persistent causal/local kernels take their tiles from a zeroed counter (FwdParams::tile_counter).
+constexpr bool fwd_dynamic_schedule(bool persistent, bool local) { return persistent && local; }
+
 constexpr bool same_tile(FwdTileShape a, FwdTileShape b) {
   return a.block_m == b.block_m && a.block_n == b.block_n && a.stages == b.stages &&
          a.persistent == b.persistent && a.own_o == b.own_o;
@@ -95,6 +109,32 @@ constexpr bool same_tile(FwdTileShape a, FwdTileShape b) {
 template <int kHeadDim, bool kLocal, FwdKeys kKeys>
 constexpr bool fwd_keys_class_differs() {
   return !same_tile(fwd_tile<kHeadDim, kLocal, kKeys>(), fwd_tile<kHeadDim, kLocal, FwdKeys(kKeys - 1)>());
+}
+
+// For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
+// to needs a tile counter. A class that does not differ from the one below has the same tile, so
+// fwd_tile of the key class itself is the tile that runs.
+template <int kHeadDim, bool kLocal>
+constexpr bool fwd_needs_tile_counter(FwdKeys keys) {
+  FwdTileShape const tile = keys == kLongKeys  ? fwd_tile<kHeadDim, kLocal, kLongKeys>()
+                            : keys == kMidKeys ? fwd_tile<kHeadDim, kLocal, kMidKeys>()
+                                               : fwd_tile<kHeadDim, kLocal, kShortKeys>();
+  return fwd_dynamic_schedule(tile.persistent, kLocal);
+}
+
+inline bool fwd_needs_tile_counter(int head_dim_rounded, bool local, int seqlen_k) {
+  FwdKeys const keys = fwd_keys_class(seqlen_k);
+  auto pick = [&](auto hdim) {
+    return local ? fwd_needs_tile_counter<decltype(hdim)::value, true>(keys)
+                 : fwd_needs_tile_counter<decltype(hdim)::value, false>(keys);
+  };
+  switch (head_dim_rounded) {
+    case 64: return pick(std::integral_constant<int, 64>{});
+    case 96: return pick(std::integral_constant<int, 96>{});
+    case 128: return pick(std::integral_constant<int, 128>{});
+    case 192: return pick(std::integral_constant<int, 192>{});
+    default: return pick(std::integral_constant<int, 256>{});
+  }
 }
 
 // Backward: kBlockM = 64 query rows per step (flash_bwd_params.h), kBlockN keys per CTA. Two
