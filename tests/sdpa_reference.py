@@ -61,7 +61,7 @@ def skip_unless_compiled(head_dim: int, dtype: torch.dtype, directions: tuple[st
             pytest.skip(message)
 
 
-def poison_allocations(*specs) -> set[int]:
+def poison_allocations(*specs) -> list[int]:
     """Fill the blocks an op's next allocations will get with NaN; return their addresses.
 
     ``specs`` are (shape, dtype) of what the op allocates itself (outputs, gradients), so
@@ -73,7 +73,7 @@ def poison_allocations(*specs) -> set[int]:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape, dtype in specs]
-    addresses = {t.data_ptr() for t in blocks}
+    addresses = [t.data_ptr() for t in blocks]
     del blocks
     return addresses
 
