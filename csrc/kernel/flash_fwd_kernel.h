@@ -53,6 +53,8 @@ struct FwdKernel {
   // ping-pong partner inside the CTA). kCtasPerSm, below, once the shared memory is known. Not past
   // head dim 128: ptxas then needs more than the 128 registers per thread two CTAs start with
   // for one P.V instruction (64 x 256 accumulators: "insufficient registers", asks for 158).
+  // Measured against the table's tiles (NOTES.md, fifth session): slower except hdim 128 causal
+  // at 512 keys, so no table entry has kBlockM = 64; developer builds can still pick it.
   static constexpr bool kMaybeTwoCtas = kNumMmaWarpGroups == 1 && kHeadDim <= 128;
 
   using TileShapeMNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
