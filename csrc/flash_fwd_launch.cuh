@@ -83,10 +83,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
 
 template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>
 void run_flash_fwd_tile(FwdParams& p, cudaStream_t stream) {
-  constexpr FwdTileShape tile = fwd_tile<kHeadDim, kLocal, kKeys>();
-  using Kernel = FwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal, tile.persistent,
-                           tile.own_o>;
-  launch_fwd<Kernel>(p, stream);
+  launch_fwd<FwdKernelFor<kHeadDim, Element, kLocal, kKeys>>(p, stream);
 }
 
 // The tile of the key-length class of seqlen_k (tile_size.h); classes sharing a tile share a kernel.

@@ -497,6 +497,13 @@ struct FwdKernel {
   }
 };
 
+// The kernel of (head dim, dtype, mask, key-length class): the tile of tile_size.h's table.
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>
+using FwdKernelFor = FwdKernel<kHeadDim, fwd_tile<kHeadDim, kLocal, kKeys>().block_m,
+                               fwd_tile<kHeadDim, kLocal, kKeys>().block_n, fwd_tile<kHeadDim, kLocal, kKeys>().stages,
+                               Element, kLocal, fwd_tile<kHeadDim, kLocal, kKeys>().persistent,
+                               fwd_tile<kHeadDim, kLocal, kKeys>().own_o>;
+
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumThreads, Kernel::kCtasPerSm)
     flash_fwd_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {

@@ -5,8 +5,10 @@
 //    key block down, and those CTAs are launched first (key_block_of_cta reverses the order).
 // 2. Forward tile scheduler: decode maps the tile ids onto every (m_block, head, batch) exactly
 //    once, and the causal persistent order is heaviest first inside each group of heads.
+// 3. The forward's dynamic tile counter: the binding and the launched kernel agree on it.
 // Random shapes from a fixed seed; prints a summary and exits non-zero on any failure.
 #include "kernel/flash_bwd_kernel.h"
+#include "kernel/flash_fwd_kernel.h"
 #include "kernel/tile_scheduler.h"
 
 #include <algorithm>
@@ -107,6 +109,40 @@ int check_scheduler(int cases) {
   return failures;
 }
 
+// 3. The binding allocates the dynamic scheduler's tile counter when tile_size.h's
+//    fwd_needs_tile_counter says so; the kernel the dispatch launches must agree, at every
+//    (head dim, mask, key-length class), or the launch refuses to run without a counter.
+template <int kHeadDim, bool kLocal>
+int check_tile_counter_agreement() {
+  int failures = 0;
+  int const seqlens[] = {1, flash::kFwdMidKeysFrom - 1, flash::kFwdMidKeysFrom, flash::kFwdLongKeysFrom - 1,
+                         flash::kFwdLongKeysFrom, 1 << 20};
+  for (int seqlen_k : seqlens) {
+    flash::FwdKeys const keys = flash::fwd_keys_class(seqlen_k);
+    bool const kernel_dynamic =
+        keys == flash::kLongKeys  ? flash::FwdKernelFor<kHeadDim, cutlass::bfloat16_t, kLocal, flash::kLongKeys>::kDynamic
+        : keys == flash::kMidKeys ? flash::FwdKernelFor<kHeadDim, cutlass::bfloat16_t, kLocal, flash::kMidKeys>::kDynamic
+                                  : flash::FwdKernelFor<kHeadDim, cutlass::bfloat16_t, kLocal, flash::kShortKeys>::kDynamic;
+    if (kernel_dynamic != flash::fwd_needs_tile_counter(kHeadDim, kLocal, seqlen_k)) {
+      std::printf("tile counter disagreement: hdim %d local %d seqlen_k %d kernel %d binding %d\n", kHeadDim,
+                  int(kLocal), seqlen_k, int(kernel_dynamic), int(!kernel_dynamic));
+      ++failures;
+    }
+  }
+  return failures;
+}
+
+int check_tile_counters() {
+  int const failures = check_tile_counter_agreement<64, false>() + check_tile_counter_agreement<64, true>() +
+                       check_tile_counter_agreement<96, false>() + check_tile_counter_agreement<96, true>() +
+                       check_tile_counter_agreement<128, false>() + check_tile_counter_agreement<128, true>() +
+                       check_tile_counter_agreement<192, false>() + check_tile_counter_agreement<192, true>() +
+                       check_tile_counter_agreement<256, false>() + check_tile_counter_agreement<256, true>();
+  std::printf("forward tile counter (binding vs kernel): 10 head dim x mask pairs, 6 key lengths each: %d failures\n",
+              failures);
+  return failures;
+}
+
 }  // namespace
 
 int main() {
@@ -119,5 +155,6 @@ int main() {
   failures += check_scheduler<true, false>(500);
   failures += check_scheduler<false, true>(500);
   failures += check_scheduler<false, false>(500);
+  failures += check_tile_counters();
   return failures != 0;
 }
