@@ -4,7 +4,9 @@
 # still reports.
 #   STEPS: comma list of diag, regdiag, bwdcheck, cmd, ncu, bench, benchbwd, pytest, bwdtest (default diag,bench,pytest)
 #   ncu: Nsight Compute on one launch of $NCU_KERNEL (default flash_bwd_kernel) in
-#        tools/profile_case.py $NCU_CASE (default --hdim 128 --seqlen 8192 --bwd), report in $OUT/ncu.txt
+#        tools/profile_case.py $NCU_CASE (default --hdim 128 --seqlen 8192 --bwd), report in $OUT/ncu.txt;
+#        NCU_EXTRA adds options, e.g. "--section MemoryWorkloadAnalysis_Tables --metrics
+#        l1tex__data_pipe_lsu_wavefronts_mem_shared.sum" (shared-memory traffic)
 #   cmd: runs $EXTRA_CMD (e.g. tools/variants.py ...; pair it with BG_CMD=... --build-only so the
 #        variants build beside the main build), output in $OUT/cmd.log
 #   BWD=1: also build the (experimental) backward.
@@ -43,7 +45,7 @@ except RuntimeError as e:
   if has ncu; then
     timeout ${NCU_TIMEOUT:-180} ncu --clock-control none -k regex:${NCU_KERNEL:-flash_bwd_kernel} -s 2 -c 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-        --section WarpStateStats --section SchedulerStats --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section Occupancy ${NCU_EXTRA:-} \
         python3 tools/profile_case.py ${NCU_CASE:---hdim 128 --seqlen 8192 --bwd} > $OUT/ncu.txt 2>&1
     echo "ncu exit $?"; grep -E "Throughput|Pipe|Stall|Issue|Eligible|Duration|Shared|L2|DRAM|==ERR|==WARN" $OUT/ncu.txt | head -40
   fi

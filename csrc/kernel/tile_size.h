@@ -22,8 +22,9 @@ struct FwdTileShape {
 // kLocal: causal or sliding window (fewer keys per row, smaller key blocks waste less).
 //
 // Persistent mode (one CTA per SM striding over the tiles) with O staged in its own buffer, so
-// that the next tile's Q and K load while this tile's epilogue runs, for non-causal hdim <= 128
-// (FLASH_FWD_PERSISTENT_NONCAUSAL=0 turns it off). Measured 2026-11-30 as variants, x cuDNN at
+// that the next tile's Q and K load while this tile's epilogue runs, for hdim <= 128 (causal:
+// see below; the developer macro FLASH_FWD_PERSISTENT_NONCAUSAL=0, named before causal tiles
+// joined, turns both off). Measured 2026-11-30 as variants, x cuDNN at
 // 512/2k/8k: hdim 128 128x128 persistent+O 0.925/0.981/0.987 against 128x176 one CTA per tile
 // 0.772/0.941/1.005; hdim 64 0.985/1.060/1.124 against 0.800/1.012/1.109. At hdim 128 the
 // persistent tile is 128x128 (128x176 plus its own O does not fit), which loses to 128x176 once
