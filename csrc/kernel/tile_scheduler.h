@@ -11,8 +11,8 @@
 // 64 at 2k) every tile of a CTA has the same m_block, so some CTAs get only the heaviest tiles
 // (measured: 0.64x cuDNN against 0.89x one CTA per tile). There the order is instead: groups of
 // heads_per_group (batch x head)s, whose K/V fit in L2 together; inside a group m_block slowest,
-// heaviest first, and the group's heads fastest; the CTAs take the ids in waves of alternating
-// direction (next()), so every CTA gets a similar mix (a static longest-first order).
+// heaviest first, and the group's heads fastest. CTAs draw these ids from an atomic counter
+// (FwdKernel::kDynamic), not by a static stride: a static order left CTAs idle (tile_size.h).
 #pragma once
 
 #include "kernel/config.h"
@@ -69,17 +69,10 @@ struct FwdTileScheduler {
       return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     }
   }
-  // kGrouped walks the tile ids in waves of gridDim.x, alternating direction (CTA b takes
-  // position b of even waves, gridDim.x - 1 - b of odd ones): in a heaviest-first order the
-  // low-numbered CTAs would otherwise take the heaviest tile of every wave.
+  // The static order (kGrouped kernels draw from a counter instead and never call it).
   CUTLASS_DEVICE int next(int tile) const {
-    if constexpr (kGrouped) {
-      int const grid = int(gridDim.x);
-      int const wave = tile / grid + 1;
-      return wave * grid + ((wave & 1) ? grid - 1 - int(blockIdx.x) : int(blockIdx.x));
-    } else {
-      return kPersistent ? tile + int(gridDim.x) : num_tiles;
-    }
+    static_assert(!kGrouped, "grouped (persistent causal/local) tiles are drawn dynamically");
+    return kPersistent ? tile + int(gridDim.x) : num_tiles;
   }
   CUTLASS_DEVICE bool valid(int tile) const { return tile < num_tiles; }
 
