@@ -29,7 +29,9 @@ struct FwdTileShape {
 // 0.772/0.941/1.005; hdim 64 0.985/1.060/1.124 against 0.800/1.012/1.109. At hdim 128 the
 // persistent tile is 128x128 (128x176 plus its own O does not fit), which loses to 128x176 once
 // the keys are long, so kLongKeys (seqlen_k >= kFwdLongKeysFrom) picks 128x176 there: measured
-// in one build 0.969/0.966/1.018.
+// in one build 0.969/0.966/1.018. That 128x176 is persistent too, with O staged in Q's buffer:
+// 1.036/1.048 at 8k/16k against one CTA per tile's 1.014/1.028 (same run; at 1k it lost, 0.84
+// against 128x128's 0.92, so it stays a long-keys tile).
 //
 // Causal/local persistent tiles are scheduled dynamically: each CTA draws its next tile from an
 // atomic counter, in the scheduler's heaviest-first, L2-grouped order (tile_scheduler.h). A
@@ -75,8 +77,9 @@ constexpr FwdTileShape fwd_tile_table() {
     // Causal: dynamic persistent 128x128 at every length.
     constexpr bool kPersistCausal = kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
     if constexpr (kPersistCausal) { return {128, 128, 2, true, true}; }
+    // Non-causal long keys: 128x176 persistent too, O staged in Q's buffer (no room for its own).
     return kLocal || (kPersist && kKeys != kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
-                                                      : FwdTileShape{128, 176, 2};
+                                                      : FwdTileShape{128, 176, 2, kPersist, false};
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
   } else {
