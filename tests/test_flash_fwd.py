@@ -149,6 +149,23 @@ def test_many_batches(causal):
     run_and_check(q, k, v, causal)
 
 
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("hdim", [64, 128])  # the persistent causal tiles
+def test_persistent_ctas_running_into_tiles_with_nothing_to_attend(hdim, seed):
+    """Bottom-right causal with far more queries than keys: most query tiles see no key, so the
+    persistent CTAs of the dynamic scheduler finish a tile that wrote O and go straight on to
+    tiles that write zeros. The zeros must not reach shared memory before the previous tile's O
+    store has read it."""
+    skip_unless_compiled(hdim, torch.bfloat16)
+    q, k, v = random_qkv(4, 4224, 200, 8, 2, hdim, torch.bfloat16, seed=seed)
+    out, lse = run_and_check(q, k, v, True)
+    blind = 4224 - 200
+    assert torch.equal(out[:, :blind], torch.zeros_like(out[:, :blind]))
+    assert torch.isneginf(lse[:, :, :blind]).all()
+    again = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(again, out)
+
+
 @pytest.mark.parametrize("window", [(0, 0), (17, 5), (64, -1), (-1, 33), (100, 0)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (799, 3), (1024, 1024), (1, 239)])

@@ -434,7 +434,7 @@ struct FwdKernel {
       clear(tOrO);
       fill(lse, -INFINITY);
     }
-    epilogue(params, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg);
+    epilogue(params, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg, range.empty());
   }
 
   // kSeparateO: this warpgroup's last Q.K^T GEMM of the tile has completed, so the producer may
@@ -451,9 +451,18 @@ struct FwdKernel {
   template <typename TensorO, typename TensorL>
   CUTLASS_DEVICE void epilogue(Params const& params, SharedStorage& smem, TiledMmaPV const& tiled_mma_pv,
                                TensorO const& tOrO, TensorL const& lse, int m_block, int head,
-                               int batch, int mma_tidx, int wg) const {
+                               int batch, int mma_tidx, int wg, bool tile_empty) const {
     Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
     convert_into(tOrO, tOrO_out);
+    if constexpr (kPersistent_) {
+      // O's buffer must have been read by this warpgroup's previous O store: its storing thread
+      // waited for that before its next barrier. A tile with something to attend passed the
+      // ping-pong barriers since (all 128 threads of the warpgroup take part); a tile with
+      // nothing to attend, or a lone warpgroup, did not, so the warpgroup meets here first.
+      if (tile_empty || !kPingPong) {
+        cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
+      }
+    }
     auto smem_tiled_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
     auto smem_thr_copy_o = smem_tiled_copy_o.get_thread_slice(mma_tidx);
     Element* const o_buffer = [&] {
