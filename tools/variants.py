@@ -91,6 +91,28 @@ def build(args):
     return name, time.time() - start
 
 
+def time_in_rounds(runs, rounds):
+    """Median do_bench time of every callable in runs over `rounds` rounds, the order rotated every
+    round: a provider timed right after another one measured up to ~3 % slower than the same kernel
+    timed first (clocks drop under sustained load)."""
+    from triton.testing import do_bench
+    order = list(runs)
+    times = {name: [] for name in order}
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            times[name].append(do_bench(runs[name], warmup=50, rep=300, return_mode="median"))
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def report(med, flops):
+    """' cuDNN x | name y (ratio) ...' in TFLOP/s, ratios against the first entry (cuDNN)."""
+    first, t = next(iter(med.items()))
+    line = f" {first} {flops / t / 1e9:6.1f}"
+    for name, t2 in list(med.items())[1:]:
+        line += f" | {name} {flops / t2 / 1e9:6.1f} ({t / t2:.3f})"
+    return line
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hdim", type=int, default=128)
@@ -103,8 +125,8 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="build, check and time the backward")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also time deterministic=True")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="forward: time every provider this many times at each point, in a rotated order, and "
-                         "report the medians (same-kernel variants differ by 2-4 %% in one round)")
+                    help="time every provider this many times at each point, in a rotated order, and report "
+                         "the medians (same-kernel variants differ by 2-4 %% in one round)")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
     with mp.get_context("spawn").Pool(len(variants)) as pool:
@@ -117,7 +139,6 @@ def main():
 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
     sys.path.insert(0, str(ROOT / "tools"))
     from fwd_check import reference
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -160,25 +181,12 @@ def main():
                     return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
             runs = {"cuDNN": cudnn}
             runs.update({name: (lambda op=op: op(q, k, v, d ** -0.5, causal)) for name, op in ops.items()})
-            times = {name: [] for name in runs}
-            order = list(runs)
-            for r in range(args.rounds):
-                # In turn, the order rotated every round: a provider timed right after another one
-                # measured up to ~3 % slower than the same kernel timed first (clocks drop under load).
-                for name in order[r % len(order):] + order[:r % len(order)]:
-                    times[name].append(do_bench(runs[name], warmup=50, rep=300, return_mode="median"))
-            med = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
-            t = med["cuDNN"]
-            line = f"causal={int(causal)} seqlen={s:5d} cuDNN {flops / t / 1e9:6.1f}"
-            for name in ops:
-                line += f" | {name} {flops / med[name] / 1e9:6.1f} ({t / med[name]:.3f})"
-            print(line, flush=True)
+            print(f"causal={int(causal)} seqlen={s:5d}" + report(time_in_rounds(runs, args.rounds), flops), flush=True)
 
 
 def main_bwd(args, variants):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
     sys.path.insert(0, str(ROOT / "tools"))
     from bwd_check import check
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -209,16 +217,15 @@ def main_bwd(args, variants):
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
             g = dout.transpose(1, 2)
-            t = do_bench(lambda: torch.autograd.grad(o, (qt, kt, vt), g, retain_graph=True),
-                         warmup=50, rep=300, return_mode="median")
-            line = f"bwd causal={int(causal)} seqlen={s:5d} cuDNN {flops / t / 1e9:6.1f}"
+            runs = {"cuDNN": lambda: torch.autograd.grad(o, (qt, kt, vt), g, retain_graph=True)}
             for name, op in ops.items():
                 out, lse = op.fwd(q, k, v, d ** -0.5, causal)
                 for det in ([False, True] if args.deterministic else [False]):
-                    t2 = do_bench(lambda: op.bwd(dout, q, k, v, out, lse, d ** -0.5, causal, -1, -1, False, det),
-                                  warmup=50, rep=300, return_mode="median")
-                    line += f" | {name}{'-det' if det else ''} {flops / t2 / 1e9:6.1f} ({t / t2:.3f})"
-            print(line, flush=True)
+                    runs[f"{name}{'-det' if det else ''}"] = (
+                        lambda op=op, out=out, lse=lse, det=det:
+                        op.bwd(dout, q, k, v, out, lse, d ** -0.5, causal, -1, -1, False, det))
+            print(f"bwd causal={int(causal)} seqlen={s:5d}" + report(time_in_rounds(runs, args.rounds), flops),
+                  flush=True)
 
 
 if __name__ == "__main__":
