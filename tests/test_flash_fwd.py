@@ -65,6 +65,12 @@ def run_and_check(q, k, v, causal, **kwargs):
     return out, lse
 
 
+def assert_blind_rows_empty(out, lse, blind):
+    """Bottom-right causal: the first `blind` (seqlen_q - seqlen_k) queries see no key: O is 0, lse -inf."""
+    assert torch.equal(out[:, :blind], torch.zeros_like(out[:, :blind]))
+    assert torch.isneginf(lse[:, :, :blind]).all()
+
+
 # --------------------------------------------------------------------------
 # The sweep
 # --------------------------------------------------------------------------
@@ -82,10 +88,7 @@ def test_forward_sweep(dtype, hdim, causal, gqa, seqlen_q, seqlen_k, batch):
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, hdim, dtype, seed)
     out, lse = run_and_check(q, k, v, causal)
     if causal and seqlen_q > seqlen_k:
-        # Bottom-right causal: the first seqlen_q - seqlen_k queries see no key.
-        blind = seqlen_q - seqlen_k
-        assert torch.equal(out[:, :blind], torch.zeros_like(out[:, :blind]))
-        assert torch.isneginf(lse[:, :, :blind]).all()
+        assert_blind_rows_empty(out, lse, seqlen_q - seqlen_k)
 
 
 # --------------------------------------------------------------------------
@@ -159,9 +162,7 @@ def test_persistent_ctas_running_into_tiles_with_nothing_to_attend(hdim, seed):
     skip_unless_compiled(hdim, torch.bfloat16)
     q, k, v = random_qkv(4, 4224, 200, 8, 2, hdim, torch.bfloat16, seed=seed)
     out, lse = run_and_check(q, k, v, True)
-    blind = 4224 - 200
-    assert torch.equal(out[:, :blind], torch.zeros_like(out[:, :blind]))
-    assert torch.isneginf(lse[:, :, :blind]).all()
+    assert_blind_rows_empty(out, lse, 4224 - 200)
     again = flash_attn_func(q, k, v, causal=True)
     assert torch.equal(again, out)
 
