@@ -251,6 +251,11 @@ struct FwdKernel {
       PipelineState state_k;
       PipelineState state_v;
       int q_phase = 0;
+      auto consume_tile = [&](int tile) {
+        FwdTile const t = scheduler.decode(tile);
+        consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
+                threadIdx.x - 128, wg);
+      };
       if constexpr (kDynamic) {
         for (int iteration = 0;; ++iteration) {
           int const slot = iteration & 1;
@@ -258,16 +263,10 @@ struct FwdKernel {
           int const tile = smem.ring.ids[slot];
           smem.ring.empty[slot].arrive();
           if (!scheduler.valid(tile)) { break; }
-          FwdTile const t = scheduler.decode(tile);
-          consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
-                  threadIdx.x - 128, wg);
+          consume_tile(tile);
         }
       } else {
-        for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) {
-          FwdTile const t = scheduler.decode(tile);
-          consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
-                  threadIdx.x - 128, wg);
-        }
+        for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) { consume_tile(tile); }
       }
     }
   }
