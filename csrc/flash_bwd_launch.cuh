@@ -87,7 +87,15 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
   constexpr FwdTileShape tile = bwd_tile<kHeadDim>();
-  launch_bwd<BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal>>(p, stream);
+  constexpr bool kDvAfterDs = bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/false>();
+  constexpr bool kDvAfterDsDet = bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/true>();
+  if constexpr (kDvAfterDs != kDvAfterDsDet) {
+    if (p.dq_semaphore_ptr != nullptr) {
+      launch_bwd<BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal, kDvAfterDsDet>>(p, stream);
+      return;
+    }
+  }
+  launch_bwd<BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal, kDvAfterDs>>(p, stream);
 }
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.

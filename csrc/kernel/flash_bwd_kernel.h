@@ -60,7 +60,8 @@ struct BwdBlockRange {
   CUTLASS_HOST_DEVICE int count() const { return max(0, m_block_max - m_block_min); }
 };
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_,
+          bool kDvAfterDs_ = false>
 struct BwdKernel {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -81,6 +82,10 @@ struct BwdKernel {
                 "64 query rows per step (128 only for head dims <= 64)");
   static_assert(kBlockN == 64 || kBlockN == 128);
   static constexpr bool kRS = kBlockN == 128;
+  // RS path: the dV GEMM issued after dS^T is in shared memory (FA3's order) instead of while dS^T
+  // is computed (tile_size.h, bwd_dv_after_ds, says where).
+  static constexpr bool kDvAfterDs = kDvAfterDs_;
+  static_assert(kRS || !kDvAfterDs);
 
   // The two consumer warpgroups split the keys when there are 128 of them, else the other
   // dimension (queries for S^T/dP^T, head dim for dK/dV).
@@ -522,12 +527,13 @@ struct BwdKernel {
           tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
-      // dV += P^T . dO with P^T from registers; it runs while dS^T is computed.
+      // dV += P^T . dO with P^T from registers; it runs while dS^T is computed, or (kDvAfterDs)
+      // while dS^T is written and the warpgroups meet before dQ.
       Tensor tdVrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
       convert_into(tSrS, tdVrP);
-      wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
+      if constexpr (!kDvAfterDs) { wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV); }
 
-      warpgroup_wait<1>();  // dP^T ready (the dV GEMM may still run)
+      warpgroup_wait<kDvAfterDs ? 0 : 1>();  // dP^T ready (the dV GEMM may still run)
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         float const dsum = smem.dsum[stage][get<1>(tScS_rc(0, c))];
@@ -541,6 +547,7 @@ struct BwdKernel {
       Tensor tdSrdS = make_tensor(tdKrdS.data(), tSrdP.layout());  // the same registers, C layout
       copy(smem_copy_ds, smem_thr_copy_ds.retile_S(tdSrdS), tdSsdSt(_, _, _, buf));
       cutlass::arch::fence_view_async_shared();
+      if constexpr (kDvAfterDs) { wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV); }
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
 
       // dQ first, then dK, so that dQ is staged while dK still runs. With dK first, staging began
