@@ -1,14 +1,17 @@
 #!/bin/bash
 # Where the forward's per-tile time goes at short sequences: ncu on one launch of the hdim 128
 # non-causal forward at 1k keys (persistent 128x128 with its own O) and at 8k (persistent
-# 128x176), warp stall reasons and the source lines they sit on. FA3 reaches 1.05x cuDNN at 1k
-# with a 128x176 tile where ours gives 0.92 (128x128) / 0.88 (128x176). About 4 minutes.
-#   run: bash tools/device_plan_ncu_fwd.sh      (carry .whl); reports in $OUT/ncu*.txt
+# 128x176), with the source counters, saved as reports and printed per SASS instruction
+# (tools/ncu_source_top.py: the instructions with the most warp-stall samples). The summary
+# sections of the same run (2026-11-30): SM throughput 62 % at 1k against 77 % at 8k, the same
+# stall mix. About 4 minutes; 7 files come back (keep it under 8).
+#   run: bash tools/device_plan_ncu_fwd.sh      (carry .whl); reports in $OUT/ncu*.ncu-rep
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
-SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters"
-NCU="timeout 150 ncu --clock-control none -k regex:flash_fwd_kernel -s 2 -c 1 $SECTIONS --print-details all"
-HDIMS=128 STEPS=cmd CMD_TIMEOUT=320 \
-  EXTRA_CMD="$NCU python3 tools/profile_case.py --hdim 128 --seqlen 1024 > \$OUT/ncu1k.txt 2>&1; echo 1k \$?; \
-             $NCU python3 tools/profile_case.py --hdim 128 --seqlen 8192 > \$OUT/ncu8k.txt 2>&1; echo 8k \$?; \
-             grep -hE 'Duration|Stall|Issue Slots|Eligible|Warp Cycles' \$OUT/ncu1k.txt \$OUT/ncu8k.txt | head -60" \
-  bash tools/device_session.sh
+SECTIONS="--section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source yes"
+NCU="timeout 150 ncu --clock-control none -k regex:flash_fwd_kernel -s 2 -c 1 $SECTIONS"
+one() {  # $1 = seqlen, $2 = tag
+  echo "$NCU -o \$OUT/ncu$2 python3 tools/profile_case.py --hdim 128 --seqlen $1 > /dev/null 2>&1; echo $2 \$?; \
+        ncu --import \$OUT/ncu$2.ncu-rep --page source --csv --print-source sass > \$OUT/src$2.csv 2>&1; \
+        python3 tools/ncu_source_top.py \$OUT/src$2.csv --top 30;"
+}
+HDIMS=128 STEPS=cmd CMD_TIMEOUT=330 EXTRA_CMD="$(one 1024 1k) $(one 8192 8k)" bash tools/device_session.sh
