@@ -71,8 +71,7 @@ constexpr FwdTileShape fwd_tile_table() {
     // 0.969 against the long-keys tile's 0.954, but 0.992 against 1.067 at 8k.
     constexpr bool kPersistCausal = kLocal && kKeys != kLongKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
     if constexpr (kPersistCausal) { return {128, 128, 2, true, true}; }
-    constexpr bool kPersist64 = kPersist || kPersistCausal;
-    return {192, 128, 2, kPersist64, kPersist64};
+    return {192, 128, 2, kPersist, kPersist};  // non-causal, or causal with long keys (one CTA per tile)
   } else if constexpr (kHeadDim <= 96) {
     return {128, 128, 2};
   } else if constexpr (kHeadDim <= 128) {
