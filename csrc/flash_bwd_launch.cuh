@@ -5,6 +5,8 @@
 
 #include "kernel/config.h"
 
+#include <algorithm>
+
 #include <cuda_runtime.h>
 
 #include <cute/tensor.hpp>
@@ -71,7 +73,13 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim><<<grid_prep, kPrepWarps * 32, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward preprocess kernel");
 
-  dim3 const grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
+  dim3 grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
+  if constexpr (Kernel::kPersistent) {  // one CTA per SM over all tiles (experiment)
+    int device = 0, sms = 0;
+    check_cuda(cudaGetDevice(&device), "querying the device");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
+    grid = dim3(std::min<int64_t>(int64_t(grid.x) * grid.y * grid.z, sms), 1, 1);
+  }
   auto kernel = &flash_bwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
