@@ -198,7 +198,10 @@ def main_bwd(args, variants):
     cases = [dict(b=2, sq=113, sk=203, hq=6, hk=2, causal=False), dict(b=2, sq=799, sk=3, hq=6, hk=2, causal=True),
              dict(b=2, sq=1024, sk=1024, hq=6, hk=2, causal=True), dict(b=1, sq=2048, sk=2049, hq=4, hk=4, causal=False),
              dict(b=2, sq=300, sk=500, hq=4, hk=2, causal=False, window=(37, 11)),
-             dict(b=2, sq=500, sk=300, hq=4, hk=2, causal=True, top_left=True)]
+             dict(b=2, sq=500, sk=300, hq=4, hk=2, causal=True, top_left=True),
+             # more key-block tiles than the H200 has SMs (132), so that CTA scheduling across
+             # heads (persistent or reordered grids) is checked too
+             dict(b=4, sq=1000, sk=1500, hq=8, hk=4, causal=False), dict(b=4, sq=1500, sk=1200, hq=8, hk=4, causal=True)]
     for name, op in ops.items():  # correctness first, twice: a moving error is a race
         for det in ([False, True] if args.deterministic else [False]):
             ok = True
