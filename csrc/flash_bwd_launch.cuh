@@ -5,6 +5,9 @@
 
 #include "kernel/config.h"
 
+#include <algorithm>
+#include <type_traits>
+
 #include <cuda_runtime.h>
 
 #include <cute/tensor.hpp>
@@ -71,7 +74,13 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim><<<grid_prep, kPrepWarps * 32, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward preprocess kernel");
 
-  dim3 const grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
+  dim3 grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
+  if constexpr (Kernel::kPersistent) {  // one CTA per SM over all tiles
+    int device = 0, sms = 0;
+    check_cuda(cudaGetDevice(&device), "querying the device");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
+    grid = dim3(std::min<int64_t>(int64_t(grid.x) * grid.y * grid.z, sms), 1, 1);
+  }
   auto kernel = &flash_bwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
@@ -87,15 +96,20 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
   constexpr FwdTileShape tile = bwd_tile<kHeadDim>();
-  constexpr bool kDvAfterDs = bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/false>();
-  constexpr bool kDvAfterDsDet = bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/true>();
-  if constexpr (kDvAfterDs != kDvAfterDsDet) {
+  // The default and the deterministic mode share one kernel unless a policy tells them apart.
+  using Default = BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal,
+                            bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/false>(),
+                            bwd_persistent<kHeadDim, kLocal, /*kDeterministic=*/false>()>;
+  using Deterministic = BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal,
+                                  bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/true>(),
+                                  bwd_persistent<kHeadDim, kLocal, /*kDeterministic=*/true>()>;
+  if constexpr (!std::is_same_v<Default, Deterministic>) {
     if (p.dq_semaphore_ptr != nullptr) {
-      launch_bwd<BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal, kDvAfterDsDet>>(p, stream);
+      launch_bwd<Deterministic>(p, stream);
       return;
     }
   }
-  launch_bwd<BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal, kDvAfterDs>>(p, stream);
+  launch_bwd<Default>(p, stream);
 }
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.

@@ -61,7 +61,7 @@ struct BwdBlockRange {
 };
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, bool kLocal_,
-          bool kDvAfterDs_ = false>
+          bool kDvAfterDs_ = false, bool kPersistent_ = false>
 struct BwdKernel {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -82,6 +82,14 @@ struct BwdKernel {
                 "64 query rows per step (128 only for head dims <= 64)");
   static_assert(kBlockN == 64 || kBlockN == 128);
   static constexpr bool kRS = kBlockN == 128;
+  // Persistent (non-causal only; tile_size.h, bwd_persistent, says where): one CTA per SM
+  // striding over the (key block, KV head, batch) tiles, key blocks fastest, so that the next
+  // tile's K, V and first Q/dO blocks load while this tile's dK/dV epilogue runs (every tile of a
+  // non-causal problem has the same work, so a static stride balances). Deterministic mode would
+  // stay correct: a CTA's tiles come in increasing index order and each waits only on lower key
+  // blocks, i.e. lower indices.
+  static constexpr bool kPersistent = kPersistent_;
+  static_assert(!(kPersistent && kLocal_), "the persistent backward walks non-causal tiles only");
   // RS path: the dV GEMM issued after dS^T is in shared memory (FA3's order) instead of while dS^T
   // is computed (tile_size.h, bwd_dv_after_ds, says where).
   static constexpr bool kDvAfterDs = kDvAfterDs_;
@@ -176,6 +184,7 @@ struct BwdKernel {
     alignas(16) float lse2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    alignas(16) cutlass::arch::ClusterBarrier barrier_kv_empty;  // persistent: consumers done with K, V
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
   };
   static constexpr int kSmemLimit = 227 * 1024;
@@ -223,9 +232,6 @@ struct BwdKernel {
     int const warp_group_idx = cutlass::canonical_warp_group_idx();
     int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
     bool const lane_predicate = cute::elect_one_sync();
-    int const n_block = key_block_of_cta(params);
-    int const head_kv = blockIdx.y;
-    int const batch = blockIdx.z;
 
     if (warp_group_idx == 0 && warp_idx_in_wg == 0 && lane_predicate) {
       cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
@@ -233,6 +239,7 @@ struct BwdKernel {
       cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
       smem.barrier_kv.init(/*arrive_count=*/1);
+      smem.barrier_kv_empty.init(/*arrive_count=*/kNumMmaThreads);
     }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = 2 * kBytesQ + 2 * kBytesRow;  // Q, dO, LSE2, D of one query block
@@ -243,30 +250,82 @@ struct BwdKernel {
     Pipeline pipeline(smem.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();
 
-    BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n_block, params.seqlen_q, params.diag_offset,
-                                                        params.window_left, params.window_right);
-    int const num_steps = range.count() * params.q_heads_per_kv_head;
-
+    // Every role walks the same tiles; Progress counts the steps and K/V loads before each tile
+    // (the dQ staging buffers, the dS^T buffers and the K/V barrier phases run on across tiles).
     if (warp_group_idx == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if (warp_idx_in_wg == 0 && lane_predicate) {
-        load(params, smem, pipeline, range, num_steps, n_block, head_kv, batch);
+        PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+        for_each_tile(params, [&](BwdTile const& tile, Progress const& progress) {
+          load(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
+               tile.batch);
+        });
       }
-      if (warp_idx_in_wg == 1) { reduce_dq(params, smem, range, num_steps, n_block, head_kv, batch); }
+      if (warp_idx_in_wg == 1) {
+        int total_steps = 0;
+        for_each_tile(params, [&](BwdTile const& tile, Progress const&) { total_steps += tile.num_steps; });
+        bool const leader = cute::elect_one_sync();
+        for_each_tile(params, [&](BwdTile const& tile, Progress const& progress) {
+          reduce_dq(params, smem, progress, total_steps, leader, tile.range, tile.num_steps, tile.n_block,
+                    tile.head_kv, tile.batch);
+        });
+        if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      if constexpr (kRS) {
-        consume_rs(params, smem, pipeline, range, num_steps, n_block, head_kv, batch, threadIdx.x - 128);
-      } else {
-        consume(params, smem, pipeline, range, num_steps, n_block, head_kv, batch, threadIdx.x - 128);
-      }
+      PipelineState state;
+      for_each_tile(params, [&](BwdTile const& tile, Progress const& progress) {
+        if constexpr (kRS) {
+          consume_rs(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block,
+                     tile.head_kv, tile.batch, threadIdx.x - 128);
+        } else {
+          consume(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
+                  tile.batch, threadIdx.x - 128);
+        }
+      });
     }
   }
 
-  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline,
-                           BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
-                           int head_kv, int batch) const {
+  struct BwdTile {
+    int n_block, head_kv, batch;
+    BwdBlockRange<kBlockM, kBlockN, kLocal> range;
+    int num_steps;
+  };
+  struct Progress {
+    int steps = 0;     // steps of the CTA's earlier tiles
+    int kv_loads = 0;  // K/V blocks loaded for them (tiles without steps load none)
+  };
+
+  // The CTA's tiles in order: its blockIdx one, or (kPersistent) tiles blockIdx.x, + gridDim.x, ...
+  // of the (key blocks, KV heads, batch) grid, key blocks fastest.
+  template <typename Fn>
+  CUTLASS_DEVICE static void for_each_tile(Params const& params, Fn&& fn) {
+    Progress progress;
+    auto visit = [&](int n_block, int head_kv, int batch) {
+      BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n_block, params.seqlen_q, params.diag_offset,
+                                                          params.window_left, params.window_right);
+      BwdTile const tile{n_block, head_kv, batch, range, range.count() * params.q_heads_per_kv_head};
+      fn(tile, progress);
+      progress.steps += tile.num_steps;
+      progress.kv_loads += tile.num_steps > 0 ? 1 : 0;
+    };
+    if constexpr (kPersistent) {
+      int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
+      int const tiles = n_blocks * params.heads_kv * int(get<3>(params.shape_q));
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        visit(t % n_blocks, (t / n_blocks) % params.heads_kv, t / (n_blocks * params.heads_kv));
+      }
+    } else {
+      visit(key_block_of_cta(params), int(blockIdx.y), int(blockIdx.z));
+    }
+  }
+
+  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline, PipelineState& state,
+                           Progress const& progress, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
+                           int num_steps, int n_block, int head_kv, int batch) const {
     if (num_steps == 0) { return; }
+    // The consumers' last GEMMs of the previous tile have read K and V.
+    if (progress.kv_loads > 0) { smem.barrier_kv_empty.wait((progress.kv_loads - 1) & 1); }
     Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
     Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
@@ -281,7 +340,6 @@ struct BwdKernel {
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{});
-    PipelineState state = cutlass::make_producer_start_state<Pipeline>();
     for (int step = 0; step < num_steps; ++step) {
       int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
       int const m_block = step_m_block(params, range, step, n_block);
@@ -316,9 +374,9 @@ struct BwdKernel {
                             make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{}));   // sdS (M, N, 2)
   }
 
-  CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline,
-                              BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
-                              int head_kv, int batch, int mma_tidx) const {
+  CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline, PipelineState& state,
+                              Progress const& progress, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
+                              int num_steps, int n_block, int head_kv, int batch, int mma_tidx) const {
     TiledMmaSdP mma_sdp;
     TiledMmadKV mma_dkv;
     TiledMmadQ mma_dq;
@@ -359,13 +417,12 @@ struct BwdKernel {
 
 
     int const n0 = n_block * kBlockN;
-    if (num_steps > 0) { smem.barrier_kv.wait(0); }
+    if (num_steps > 0) { smem.barrier_kv.wait(progress.kv_loads & 1); }
 
-    PipelineState state;
     for (int step = 0; step < num_steps; ++step) {
       int const m_block = step_m_block(params, range, step, n_block);
       int const m0 = m_block * kBlockM;
-      int const buf = step & 1;
+      int const buf = (progress.steps + step) & 1;
 
       pipeline.consumer_wait(state);
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -425,8 +482,10 @@ struct BwdKernel {
       pipeline.consumer_release(state);
       ++state;
 
-      stage_dq(smem, tdQrdQ, step, mma_tidx);
+      stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
     }
+    // Persistent: K and V are free for the next tile once the last step's GEMMs are done.
+    if (kPersistent && num_steps > 0) { smem.barrier_kv_empty.arrive(); }
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
   }
 
@@ -450,6 +509,7 @@ struct BwdKernel {
 
   // RS variant (kBlockN == 128): warpgroup w owns keys [64 w, 64 w + 64) for S^T, dP^T, dV, dK.
   CUTLASS_DEVICE void consume_rs(Params const& params, SharedStorage& smem, Pipeline& pipeline,
+                                 PipelineState& state, Progress const& progress,
                                  BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
                                  int head_kv, int batch, int mma_tidx) const {
     TiledMmaSdP mma_sdp;
@@ -486,7 +546,7 @@ struct BwdKernel {
 
     int const n0 = n_block * kBlockN;
     if (num_steps > 0) {
-      smem.barrier_kv.wait(0);
+      smem.barrier_kv.wait(progress.kv_loads & 1);
       if constexpr (kKVRegs) {  // this warpgroup's K and V rows into registers, once (ldmatrix)
         auto smem_copy_a = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sdp);
         auto thr_copy_a = smem_copy_a.get_thread_slice(mma_tidx);
@@ -495,11 +555,10 @@ struct BwdKernel {
       }
     }
 
-    PipelineState state;
     for (int step = 0; step < num_steps; ++step) {
       int const m_block = step_m_block(params, range, step, n_block);
       int const m0 = m_block * kBlockM;
-      int const buf = step & 1;
+      int const buf = (progress.steps + step) & 1;
       int const stage = state.index();
 
       pipeline.consumer_wait(state);
@@ -557,25 +616,29 @@ struct BwdKernel {
       wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ);
       wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
       warpgroup_wait<1>();  // dV and dQ done; dK reads Q's stage until the wait below
-      stage_dq(smem, tdQrdQ, step, mma_tidx);
+      stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
       warpgroup_wait<0>();
       pipeline.consumer_release(state);
       ++state;
     }
+    // Persistent: K and V are free for the next tile once the last step's GEMMs are done.
+    if (kPersistent && num_steps > 0) { smem.barrier_kv_empty.arrive(); }
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
   }
 
   // Warp 1 of the producer warpgroup: adds each step's dQ block from shared memory into
   // the float32 accumulator with one bulk reduce-add. Deterministic mode takes the block's turn
   // first and waits for the addition to complete before passing the turn on.
-  CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem,
-                                BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
-                                int head_kv, int batch) const {
-    bool const leader = cute::elect_one_sync();
+  // progress.steps + step is the CTA-wide step (buffers run on across tiles), total_steps the
+  // CTA's number of steps; the caller waits for the last reductions.
+  CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress,
+                                int total_steps, bool leader, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
+                                int num_steps, int n_block, int head_kv, int batch) const {
     for (int step = 0; step < num_steps; ++step) {
       int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
       int const m_block = step_m_block(params, range, step, n_block);
-      int const buffer = step % kDqStages;
+      int const global_step = progress.steps + step;
+      int const buffer = global_step % kDqStages;
       int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
       float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
       uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.dq.dq.data() + buffer * (kBlockM * kHeadDim));
@@ -602,12 +665,11 @@ struct BwdKernel {
       }
       __syncwarp();
       // The buffer the consumers fill next (step + 1) was last read by step + 1 - kDqStages.
-      if (step + 1 >= kDqStages && step + 1 < num_steps) {
-        cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32,
-                                            static_cast<int>(BwdNamedBarrier::kDqEmpty0) + (step + 1) % kDqStages);
+      if (global_step + 1 >= kDqStages && global_step + 1 < total_steps) {
+        cutlass::arch::NamedBarrier::arrive(
+            kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + (global_step + 1) % kDqStages);
       }
     }
-    if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
   }
 
   // The query block of a step. Were every key block's CTA to start at the first query block, all

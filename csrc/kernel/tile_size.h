@@ -175,4 +175,20 @@ constexpr bool bwd_dv_after_ds() {
 #endif
 }
 
+// Backward: whether the non-causal kernel is persistent (one CTA per SM striding over the
+// tiles; the next tile's K/V load under the dK/dV epilogue). Measured (3 rounds, x cuDNN at
+// 512 / 1k / 2k / 8k), default mode: hdim 64 1.00 / 0.99 / 0.99 / 1.00 -> 1.08 / 1.02 / 1.01 /
+// 1.01, hdim 128 0.98 / 1.00 / 1.00 / 1.00 -> 1.03 / 1.02 / 1.01 / 1.01, hdim 256 0.97 / 0.95 /
+// 0.93 / 0.98 -> 1.01 / 0.96 / 0.93 / 0.96 (before its split Q/dO pipelines; not taken there);
+// deterministic mode: +12 % at 512, then -4 / -12 / -10 % (not taken there).
+// FLASH_BWD_DEV_PERSISTENT=0/1 forces it (non-causal).
+template <int kHeadDim, bool kLocal, bool kDeterministic>
+constexpr bool bwd_persistent() {
+#ifdef FLASH_BWD_DEV_PERSISTENT
+  return !kLocal && FLASH_BWD_DEV_PERSISTENT;
+#else
+  return kHeadDim <= 128 && !kLocal && !kDeterministic;
+#endif
+}
+
 }  // namespace flash
