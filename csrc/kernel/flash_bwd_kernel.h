@@ -90,6 +90,13 @@ struct BwdKernel {
   // blocks, i.e. lower indices.
   static constexpr bool kPersistent = kPersistent_;
   static_assert(!(kPersistent && kLocal_), "the persistent backward walks non-causal tiles only");
+  // SS path with one Q/dO stage (head dims > 192): Q (+ LSE) and dO (+ D) in two pipelines, and
+  // the step's GEMMs ordered dK, dV, dQ, so that Q's stage is released once dK has read it and
+  // dO's once dV has: the next step's Q loads under dV and dQ, its dO under dQ and the next S^T
+  // (one pipeline made every load wait for the whole step). Measured at hdim 256, x cuDNN at
+  // 512 / 2k / 8k, default mode: non-causal 0.97 / 0.92 / 0.96 -> 1.14 / 1.09 / 1.15, causal
+  // 0.96 / 0.94 / 0.91 -> 1.04 / 1.04 / 1.02; deterministic mode unchanged (within 1.5 %).
+  static constexpr bool kSplitQdO = !kRS && kStages_ == 1;
   // RS path: the dV GEMM issued after dS^T is in shared memory (FA3's order) instead of while dS^T
   // is computed (tile_size.h, bwd_dv_after_ds, says where).
   static constexpr bool kDvAfterDs = kDvAfterDs_;
@@ -186,6 +193,7 @@ struct BwdKernel {
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) cutlass::arch::ClusterBarrier barrier_kv_empty;  // persistent: consumers done with K, V
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
+    alignas(16) typename Pipeline::SharedStorage pipeline_do;  // kSplitQdO: dO and D (Q and LSE in pipeline_qdo)
   };
   static constexpr int kSmemLimit = 227 * 1024;
   // Two dQ staging buffers where they fit, else one; FLASH_BWD_DEV_DQ_STAGES overrides.
@@ -242,12 +250,14 @@ struct BwdKernel {
       smem.barrier_kv_empty.init(/*arrive_count=*/kNumMmaThreads);
     }
     typename Pipeline::Params pipeline_params;
-    pipeline_params.transaction_bytes = 2 * kBytesQ + 2 * kBytesRow;  // Q, dO, LSE2, D of one query block
+    // Q, dO, LSE2, D of one query block (kSplitQdO: Q and LSE2 here, dO and D in pipeline_do)
+    pipeline_params.transaction_bytes = kSplitQdO ? kBytesQ + kBytesRow : 2 * kBytesQ + 2 * kBytesRow;
     pipeline_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer
                                                : Pipeline::ThreadCategory::Consumer;
     pipeline_params.is_leader = threadIdx.x == 0;
     pipeline_params.num_consumers = kNumMmaThreads;
     Pipeline pipeline(smem.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_do(smem.pipeline_do, pipeline_params, Shape<_1, _1, _1>{});  // used with kSplitQdO
     __syncthreads();
 
     // Every role walks the same tiles; Progress counts the steps and K/V loads before each tile
@@ -257,8 +267,8 @@ struct BwdKernel {
       if (warp_idx_in_wg == 0 && lane_predicate) {
         PipelineState state = cutlass::make_producer_start_state<Pipeline>();
         for_each_tile(params, [&](BwdTile const& tile, Progress const& progress) {
-          load(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
-               tile.batch);
+          load(params, smem, pipeline, pipeline_do, state, progress, tile.range, tile.num_steps, tile.n_block,
+               tile.head_kv, tile.batch);
         });
       }
       if (warp_idx_in_wg == 1) {
@@ -279,8 +289,8 @@ struct BwdKernel {
           consume_rs(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block,
                      tile.head_kv, tile.batch, threadIdx.x - 128);
         } else {
-          consume(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
-                  tile.batch, threadIdx.x - 128);
+          consume(params, smem, pipeline, pipeline_do, state, progress, tile.range, tile.num_steps, tile.n_block,
+                  tile.head_kv, tile.batch, threadIdx.x - 128);
         }
       });
     }
@@ -320,9 +330,10 @@ struct BwdKernel {
     }
   }
 
-  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline, PipelineState& state,
-                           Progress const& progress, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
-                           int num_steps, int n_block, int head_kv, int batch) const {
+  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline, Pipeline& pipeline_do,
+                           PipelineState& state, Progress const& progress,
+                           BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                           int head_kv, int batch) const {
     if (num_steps == 0) { return; }
     // The consumers' last GEMMs of the previous tile have read K and V.
     if (progress.kv_loads > 0) { smem.barrier_kv_empty.wait((progress.kv_loads - 1) & 1); }
@@ -354,9 +365,16 @@ struct BwdKernel {
       pipeline.producer_acquire(state);
       uint64_t* const full = reinterpret_cast<uint64_t*>(pipeline.producer_get_barrier(state));
       copy(params.tma_q.with(*pipeline.producer_get_barrier(state)), tQgQ, tQsQ(_, state.index()));
-      copy(params.tma_do.with(*pipeline.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
       SM90_BULK_COPY_G2S::copy(params.lse_log2 + row, full, smem.lse2[state.index()], kBytesRow);
-      SM90_BULK_COPY_G2S::copy(params.dsum + row, full, smem.dsum[state.index()], kBytesRow);
+      if constexpr (kSplitQdO) {  // the two pipelines advance together: one state serves both
+        pipeline_do.producer_acquire(state);
+        uint64_t* const full_do = reinterpret_cast<uint64_t*>(pipeline_do.producer_get_barrier(state));
+        copy(params.tma_do.with(*pipeline_do.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
+        SM90_BULK_COPY_G2S::copy(params.dsum + row, full_do, smem.dsum[state.index()], kBytesRow);
+      } else {
+        copy(params.tma_do.with(*pipeline.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
+        SM90_BULK_COPY_G2S::copy(params.dsum + row, full, smem.dsum[state.index()], kBytesRow);
+      }
       ++state;
     }
   }
@@ -374,9 +392,10 @@ struct BwdKernel {
                             make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{}));   // sdS (M, N, 2)
   }
 
-  CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline, PipelineState& state,
-                              Progress const& progress, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
-                              int num_steps, int n_block, int head_kv, int batch, int mma_tidx) const {
+  CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline, Pipeline& pipeline_do,
+                              PipelineState& state, Progress const& progress,
+                              BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                              int head_kv, int batch, int mma_tidx) const {
     TiledMmaSdP mma_sdp;
     TiledMmadKV mma_dkv;
     TiledMmadQ mma_dq;
@@ -428,6 +447,7 @@ struct BwdKernel {
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, state.index()), tSrS);
+      if constexpr (kSplitQdO) { pipeline_do.consumer_wait(state); }
       wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, state.index()), tSrdP);
 
       // Per-query LSE (log2 domain) and D for this thread's columns, read while the GEMMs run.
@@ -475,11 +495,22 @@ struct BwdKernel {
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
 
       Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-      wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, state.index()), tdVrdV);
-      wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, state.index()), tdKrdK);
-      wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ);
-      warpgroup_wait<0>();
-      pipeline.consumer_release(state);
+      if constexpr (kSplitQdO) {
+        wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, state.index()), tdKrdK);
+        wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, state.index()), tdVrdV);
+        wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ);
+        warpgroup_wait<2>();  // dK done: Q's stage is free
+        pipeline.consumer_release(state);
+        warpgroup_wait<1>();  // dV done: dO's stage is free
+        pipeline_do.consumer_release(state);
+        warpgroup_wait<0>();
+      } else {
+        wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, state.index()), tdVrdV);
+        wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, state.index()), tdKrdK);
+        wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ);
+        warpgroup_wait<0>();
+        pipeline.consumer_release(state);
+      }
       ++state;
 
       stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
