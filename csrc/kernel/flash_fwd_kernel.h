@@ -401,6 +401,41 @@ struct FwdKernel {
       Tensor rescale = make_tensor<float>(Shape<Int<kRows>>{});
       fill(rescale, 1.f);
 
+      // One K/V block after the first; kMasked: it crosses the sequence end or a window edge.
+      auto block = [&](int n, auto masked) {
+        scheduler_sync(wg);
+        pipeline_k.consumer_wait(state_k);
+        wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+        softmax.rescale_o(tOrO_rc, rescale);
+        pipeline_v.consumer_wait(state_v);
+        wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
+        scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
+        warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
+        if (n == range.n_block_min) { release_q(smem, mma_tidx); }
+        pipeline_k.consumer_release(state_k);
+        ++state_k;
+        if constexpr (decltype(masked)::value) {
+          apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+                             params.window_left, params.window_right);
+        }
+        softmax.next_block(tSrS_rc, rescale);
+        warpgroup_wait<0>();   // P.V done: V's stage and the P registers are free
+        pipeline_v.consumer_release(state_v);
+        ++state_v;
+        convert_into(tSrS, tOrP);
+      };
+      // Experiment (FLASH_FWD_DEV_SPLIT_MASK=1): three loops, as FA3, so that the long middle
+      // one carries no mask code or registers: the blocks at the sequence end / right window
+      // edge (masked), the inner blocks, the blocks past the left window edge (masked). At hdim
+      // 256 causal the single loop spilled (14 local-memory instructions per iteration).
+#if defined(FLASH_FWD_DEV_SPLIT_MASK) && FLASH_FWD_DEV_SPLIT_MASK
+      for (--n; n >= range.n_block_min && n >= range.n_unmasked_hi; --n) { block(n, std::true_type{}); }
+      for (; n >= range.n_block_min && n >= range.n_unmasked_lo; --n) { block(n, std::false_type{}); }
+      if constexpr (kLocal) {
+        for (; n >= range.n_block_min; --n) { block(n, std::true_type{}); }
+      }
+#else
+      (void)block;
       for (--n; n >= range.n_block_min; --n) {
         scheduler_sync(wg);
         pipeline_k.consumer_wait(state_k);
@@ -420,6 +455,7 @@ struct FwdKernel {
         ++state_v;
         convert_into(tSrS, tOrP);
       }
+#endif
       scheduler_sync(wg);
       softmax.rescale_o(tOrO_rc, rescale);
       pipeline_v.consumer_wait(state_v);
