@@ -402,7 +402,7 @@ struct FwdKernel {
       fill(rescale, 1.f);
 
       // One K/V block after the first; kMasked: it crosses the sequence end or a window edge.
-      auto block = [&](int n, auto masked) {
+      auto block = [&](int n, auto masked) CUTLASS_LAMBDA_FUNC_INLINE {  // inlined: its tensors stay in registers
         scheduler_sync(wg);
         pipeline_k.consumer_wait(state_k);
         wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
@@ -427,7 +427,8 @@ struct FwdKernel {
       // Experiment (FLASH_FWD_DEV_SPLIT_MASK=1): three loops, as FA3, so that the long middle
       // one carries no mask code or registers: the blocks at the sequence end / right window
       // edge (masked), the inner blocks, the blocks past the left window edge (masked). At hdim
-      // 256 causal the single loop spilled (14 local-memory instructions per iteration).
+      // 256 causal the single loop spills (14 local-memory instructions per iteration); split,
+      // the inner loop has 6, the two masked loops (a few blocks per tile) 34 and 29.
 #if defined(FLASH_FWD_DEV_SPLIT_MASK) && FLASH_FWD_DEV_SPLIT_MASK
       for (--n; n >= range.n_block_min && n >= range.n_unmasked_hi; --n) { block(n, std::true_type{}); }
       for (; n >= range.n_block_min && n >= range.n_unmasked_lo; --n) { block(n, std::false_type{}); }
