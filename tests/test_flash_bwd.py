@@ -134,18 +134,20 @@ def test_backward_sweep(dtype, hdim, causal, gqa, seqlen_q, seqlen_k, batch):
 
 
 @pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_more_key_block_tiles_than_sms(hdim, deterministic):
-    """Non-causal problems of a few hundred (key block, KV head, batch) tiles: the default mode's
-    persistent kernel (head dims <= 128) walks several tiles per CTA, its K/V loads, dQ staging
-    buffers and barrier phases running on from tile to tile; GQA sums dK/dV over query heads;
-    the key length is not a multiple of any key block; hdim 256 runs the split Q/dO pipelines."""
+def test_more_key_block_tiles_than_sms(hdim, causal, deterministic):
+    """A few hundred (key block, KV head, batch) tiles: the default mode's persistent non-causal
+    kernel (head dims <= 128) walks several tiles per CTA, its K/V loads, dQ staging buffers and
+    barrier phases running on from tile to tile; causal tiles of every length (bottom-right, more
+    keys than queries); GQA sums dK/dV over query heads; the key length is not a multiple of any
+    key block; hdim 256 runs the split Q/dO pipelines."""
     dtype = torch.bfloat16
     skip_unless_compiled(hdim, dtype)
-    seed = hash((hdim, deterministic, "many tiles")) % (2**31)
+    seed = hash((hdim, causal, deterministic, "many tiles")) % (2**31)
     q, k, v, dout = random_inputs(3, 437, 1001, 48, 16, hdim, dtype, seed)  # 8 x 16 x 3 = 384 tiles of 128 keys
-    _, grads = flash_grads(q, k, v, dout, deterministic=deterministic)
-    check_grads(grads, q, k, v, dout)
+    _, grads = flash_grads(q, k, v, dout, causal=causal, deterministic=deterministic)
+    check_grads(grads, q, k, v, dout, causal=causal)
 
 
 def test_poisoning_reaches_the_gradients():
