@@ -148,7 +148,7 @@ Window make_window(Problem const& pb, bool causal, int64_t window_size_left, int
   return w;
 }
 
-// What both directions' params share: q, k, v pointers and strides, sizes, scale, window.
+// What both directions' params share: q, k, v pointers and strides, sizes, scale, window, SMs.
 template <typename Params>
 void fill_common(Params& params, Problem const& pb, at::Tensor const& qt, at::Tensor const& kt, at::Tensor const& vt,
                  double softmax_scale, Window const& window) {
@@ -176,6 +176,7 @@ void fill_common(Params& params, Problem const& pb, at::Tensor const& qt, at::Te
   params.window_left = window.left;
   params.window_right = window.right;
   params.diag_offset = window.diag_offset;
+  params.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, pb.device);
 }
 
 std::string not_compiled(char const* direction, Problem const& pb) {
@@ -213,7 +214,6 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
   params.o_batch_stride = out.stride(0);
   params.o_row_stride = out.stride(1);
   params.o_head_stride = out.stride(2);
-  params.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
   cudaStream_t const stream = c10::cuda::getCurrentCUDAStream(device).stream();
   at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles
   if (flash::fwd_needs_tile_counter(head_dim_rounded, params.is_local, params.seqlen_k)) {

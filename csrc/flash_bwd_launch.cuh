@@ -76,10 +76,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
 
   dim3 grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
   if constexpr (Kernel::kPersistent) {  // one CTA per SM over all tiles
-    int device = 0, sms = 0;
-    check_cuda(cudaGetDevice(&device), "querying the device");
-    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
-    grid = dim3(std::min<int64_t>(int64_t(grid.x) * grid.y * grid.z, sms), 1, 1);
+    grid = dim3(std::min<int64_t>(int64_t(grid.x) * grid.y * grid.z, p.num_sms), 1, 1);
   }
   auto kernel = &flash_bwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;

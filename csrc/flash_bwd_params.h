@@ -50,6 +50,7 @@ struct BwdParams {
   int seqlen_k;
   int head_dim;
   int head_dim_rounded;
+  int num_sms;  // multiprocessors of the device (the persistent kernel's grid)
 
   float softmax_scale;
   float softmax_scale_log2;
