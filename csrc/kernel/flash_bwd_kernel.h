@@ -26,6 +26,8 @@
 
 #include "kernel/config.h"
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -97,6 +99,11 @@ struct BwdKernel {
   // 512 / 2k / 8k, default mode: non-causal 0.97 / 0.92 / 0.96 -> 1.14 / 1.09 / 1.15, causal
   // 0.96 / 0.94 / 0.91 -> 1.04 / 1.04 / 1.02; deterministic mode unchanged (within 1.5 %).
   static constexpr bool kSplitQdO = !kRS && kStages_ == 1;
+#if defined(FLASH_BWD_DEV_SPLIT_STEPS) && FLASH_BWD_DEV_SPLIT_STEPS
+  static constexpr bool kSplitSteps = true;
+#else
+  static constexpr bool kSplitSteps = false;
+#endif
   // RS path: the dV GEMM issued after dS^T is in shared memory (FA3's order) instead of while dS^T
   // is computed (tile_size.h, bwd_dv_after_ds, says where).
   static constexpr bool kDvAfterDs = kDvAfterDs_;
@@ -586,11 +593,22 @@ struct BwdKernel {
       }
     }
 
-    for (int step = 0; step < num_steps; ++step) {
+    // One step; masked: std::true_type where the step's block crosses the diagonal or a window
+    // edge, std::false_type where it does not, or a bool decided at run time. kSplitSteps
+    // (experiment FLASH_BWD_DEV_SPLIT_STEPS=1, causal/local): the steps run in alternating masked
+    // / unmasked loops, so that the unmasked steps carry no mask code (as the forward's split
+    // key-block loop); otherwise every causal/local step tests its block at run time.
+    auto step_body = [&](int step, auto masked) CUTLASS_LAMBDA_FUNC_INLINE {
       int const m_block = step_m_block(params, range, step, n_block);
       int const m0 = m_block * kBlockM;
       int const buf = (progress.steps + step) & 1;
       int const stage = state.index();
+      bool mask_on;  // a compile-time constant where masked is std::true_type / std::false_type
+      if constexpr (std::is_same_v<decltype(masked), bool>) {
+        mask_on = masked;
+      } else {
+        mask_on = decltype(masked)::value;
+      }
 
       pipeline.consumer_wait(state);
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -600,7 +618,6 @@ struct BwdKernel {
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
-      bool const needs_mask = block_needs_mask(m0, n0, params);
       warpgroup_wait<1>();  // S^T ready
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
@@ -609,7 +626,7 @@ struct BwdKernel {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
-          if (needs_mask) {
+          if (mask_on) {
             int const key = n0 + get<0>(tScS_rc(r, c));
             int const diag_key = m0 + query + params.diag_offset;
             if (key > diag_key + params.window_right || key < diag_key - params.window_left) { s = -INFINITY; }
@@ -651,6 +668,19 @@ struct BwdKernel {
       warpgroup_wait<0>();
       pipeline.consumer_release(state);
       ++state;
+    };
+    auto needs_mask = [&](int step) {
+      return block_needs_mask(step_m_block(params, range, step, n_block) * kBlockM, n0, params);
+    };
+    if constexpr (kLocal && kSplitSteps) {
+      for (int step = 0; step < num_steps;) {
+        for (; step < num_steps && needs_mask(step); ++step) { step_body(step, std::true_type{}); }
+        for (; step < num_steps && !needs_mask(step); ++step) { step_body(step, std::false_type{}); }
+      }
+    } else if constexpr (kLocal) {
+      for (int step = 0; step < num_steps; ++step) { step_body(step, needs_mask(step)); }
+    } else {
+      for (int step = 0; step < num_steps; ++step) { step_body(step, std::false_type{}); }
     }
     // Persistent: K and V are free for the next tile once the last step's GEMMs are done.
     if (kPersistent && num_steps > 0) { smem.barrier_kv_empty.arrive(); }
