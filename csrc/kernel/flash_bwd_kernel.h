@@ -601,8 +601,7 @@ struct BwdKernel {
     // (causal/local): the steps run in alternating masked / unmasked loops, so that the unmasked
     // steps carry no mask code (as the forward's split key-block loop); otherwise every
     // causal/local step tests its block at run time.
-    auto step_body = [&](int step, auto masked) CUTLASS_LAMBDA_FUNC_INLINE {
-      int const m_block = step_m_block(params, range, step, n_block);
+    auto step_body = [&](int step, int m_block, auto masked) CUTLASS_LAMBDA_FUNC_INLINE {
       int const m0 = m_block * kBlockM;
       int const buf = (progress.steps + step) & 1;
       int const stage = state.index();
@@ -672,18 +671,28 @@ struct BwdKernel {
       pipeline.consumer_release(state);
       ++state;
     };
-    auto needs_mask = [&](int step) {
-      return block_needs_mask(step_m_block(params, range, step, n_block) * kBlockM, n0, params);
-    };
     if constexpr (kLocal && kSplitSteps) {
+      // Causal/local steps walk m_block_min ... m_block_max - 1 once per query head (no rotation,
+      // step_m_block), so the query block advances without a division per step.
+      int m_block = range.m_block_min;
+      auto next = [&](int m) { return m + 1 == range.m_block_max ? range.m_block_min : m + 1; };
       for (int step = 0; step < num_steps;) {
-        for (; step < num_steps && needs_mask(step); ++step) { step_body(step, std::true_type{}); }
-        for (; step < num_steps && !needs_mask(step); ++step) { step_body(step, std::false_type{}); }
+        for (; step < num_steps && block_needs_mask(m_block * kBlockM, n0, params); ++step, m_block = next(m_block)) {
+          step_body(step, m_block, std::true_type{});
+        }
+        for (; step < num_steps && !block_needs_mask(m_block * kBlockM, n0, params); ++step, m_block = next(m_block)) {
+          step_body(step, m_block, std::false_type{});
+        }
       }
-    } else if constexpr (kLocal) {
-      for (int step = 0; step < num_steps; ++step) { step_body(step, needs_mask(step)); }
     } else {
-      for (int step = 0; step < num_steps; ++step) { step_body(step, std::false_type{}); }
+      for (int step = 0; step < num_steps; ++step) {
+        int const m_block = step_m_block(params, range, step, n_block);
+        if constexpr (kLocal) {
+          step_body(step, m_block, block_needs_mask(m_block * kBlockM, n0, params));
+        } else {
+          step_body(step, m_block, std::false_type{});
+        }
+      }
     }
     // Persistent: K and V are free for the next tile once the last step's GEMMs are done.
     if (kPersistent && num_steps > 0) { smem.barrier_kv_empty.arrive(); }
