@@ -55,6 +55,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.lse_log2_ptr,
       p.dsum_ptr,
       p.dq_semaphore_ptr,
+      p.tile_counter,
       p.seqlen_q,
       p.seqlen_q_padded,
       p.seqlen_k,
@@ -75,6 +76,10 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the backward preprocess kernel");
 
   dim3 grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
+  if (Kernel::kDynamic && (p.tile_counter == nullptr || p.dq_semaphore_ptr != nullptr)) {
+    throw std::runtime_error(
+        "flash_attn_hopper: the dynamic backward kernel needs the binding's tile counter and the default mode");
+  }
   if constexpr (Kernel::kPersistent) {  // one CTA per SM over all tiles
     int device = 0, sms = 0;
     check_cuda(cudaGetDevice(&device), "querying the device");
