@@ -55,6 +55,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.lse_log2_ptr,
       p.dsum_ptr,
       p.dq_semaphore_ptr,
+      p.tile_counter,
       p.seqlen_q,
       p.seqlen_q_padded,
       p.seqlen_k,
@@ -69,6 +70,10 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.window_right,
   };
 
+  if (Kernel::kDynamic && (p.tile_counter == nullptr || p.dq_semaphore_ptr != nullptr)) {
+    throw std::runtime_error(
+        "flash_attn_hopper: the dynamic backward kernel needs the binding's tile counter and the default mode");
+  }
   constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
   dim3 const grid_prep((p.seqlen_q_padded + kPrepRows - 1) / kPrepRows, p.heads_q, p.batch);
   flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim><<<grid_prep, kPrepWarps * 32, 0, stream>>>(p);

@@ -91,7 +91,12 @@ struct BwdKernel {
   // stay correct: a CTA's tiles come in increasing index order and each waits only on lower key
   // blocks, i.e. lower indices.
   static constexpr bool kPersistent = kPersistent_;
-  static_assert(!(kPersistent && kLocal_), "the persistent backward walks non-causal tiles only");
+  // Persistent causal/local kernels (tile_size.h, bwd_persistent) take their
+  // tiles from an atomic counter (BwdParams::tile_counter, zeroed by the binding), longest first
+  // in L2-sized sections of (KV head, batch) pairs (tile_coords), so that a CTA that drew short
+  // tiles takes more of them. The producer thread draws the ids and hands them to the consumers
+  // and the dQ reducer warp through a two-slot ring in shared memory.
+  static constexpr bool kDynamic = kPersistent_ && kLocal_;
   // SS path with one Q/dO stage (head dims > 192): Q (+ LSE) and dO (+ D) in two pipelines, and
   // the step's GEMMs ordered dK, dV, dQ, so that Q's stage is released once dK has read it and
   // dO's once dV has: the next step's Q loads under dV and dQ, its dO under dQ and the next S^T
@@ -190,6 +195,12 @@ struct BwdKernel {
   struct SmemDq {
     alignas(1024) cute::array_aligned<float, kBuffers * kBlockM * kHeadDim> dq;
   };
+  struct NoRing {};
+  struct TileRing {  // kDynamic: tile ids from the producer to the consumers and the dQ reducer
+    int ids[2];
+    alignas(16) cutlass::arch::ClusterBarrier full[2];   // id written (1 arrival: the producer)
+    alignas(16) cutlass::arch::ClusterBarrier empty[2];  // id read (every consumer thread, the reducer warp)
+  };
   template <int kDqBuffers>
   struct Storage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
@@ -202,6 +213,7 @@ struct BwdKernel {
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) cutlass::arch::ClusterBarrier barrier_kv_empty;  // persistent: consumers done with K, V
+    std::conditional_t<kDynamic, TileRing, NoRing> ring;
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
     alignas(16) typename Pipeline::SharedStorage pipeline_do;  // kSplitQdO: dO and D (Q and LSE in pipeline_qdo)
   };
@@ -231,6 +243,7 @@ struct BwdKernel {
     float const* lse_log2;
     float const* dsum;
     int* dq_semaphore;  // non-null: deterministic dQ
+    int* tile_counter;  // kDynamic: zeroed before the launch
     int seqlen_q;
     int seqlen_q_padded;
     int seqlen_k;
@@ -258,6 +271,12 @@ struct BwdKernel {
       cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
       smem.barrier_kv.init(/*arrive_count=*/1);
       smem.barrier_kv_empty.init(/*arrive_count=*/kNumMmaThreads);
+      if constexpr (kDynamic) {
+        for (int slot = 0; slot < 2; ++slot) {
+          smem.ring.full[slot].init(1);
+          smem.ring.empty[slot].init(kNumMmaThreads + 32);
+        }
+      }
     }
     typename Pipeline::Params pipeline_params;
     // Q, dO, LSE2, D of one query block (kSplitQdO: Q and LSE2 here, dO and D in pipeline_do)
@@ -276,25 +295,23 @@ struct BwdKernel {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if (warp_idx_in_wg == 0 && lane_predicate) {
         PipelineState state = cutlass::make_producer_start_state<Pipeline>();
-        for_each_tile(params, [&](BwdTile const& tile, Progress const& progress) {
+        for_each_tile</*kDraws=*/true>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
           load(params, smem, pipeline, pipeline_do, state, progress, tile.range, tile.num_steps, tile.n_block,
                tile.head_kv, tile.batch);
         });
       }
       if (warp_idx_in_wg == 1) {
-        int total_steps = 0;
-        for_each_tile(params, [&](BwdTile const& tile, Progress const&) { total_steps += tile.num_steps; });
         bool const leader = cute::elect_one_sync();
-        for_each_tile(params, [&](BwdTile const& tile, Progress const& progress) {
-          reduce_dq(params, smem, progress, total_steps, leader, tile.range, tile.num_steps, tile.n_block,
-                    tile.head_kv, tile.batch);
+        for_each_tile</*kDraws=*/false>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
+          reduce_dq(params, smem, progress, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
+                    tile.batch);
         });
         if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       PipelineState state;
-      for_each_tile(params, [&](BwdTile const& tile, Progress const& progress) {
+      for_each_tile</*kDraws=*/false>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
         if constexpr (kRS) {
           consume_rs(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block,
                      tile.head_kv, tile.batch, threadIdx.x - 128);
@@ -316,10 +333,12 @@ struct BwdKernel {
     int kv_loads = 0;  // K/V blocks loaded for them (tiles without steps load none)
   };
 
-  // The CTA's tiles in order: its blockIdx one, or (kPersistent) tiles blockIdx.x, + gridDim.x, ...
-  // of the (key blocks, KV heads, batch) grid, key blocks fastest.
-  template <typename Fn>
-  CUTLASS_DEVICE static void for_each_tile(Params const& params, Fn&& fn) {
+  // The CTA's tiles in order: its blockIdx one; (kPersistent, non-causal) tiles blockIdx.x,
+  // + gridDim.x, ... of the (key blocks, KV heads, batch) grid, key blocks fastest; (kDynamic)
+  // tile ids blockIdx.x, then from the counter, decoded by tile_coords. kDraws: the producer
+  // thread, which draws the ids and writes them into the ring; every other role reads them there.
+  template <bool kDraws, typename Fn>
+  CUTLASS_DEVICE static void for_each_tile(Params const& params, SharedStorage& smem, Fn&& fn) {
     Progress progress;
     auto visit = [&](int n_block, int head_kv, int batch) {
       BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n_block, params.seqlen_q, params.diag_offset,
@@ -329,15 +348,60 @@ struct BwdKernel {
       progress.steps += tile.num_steps;
       progress.kv_loads += tile.num_steps > 0 ? 1 : 0;
     };
-    if constexpr (kPersistent) {
-      int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-      int const tiles = n_blocks * params.heads_kv * int(get<3>(params.shape_q));
+    int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
+    int const tiles = n_blocks * params.heads_kv * int(get<3>(params.shape_q));
+    if constexpr (kDynamic) {
+      int tile = blockIdx.x;
+      for (int iteration = 0;; ++iteration) {
+        int const slot = iteration & 1;
+        if constexpr (kDraws) {
+          smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // every reader has read its last id
+          smem.ring.ids[slot] = tile;
+          smem.ring.full[slot].arrive();
+          if (tile >= tiles) { break; }
+          int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+          BwdCoords const c = tile_coords(params, tile, n_blocks);
+          visit(c.n_block, c.head_kv, c.batch);
+          tile = next;
+        } else {
+          smem.ring.full[slot].wait((iteration >> 1) & 1);
+          tile = smem.ring.ids[slot];
+          smem.ring.empty[slot].arrive();
+          if (tile >= tiles) { break; }
+          BwdCoords const c = tile_coords(params, tile, n_blocks);
+          visit(c.n_block, c.head_kv, c.batch);
+        }
+      }
+    } else if constexpr (kPersistent) {
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         visit(t % n_blocks, (t / n_blocks) % params.heads_kv, t / (n_blocks * params.heads_kv));
       }
     } else {
       visit(key_block_of_cta(params), int(blockIdx.y), int(blockIdx.z));
     }
+  }
+
+  // kDynamic: tile id -> (key block, KV head, batch), longest first over all heads. The ids run in
+  // sections of up to kLptBytes of Q, dO and dQ accumulator ((KV head, batch) pairs, a power of
+  // two of them, as L2 reuse wants), key blocks major and pairs minor within a section: every
+  // pair's key block 0 (which sees the most queries under a causal mask) comes before any pair's
+  // block 1.
+  struct BwdCoords {
+    int n_block, head_kv, batch;
+  };
+  static constexpr int64_t kLptBytes = 40ll << 20;
+  CUTLASS_DEVICE static BwdCoords tile_coords(Params const& params, int tile, int n_blocks) {
+    int const pairs = params.heads_kv * int(get<3>(params.shape_q));
+    int64_t const bytes_per_pair = int64_t(params.seqlen_q_padded) * params.q_heads_per_kv_head * params.head_dim *
+                                   (2 * 2 + 4);  // Q + dO (16-bit) + dQ (float)
+    int const fit = int(max(int64_t(1), min(int64_t(pairs), kLptBytes / bytes_per_pair)));
+    int const section_pairs = 1 << (31 - __clz(fit));  // a power of two <= fit
+    int const section = tile / (section_pairs * n_blocks);
+    int const first_pair = section * section_pairs;
+    int const in_section = tile - first_pair * n_blocks;
+    int const size = min(section_pairs, pairs - first_pair);  // the last section may be short
+    int const pair = first_pair + in_section % size;
+    return {in_section / size, pair % params.heads_kv, pair / params.heads_kv};
   }
 
   CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline, Pipeline& pipeline_do,
@@ -702,16 +766,23 @@ struct BwdKernel {
   // Warp 1 of the producer warpgroup: adds each step's dQ block from shared memory into
   // the float32 accumulator with one bulk reduce-add. Deterministic mode takes the block's turn
   // first and waits for the addition to complete before passing the turn on.
-  // progress.steps + step is the CTA-wide step (buffers run on across tiles), total_steps the
-  // CTA's number of steps; the caller waits for the last reductions.
-  CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress,
-                                int total_steps, bool leader, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
-                                int num_steps, int n_block, int head_kv, int batch) const {
+  // progress.steps + step is the CTA-wide step (buffers run on across tiles); the caller waits for
+  // the last reductions.
+  CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress, bool leader,
+                                BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                                int head_kv, int batch) const {
     for (int step = 0; step < num_steps; ++step) {
       int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
       int const m_block = step_m_block(params, range, step, n_block);
       int const global_step = progress.steps + step;
       int const buffer = global_step % kDqStages;
+      // The consumers may fill this step's buffer: step - kDqStages, its last reader, has read it
+      // (the wait_group.read after the previous step). Signalled when the step is known to exist,
+      // so that no arrival is left pending when the CTA's tiles end.
+      if (global_step >= kDqStages) {
+        cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32,
+                                            static_cast<int>(BwdNamedBarrier::kDqEmpty0) + buffer);
+      }
       int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
       float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
       uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.dq.dq.data() + buffer * (kBlockM * kHeadDim));
@@ -737,11 +808,6 @@ struct BwdKernel {
         }
       }
       __syncwarp();
-      // The buffer the consumers fill next (step + 1) was last read by step + 1 - kDqStages.
-      if (global_step + 1 >= kDqStages && global_step + 1 < total_steps) {
-        cutlass::arch::NamedBarrier::arrive(
-            kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + (global_step + 1) % kDqStages);
-      }
     }
   }
 
