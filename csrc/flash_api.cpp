@@ -278,7 +278,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   // Workspaces; the preprocess kernel fills lse_log2 and dsum, the main kernel adds into dq_accum.
   at::Tensor lse_log2 = at::empty({batch, heads_q, seqlen_q_padded}, f32);
   at::Tensor dsum = at::empty({batch, heads_q, seqlen_q_padded}, f32);
+#if defined(FLASH_BWD_DEV_PREP_ZERO) && FLASH_BWD_DEV_PREP_ZERO  // experiment: the preprocess zeroes it
+  at::Tensor dq_accum = at::empty({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
+#else
   at::Tensor dq_accum = at::zeros({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
+#endif
   // Deterministic mode: one counter per dQ block orders the key blocks' additions into it.
   at::Tensor dq_semaphore;
   if (deterministic) {

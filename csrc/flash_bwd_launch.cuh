@@ -70,8 +70,34 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   };
 
   constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
-  dim3 const grid_prep((p.seqlen_q_padded + kPrepRows - 1) / kPrepRows, p.heads_q, p.batch);
-  flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim><<<grid_prep, kPrepWarps * 32, 0, stream>>>(p);
+#if defined(FLASH_BWD_DEV_PREP_ZERO) && FLASH_BWD_DEV_PREP_ZERO && !(defined(FLASH_BWD_DEV_PREP_LOOP) && FLASH_BWD_DEV_PREP_LOOP)
+#error "FLASH_BWD_DEV_PREP_ZERO needs FLASH_BWD_DEV_PREP_LOOP (only the loop kernel zeroes the accumulator)"
+#endif
+#if defined(FLASH_BWD_DEV_PREP_LOOP) && FLASH_BWD_DEV_PREP_LOOP
+  if (int64_t(p.seqlen_q_padded / kPrepRows + 1) * p.heads_q * p.batch <= INT32_MAX) {
+    // experiment: resident CTAs striding over the units (flash_bwd_prepost.h)
+    auto prep = &flash_bwd_preprocess_loop_kernel<Element, Kernel::kHeadDim>;
+    int device = 0, sms = 0, per_sm = 0;
+    check_cuda(cudaGetDevice(&device), "querying the device");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the SM count");
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prep, kPrepWarps * 32, 0),
+               "querying the preprocess kernel's occupancy");
+    int const units_per_head = (p.seqlen_q_padded + kPrepRows - 1) / kPrepRows;
+    int64_t const units = int64_t(units_per_head) * p.heads_q * p.batch;
+    int const grid = int(std::min<int64_t>(units, int64_t(sms) * std::max(per_sm, 1)));
+    prep<<<grid, kPrepWarps * 32, 0, stream>>>(p, units_per_head, int(units));
+  } else
+#endif
+  {
+#if defined(FLASH_BWD_DEV_PREP_ZERO) && FLASH_BWD_DEV_PREP_ZERO
+    check_cuda(cudaMemsetAsync(p.dq_accum_ptr, 0,
+                               sizeof(float) * size_t(p.batch) * p.heads_q * p.seqlen_q_padded * p.head_dim_rounded,
+                               stream),
+               "zeroing the dQ accumulator");
+#endif
+    dim3 const grid_prep((p.seqlen_q_padded + kPrepRows - 1) / kPrepRows, p.heads_q, p.batch);
+    flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim><<<grid_prep, kPrepWarps * 32, 0, stream>>>(p);
+  }
   check_cuda(cudaGetLastError(), "launching the backward preprocess kernel");
 
   dim3 grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);

@@ -80,6 +80,103 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   }
 }
 
+// Experiment (FLASH_BWD_DEV_PREP_LOOP=1): the same rows and arithmetic, but a grid of resident
+// CTAs that stride over the (row block, head, batch) units, each warp loading the next unit's O
+// and dO before it reduces the current one. The one-unit-per-CTA kernel above runs in ~10 waves
+// of load-wait-reduce-exit and reached half of HBM bandwidth (55-69 us for 16k tokens x 2048,
+// 134 MB read); here every SM keeps loads in flight from start to end.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(kPrepWarps * 32)
+    flash_bwd_preprocess_loop_kernel(CUTE_GRID_CONSTANT BwdParams const p, int units_per_head, int units) {
+  constexpr int kGroup = prep_lanes_per_row<kHeadDim>();
+  static_assert(kGroup * 8 >= kHeadDim);
+  constexpr int kRowsPerPass = 32 / kGroup;
+  int const lane = threadIdx.x % 32;
+  int const d = (lane % kGroup) * 8;  // this lane's 8 columns
+  int const warp_row = int(threadIdx.x / 32) * (kPrepPasses * kRowsPerPass) + lane / kGroup;
+  // A unit: kPrepWarps * kPrepPasses * kRowsPerPass padded query rows of one (head, batch).
+  struct Unit {
+    int64_t bh;     // batch * heads_q + head
+    int first_row;  // this lane's padded query row of pass 0
+  };
+  auto decode = [&](int unit) {
+    int const row_block = unit % units_per_head;
+    return Unit{unit / units_per_head, row_block * prep_rows_per_cta<kHeadDim>() + warp_row};
+  };
+  auto load = [&](Unit const& u, uint4 (&o_chunk)[kPrepPasses], uint4 (&do_chunk)[kPrepPasses]) {
+    int64_t const head = u.bh % p.heads_q, batch = u.bh / p.heads_q;
+    auto const* o = static_cast<Element const*>(p.o_ptr) + batch * p.o_batch_stride + head * p.o_head_stride + d;
+    auto const* dout =
+        static_cast<Element const*>(p.do_ptr) + batch * p.do_batch_stride + head * p.do_head_stride + d;
+    CUTLASS_PRAGMA_UNROLL
+    for (int pass = 0; pass < kPrepPasses; ++pass) {
+      int const i = u.first_row + pass * kRowsPerPass;
+      o_chunk[pass] = do_chunk[pass] = make_uint4(0, 0, 0, 0);
+      if (i < p.seqlen_q && d < p.head_dim) {  // head dims are multiples of 8
+        o_chunk[pass] = *reinterpret_cast<uint4 const*>(o + i * p.o_row_stride);
+        do_chunk[pass] = *reinterpret_cast<uint4 const*>(dout + i * p.do_row_stride);
+      }
+    }
+  };
+  auto finish = [&](Unit const& u, uint4 const (&o_chunk)[kPrepPasses], uint4 const (&do_chunk)[kPrepPasses]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int pass = 0; pass < kPrepPasses; ++pass) {
+      Element const* oe = reinterpret_cast<Element const*>(&o_chunk[pass]);
+      Element const* de = reinterpret_cast<Element const*>(&do_chunk[pass]);
+      float dot = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < 8; ++e) { dot += float(oe[e]) * float(de[e]); }
+      CUTLASS_PRAGMA_UNROLL
+      for (int offset = kGroup / 2; offset > 0; offset /= 2) { dot += __shfl_xor_sync(0xffffffff, dot, offset); }
+      int const i = u.first_row + pass * kRowsPerPass;
+      if (lane % kGroup == 0 && i < p.seqlen_q_padded) {
+        float lse2 = INFINITY;  // padding rows and rows that see no key: P = exp2(s - inf) = 0
+        if (i < p.seqlen_q) {
+          float const lse = p.lse_ptr[u.bh * p.seqlen_q + i];
+          lse2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+        }
+        p.dsum_ptr[u.bh * p.seqlen_q_padded + i] = dot;
+        p.lse_log2_ptr[u.bh * p.seqlen_q_padded + i] = lse2;
+      }
+    }
+#if defined(FLASH_BWD_DEV_PREP_ZERO) && FLASH_BWD_DEV_PREP_ZERO
+    // Experiment: the unit's rows of the float32 dQ accumulator zeroed here (the binding then
+    // allocates it without its own fill), 16-byte stores spread over the CTA.
+    {
+      constexpr int kRows = prep_rows_per_cta<kHeadDim>();
+      int const row0 = u.first_row - warp_row;  // the unit's first padded row
+      int const rows = min(kRows, p.seqlen_q_padded - row0);
+      int64_t const chunks = int64_t(rows) * p.head_dim_rounded / 4;
+      float4* const base = reinterpret_cast<float4*>(p.dq_accum_ptr + (u.bh * p.seqlen_q_padded + row0) *
+                                                                            int64_t(p.head_dim_rounded));
+      for (int64_t c = threadIdx.x; c < chunks; c += kPrepWarps * 32) { base[c] = make_float4(0.f, 0.f, 0.f, 0.f); }
+    }
+#endif
+  };
+  // Two register buffers, alternating: the next unit's loads are in flight during this one's sums.
+  uint4 o_a[kPrepPasses], do_a[kPrepPasses], o_b[kPrepPasses], do_b[kPrepPasses];
+  int unit = blockIdx.x;
+  if (unit >= units) { return; }
+  Unit cur = decode(unit);
+  load(cur, o_a, do_a);
+  for (;;) {
+    int next = unit + int(gridDim.x);
+    Unit const u_b = decode(next < units ? next : unit);
+    if (next < units) { load(u_b, o_b, do_b); }
+    finish(cur, o_a, do_a);
+    if (next >= units) { break; }
+    unit = next;
+    cur = u_b;
+    next = unit + int(gridDim.x);
+    Unit const u_a = decode(next < units ? next : unit);
+    if (next < units) { load(u_a, o_a, do_a); }
+    finish(cur, o_b, do_b);
+    if (next >= units) { break; }
+    unit = next;
+    cur = u_a;
+  }
+}
+
 // dq = softmax_scale * accumulator. One CTA per (64-row query block, head, batch), one thread per
 // consumer thread of the main kernel: thread t reads the fragment that consumer thread t staged
 // (pair j of thread t at float2 index j * threads + t of the block), converts it into a
