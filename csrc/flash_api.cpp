@@ -310,12 +310,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   params.lse_log2_ptr = lse_log2.data_ptr<float>();
   params.dsum_ptr = dsum.data_ptr<float>();
   params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
-  at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles
+  at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles (zeroed by the preprocess)
   if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));
     params.tile_counter = tile_counter.data_ptr<int>();
-    C10_CUDA_CHECK(
-        cudaMemsetAsync(params.tile_counter, 0, sizeof(int), c10::cuda::getCurrentCUDAStream(device).stream()));
   }
   params.seqlen_q_padded = int(seqlen_q_padded);
   params.head_dim_rounded = head_dim_rounded;

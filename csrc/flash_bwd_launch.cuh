@@ -74,9 +74,20 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
     throw std::runtime_error(
         "flash_attn_hopper: the dynamic backward kernel needs the binding's tile counter and the default mode");
   }
-  constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
-  dim3 const grid_prep((p.seqlen_q_padded + kPrepRows - 1) / kPrepRows, p.heads_q, p.batch);
-  flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim><<<grid_prep, kPrepWarps * 32, 0, stream>>>(p);
+  {  // preprocess: resident CTAs (as many as fit, found once per instantiation) over the row units
+    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim>;
+    static int const per_sm = [prep] {
+      int n = 0;
+      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, prep, kPrepWarps * 32, 0),
+                 "querying the backward preprocess kernel's occupancy");
+      return std::max(n, 1);
+    }();
+    constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
+    int const units_per_head = (p.seqlen_q_padded + kPrepRows - 1) / kPrepRows;
+    int64_t const units = int64_t(units_per_head) * p.heads_q * p.batch;
+    int const grid_prep = int(std::min<int64_t>(units, int64_t(p.num_sms) * per_sm));
+    prep<<<grid_prep, kPrepWarps * 32, 0, stream>>>(p, units_per_head, units);
+  }
   check_cuda(cudaGetLastError(), "launching the backward preprocess kernel");
 
   dim3 grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);

@@ -106,11 +106,13 @@ struct BwdKernel {
   static constexpr bool kSplitQdO = !kRS && kStages_ == 1;
   // RS path, causal/local: the steps in alternating masked / unmasked loops (consume_rs).
   // Measured x cuDNN, causal, at 1k / 8k: hdim 64 0.905 / 0.901 -> 0.935 / 0.952, hdim 128
-  // 0.961 / 1.018 -> 0.962 / 1.026. FLASH_BWD_DEV_SPLIT_STEPS=0/1 forces it.
+  // 0.961 / 1.018 -> 0.962 / 1.026. Not in the persistent causal kernel at hdim 128: there the
+  // two loops spill (~50 spill instructions in each step loop, none with one loop).
+  // FLASH_BWD_DEV_SPLIT_STEPS=0/1 forces it.
 #ifdef FLASH_BWD_DEV_SPLIT_STEPS
   static constexpr bool kSplitSteps = FLASH_BWD_DEV_SPLIT_STEPS;
 #else
-  static constexpr bool kSplitSteps = true;
+  static constexpr bool kSplitSteps = kHeadDim_ <= 64 || !kDynamic;
 #endif
   // RS path: the dV GEMM issued after dS^T is in shared memory (FA3's order) instead of while dS^T
   // is computed (tile_size.h, bwd_dv_after_ds, says where).
