@@ -540,16 +540,13 @@ struct BwdKernel {
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
       warpgroup_wait<1>();  // S^T ready
       bool const needs_mask = block_needs_mask(m0, n0, params);
+      StepMask const step_mask(params, n0, m0);
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < size<0>(tSrS_rc); ++r) {
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < kCols; ++c) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2[c];
-          if (needs_mask) {
-            int const key = n0 + get<0>(tScS_rc(r, c));
-            int const diag_key = m0 + get<1>(tScS_rc(r, c)) + params.diag_offset;
-            if (key > diag_key + params.window_right || key < diag_key - params.window_left) { s = -INFINITY; }
-          }
+          if (needs_mask && step_mask.hides(get<0>(tScS_rc(r, c)), get<1>(tScS_rc(r, c)))) { s = -INFINITY; }
           tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
@@ -687,6 +684,7 @@ struct BwdKernel {
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
       warpgroup_wait<1>();  // S^T ready
+      StepMask const step_mask(params, n0, m0);
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         int const query = get<1>(tScS_rc(0, c));
@@ -694,11 +692,7 @@ struct BwdKernel {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
-          if (mask_on) {
-            int const key = n0 + get<0>(tScS_rc(r, c));
-            int const diag_key = m0 + query + params.diag_offset;
-            if (key > diag_key + params.window_right || key < diag_key - params.window_left) { s = -INFINITY; }
-          }
+          if (mask_on && step_mask.hides(get<0>(tScS_rc(r, c)), query)) { s = -INFINITY; }
           tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
@@ -863,6 +857,21 @@ struct BwdKernel {
     }
     return blockIdx.x;
   }
+
+  // Whether the mask hides a key of a step's (key block n0, query block m0) from a query, given
+  // their offsets in the blocks: x = key - diag_key is > window_right or < -window_left, i.e.
+  // x + window_left, taken as unsigned, exceeds window_left + window_right (both windows lie in
+  // [0, seqlen_q + seqlen_k]). One add and one compare per element: against cuDNN, hdim 128 causal
+  // at 512 / 2k / 8k, 1.001 / 1.017 / 1.008 -> 1.015 / 1.028 / 1.017 (two compares before).
+  struct StepMask {
+    uint32_t base, width;
+    CUTLASS_DEVICE StepMask(Params const& params, int n0, int m0)
+        : base(uint32_t(n0 - m0 - params.diag_offset + params.window_left)),
+          width(uint32_t(params.window_left) + uint32_t(params.window_right)) {}
+    CUTLASS_DEVICE bool hides(int key_offset, int query_offset) const {
+      return base + uint32_t(key_offset - query_offset) > width;
+    }
+  };
 
   // Whether the (query block m0, key block n0) tile crosses a window edge (causal diagonal
   // included), so that its elements need the mask.
