@@ -34,8 +34,8 @@ struct BwdParams {
   // deterministic mode: (batch, heads_q, seqlen_q_padded / kBwdBlockM) zeroed counters that order
   // the key blocks' dQ additions; nullptr otherwise.
   int* dq_semaphore_ptr;
-  // A zeroed int the persistent causal/local kernel draws its tiles from (tile_size.h,
-  // bwd_needs_tile_counter); nullptr otherwise.
+  // An int the persistent causal/local kernel draws its tiles from (tile_size.h,
+  // bwd_needs_tile_counter), zeroed by the preprocess kernel launched before it; nullptr otherwise.
   int* tile_counter = nullptr;
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;

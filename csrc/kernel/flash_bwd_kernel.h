@@ -84,16 +84,15 @@ struct BwdKernel {
                 "64 query rows per step (128 only for head dims <= 64)");
   static_assert(kBlockN == 64 || kBlockN == 128);
   static constexpr bool kRS = kBlockN == 128;
-  // Persistent (non-causal only; tile_size.h, bwd_persistent, says where): one CTA per SM
+  // Persistent (tile_size.h, bwd_persistent, says where), non-causal: one CTA per SM
   // striding over the (key block, KV head, batch) tiles, key blocks fastest, so that the next
   // tile's K, V and first Q/dO blocks load while this tile's dK/dV epilogue runs (every tile of a
   // non-causal problem has the same work, so a static stride balances). Deterministic mode would
   // stay correct: a CTA's tiles come in increasing index order and each waits only on lower key
   // blocks, i.e. lower indices.
   static constexpr bool kPersistent = kPersistent_;
-  // Persistent causal/local kernels (tile_size.h, bwd_persistent) take their
-  // tiles from an atomic counter (BwdParams::tile_counter, zeroed by the binding), longest first
-  // in L2-sized sections of (KV head, batch) pairs (tile_coords), so that a CTA that drew short
+  // Persistent causal/local kernels (default mode only) take their tiles from an atomic counter
+  // (BwdParams::tile_counter, zeroed by the preprocess kernel), longest first in L2-sized sections of (KV head, batch) pairs (tile_coords), so that a CTA that drew short
   // tiles takes more of them. The producer thread draws the ids and hands them to the consumers
   // and the dQ reducer warp through a two-slot ring in shared memory.
   static constexpr bool kDynamic = kPersistent_ && kLocal_;
