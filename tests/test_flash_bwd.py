@@ -137,11 +137,12 @@ def test_backward_sweep(dtype, hdim, causal, gqa, seqlen_q, seqlen_k, batch):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_more_key_block_tiles_than_sms(hdim, causal, deterministic):
-    """A few hundred (key block, KV head, batch) tiles: the default mode's persistent non-causal
-    kernel (head dims <= 128) walks several tiles per CTA, its K/V loads, dQ staging buffers and
-    barrier phases running on from tile to tile; causal tiles of every length (bottom-right, more
-    keys than queries); GQA sums dK/dV over query heads; the key length is not a multiple of any
-    key block; hdim 256 runs the split Q/dO pipelines."""
+    """A few hundred (key block, KV head, batch) tiles: the default mode's persistent kernels
+    (head dims <= 128; non-causal striding, causal drawing tiles from a counter) walk several
+    tiles per CTA, their K/V loads, dQ staging buffers and barrier phases running on from tile to
+    tile; causal tiles of every length (bottom-right, more keys than queries); GQA sums dK/dV over
+    query heads; the key length is not a multiple of any key block; hdim 256 runs the split Q/dO
+    pipelines."""
     dtype = torch.bfloat16
     skip_unless_compiled(hdim, dtype)
     seed = hash((hdim, causal, deterministic, "many tiles")) % (2**31)
