@@ -414,6 +414,7 @@ struct FwdKernel {
       // Factor for O before P(n+1).V(n+1) is added; applied while S(n) runs on the tensor cores.
       Tensor rescale = make_tensor<float>(Shape<Int<kRows>>{});
       fill(rescale, 1.f);
+      bool moved = false;  // some factor of `rescale` differs from 1
 
       // One K/V block after the first. masked: std::true_type (it crosses the sequence end or a
       // window edge), std::false_type (it does not), MaskIfNeeded (the range decides at run time).
@@ -421,7 +422,7 @@ struct FwdKernel {
         scheduler_sync(wg);
         pipeline_k.consumer_wait(state_k);
         wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
-        softmax.rescale_o(tOrO_rc, rescale);
+        if (softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
         pipeline_v.consumer_wait(state_v);
         wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
         scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
@@ -435,7 +436,7 @@ struct FwdKernel {
           apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
                              params.window_left, params.window_right);
         }
-        softmax.next_block(tSrS_rc, rescale);
+        moved = softmax.next_block(tSrS_rc, rescale);
         warpgroup_wait<0>();   // P.V done: V's stage and the P registers are free
         pipeline_v.consumer_release(state_v);
         ++state_v;
@@ -454,7 +455,7 @@ struct FwdKernel {
         for (--n; n >= range.n_block_min; --n) { block(n, MaskIfNeeded{}); }
       }
       scheduler_sync(wg);
-      softmax.rescale_o(tOrO_rc, rescale);
+      if (softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
       pipeline_v.consumer_wait(state_v);
       wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
       scheduler_arrive(wg);
