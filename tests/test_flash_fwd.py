@@ -167,6 +167,21 @@ def test_persistent_ctas_running_into_tiles_with_nothing_to_attend(hdim, seed):
     assert torch.equal(again, out)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("direction", ["toward_first_key", "toward_last_key"])
+def test_row_max_growing_across_key_blocks(direction, hdim, causal):
+    """Keys scaled up along the sequence, so that a row's max grows by far more than the
+    softmax's slack (it moves its max only past 2^8 in the exp2 domain) from one key block to the
+    next: toward the first key, the blocks the kernel visits last; toward the last key, a max
+    found in the first block visited and never moved. Checked for out and lse."""
+    skip_unless_compiled(hdim, torch.bfloat16)
+    q, k, v = random_qkv(2, 300, 2500, 4, 2, hdim, torch.bfloat16, seed=hdim + causal)
+    ramp = torch.linspace(1, 0, 2500, device="cuda") if direction == "toward_first_key" else torch.linspace(0, 1, 2500, device="cuda")
+    k = (k.float() * (1 + 12 * ramp)[None, :, None, None]).to(torch.bfloat16)
+    run_and_check(q, k, v, causal)
+
+
 @pytest.mark.parametrize("window", [(0, 0), (17, 5), (64, -1), (-1, 33), (100, 0)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (799, 3), (1024, 1024), (1, 239)])
