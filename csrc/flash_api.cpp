@@ -170,6 +170,9 @@ void fill_common(Params& params, Problem const& pb, at::Tensor const& qt, at::Te
   params.seqlen_q = int(pb.seqlen_q);
   params.seqlen_k = int(pb.seqlen_k);
   params.head_dim = int(pb.head_dim);
+  // The kernels take each row's max of the unscaled scores, so the scale must be positive.
+  TORCH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0,
+              "flash_attn_hopper: softmax_scale must be a positive finite number, got ", softmax_scale);
   params.softmax_scale = float(softmax_scale);
   params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
   params.is_local = window.is_local;

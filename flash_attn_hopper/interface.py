@@ -144,6 +144,11 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
         softmax_scale = float(softmax_scale)
         if not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+        if softmax_scale <= 0:
+            raise ValueError(
+                f"softmax_scale must be positive, got {softmax_scale}: the kernels track each row's "
+                "maximum of the unscaled scores"
+            )
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
 

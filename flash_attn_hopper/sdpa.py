@@ -189,6 +189,8 @@ def sdpa_fallback_reason(
         return f"dropout_p={dropout_p}; the kernels have no dropout"
     if scale is not None and not math.isfinite(scale):
         return f"scale={scale} is not finite"
+    if scale is not None and scale <= 0:
+        return f"scale={scale} is not positive (the kernels track each row's maximum of the unscaled scores)"
     heads_q, heads_kv = query.size(1), key.size(1)
     if heads_q != heads_kv and not enable_gqa:
         return (

@@ -140,6 +140,9 @@ def test_scale_and_causal_types():
         flash_attn_func(q, k, v, softmax_scale=torch.tensor(0.1))
     with raises(ValueError, "softmax_scale must be finite"):
         flash_attn_func(q, k, v, softmax_scale=float("nan"))
+    for scale in (0.0, -0.125):
+        with raises(ValueError, "softmax_scale must be positive"):
+            flash_attn_func(q, k, v, softmax_scale=scale)
     with raises(TypeError, "causal must be a bool"):
         flash_attn_func(q, k, v, causal="yes")
 

@@ -201,6 +201,16 @@ def test_custom_softmax_scale():
     run_and_check(q, k, v, True, softmax_scale=0.3)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.3])
+def test_non_positive_scale_is_refused_by_the_op(scale):
+    """The raw op (no Python checks in front of it) refuses a scale the kernels cannot take."""
+    d, dtype = compiled_config()
+    q, k, v = random_qkv(1, 64, 64, 2, 2, d, dtype, seed=6)
+    with pytest.raises(RuntimeError, match="softmax_scale must be a positive finite number"):
+        torch.ops.flash_attn_hopper.fwd(q, k, v, scale, False)
+    assert torch.isfinite(flash_attn_func(q, k, v)).all()  # the context is still usable
+
+
 def test_wide_window_and_causal_window_match_plain_calls():
     d, dtype = compiled_config()
     q, k, v = random_qkv(2, 150, 190, 4, 2, d, dtype, seed=5)

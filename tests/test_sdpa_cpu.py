@@ -83,6 +83,8 @@ _CASES = {
     "batch_over_grid_limit": (lambda q, k, v: (qkv(b=65536, hq=1, hk=1, sq=1, sk=2, e=8), {}), "batch 65536"),
     "last_dim_strided": (lambda q, k, v: ((q[..., ::2], k[..., ::2], v[..., ::2]), {}), "contiguous"),
     "infinite_scale": (lambda q, k, v: ((q, k, v), dict(scale=math.inf)), "not finite"),
+    "zero_scale": (lambda q, k, v: ((q, k, v), dict(scale=0.0)), "not positive"),
+    "negative_scale": (lambda q, k, v: ((q, k, v), dict(scale=-0.125)), "not positive"),
     "nested": (lambda q, k, v: ((_nested(q), _nested(k), _nested(v)), {}), "nested"),
     "torch_function_subclass": (lambda q, k, v: ((q.as_subclass(_Logged), k, v), {}), "__torch_function__"),
 }

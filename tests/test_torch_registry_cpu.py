@@ -229,6 +229,8 @@ def test_sdpa_flash_refusals(fake_cuda):
     assert torch_registry.sdpa_flash_refusal(q, k, k) is None
     assert torch_registry.sdpa_flash_refusal(q, k, k, 0.0, True, False, scale=0.3) is None
     assert "dropout_p" in torch_registry.sdpa_flash_refusal(q, k, k, 0.1)
+    for scale in (0.0, -0.3, math.nan):
+        assert "positive finite" in torch_registry.sdpa_flash_refusal(q, k, k, scale=scale)
     assert "return_debug_mask" in torch_registry.sdpa_flash_refusal(q, k, k, 0.0, False, True)
     assert "head dim 33" in torch_registry.sdpa_flash_refusal(fake(2, 8, 100, 33), fake(2, 2, 130, 33), fake(2, 2, 130, 33))
     assert "float32" in torch_registry.sdpa_flash_refusal(*(fake(2, 8, 100, 64, dtype=torch.float32),) * 3)
@@ -243,6 +245,7 @@ def test_flash_attention_forward_refusals(fake_cuda):
     cu = torch.zeros(3, dtype=torch.int32, device="cuda")
     assert "variable-length" in refusal(q, k, k, cu, cu, 100, 130, 0.0, True, False)
     assert "dropout_p" in refusal(q, k, k, None, None, 100, 130, 0.5, True, False)
+    assert "positive finite" in refusal(*base, scale=-0.2)
     assert "return_debug_mask" in refusal(q, k, k, None, None, 100, 130, 0.0, True, True)
     assert "seqused_k" in refusal(*base, seqused_k=cu)
     assert "alibi_slopes" in refusal(*base, alibi_slopes=fake(8, dtype=torch.float32))
@@ -386,6 +389,7 @@ def test_flash_attention_backward_refusals(monkeypatch, fake_cuda, backward_buil
     assert "variable-length" in refusal(*with_arg(base, CUM_SEQ_Q, cu))
     assert "variable-length" in refusal(*with_arg(base, CUM_SEQ_K, cu))
     assert "dropout_p=0.1" in refusal(*with_arg(base, DROPOUT_P, 0.1))
+    assert "positive finite" in refusal(*base, scale=0.0)
     assert "some_future_argument" in refusal(*base, some_future_argument=1)
     assert refusal(*base, some_future_argument=None) is None
     assert "grad_out is undefined" in refusal(*with_arg(base, GRAD_OUT, None))
@@ -418,6 +422,7 @@ def test_sdpa_flash_backward_refusals(monkeypatch, fake_cuda, backward_build):
     assert base[LSE].shape == (2, 8, 100)
     assert refusal(*base) is None
     assert refusal(*base, scale=0.3) is None
+    assert "positive finite" in refusal(*base, scale=-0.3)
     cu = torch.zeros(3, dtype=torch.int32, device="cuda")
     assert "variable-length" in refusal(*with_arg(base, CUM_SEQ_Q, cu))
     assert "dropout_p=0.5" in refusal(*with_arg(base, DROPOUT_P, 0.5))
