@@ -129,6 +129,14 @@ Problem check_problem(at::Tensor const& q, at::Tensor const& k, at::Tensor const
   return pb;
 }
 
+// The kernels take each row's max of the unscaled scores, so the scale must be positive. Checked
+// before anything is allocated: the same check thrown from fill_common, after the outputs were
+// allocated, ended the process on the H200 (tools/exception_diag.py, 2026-11-30).
+void check_scale(double softmax_scale) {
+  TORCH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0,
+              "flash_attn_hopper: softmax_scale must be a positive finite number");
+}
+
 // Windows as FlashAttention defines them (-1 = unbounded; causal = right window 0), measured
 // from the bottom-right diagonal, or from the top-left one as torch's SDPA does.
 struct Window {
@@ -170,9 +178,6 @@ void fill_common(Params& params, Problem const& pb, at::Tensor const& qt, at::Te
   params.seqlen_q = int(pb.seqlen_q);
   params.seqlen_k = int(pb.seqlen_k);
   params.head_dim = int(pb.head_dim);
-  // The kernels take each row's max of the unscaled scores, so the scale must be positive.
-  TORCH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0,
-              "flash_attn_hopper: softmax_scale must be a positive finite number, got ", softmax_scale);
   params.softmax_scale = float(softmax_scale);
   params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
   params.is_local = window.is_local;
@@ -194,6 +199,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left) {
   Problem const pb = check_problem(q, k, v);
+  check_scale(softmax_scale);
   c10::cuda::CUDAGuard device_guard(q.device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
   FwdFn const fwd = find_fwd(head_dim_rounded, is_bf16);
@@ -251,6 +257,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
                                                        double softmax_scale, bool causal, int64_t window_size_left,
                                                        int64_t window_size_right, bool top_left, bool deterministic) {
   Problem const pb = check_problem(q, k, v);
+  check_scale(softmax_scale);
   c10::cuda::CUDAGuard device_guard(q.device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(),
