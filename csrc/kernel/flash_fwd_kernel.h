@@ -111,6 +111,13 @@ struct FwdKernel {
   static constexpr bool kSplitMask = kLocal;
 #endif
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
+  // Key blocks after a tile's first skip the row-max search while no p exceeds the lazy
+  // rescale's slack (softmax.h, block_without_max); a warp that would exceed it computes S(n)
+  // again and takes the max. Experiment: FLASH_FWD_DEV_MAX_FREE=1.
+#ifndef FLASH_FWD_DEV_MAX_FREE
+#define FLASH_FWD_DEV_MAX_FREE 0
+#endif
+  static constexpr bool kMaxFree = bool(FLASH_FWD_DEV_MAX_FREE) && kLazyRescale;
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -427,16 +434,35 @@ struct FwdKernel {
         wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
         scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
         warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
-        if (n == range.n_block_min) { release_q(smem, mma_tidx); }
-        pipeline_k.consumer_release(state_k);
-        ++state_k;
-        if constexpr (std::is_same_v<decltype(masked), MaskIfNeeded>) {
-          mask(n);
-        } else if constexpr (decltype(masked)::value) {
-          apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
-                             params.window_left, params.window_right);
+        auto mask_block = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
+          if constexpr (std::is_same_v<decltype(masked), MaskIfNeeded>) {
+            mask(n);
+          } else if constexpr (decltype(masked)::value) {
+            apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+                               params.window_left, params.window_right);
+          }
+        };
+        if constexpr (kMaxFree) {
+          // Q and this K stage stay held until the softmax knows it needs no second S(n).
+          mask_block();
+          if (softmax.block_without_max(tSrS_rc)) {
+            moved = false;
+          } else {  // some p would exceed the slack (or a row has no max yet): S(n) again
+            wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+            warpgroup_wait<0>();
+            mask_block();
+            moved = softmax.next_block(tSrS_rc, rescale);
+          }
+          if (n == range.n_block_min) { release_q(smem, mma_tidx); }
+          pipeline_k.consumer_release(state_k);
+          ++state_k;
+        } else {
+          if (n == range.n_block_min) { release_q(smem, mma_tidx); }
+          pipeline_k.consumer_release(state_k);
+          ++state_k;
+          mask_block();
+          moved = softmax.next_block(tSrS_rc, rescale);
         }
-        moved = softmax.next_block(tSrS_rc, rescale);
         warpgroup_wait<0>();   // P.V done: V's stage and the P registers are free
         pipeline_v.consumer_release(state_v);
         ++state_v;

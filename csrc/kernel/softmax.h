@@ -103,6 +103,38 @@ struct OnlineSoftmax {
     return moved;
   }
 
+  // A later block without the max search (kMaxFree): p = exp2(s * c - m * c) with every row's
+  // current max m. That is the lazy rule's result whenever no p exceeds 2^kMaxSlack, which holds
+  // if each thread's partial sum of each row is at most 2^kMaxSlack; rows without a finite max
+  // never qualify. Returns whether that holds for the whole warp (a warp-uniform answer). If it
+  // does, the block is done (the max did not move: no rescale) and the sums are added; if not,
+  // s holds garbage and the caller recomputes S and calls next_block.
+  template <typename TensorS>
+  CUTLASS_DEVICE bool block_without_max(TensorS& s) {
+    Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> sums;
+    bool fits = true;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const m_scaled = row_max(r) * scale_log2;
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
+        sum += s(r, c);
+      }
+      sums(r) = sum;
+      fits &= sum <= kMaxSum && row_max(r) != -INFINITY;  // false for NaN
+    }
+    bool const warp_fits = __all_sync(0xffffffffu, fits);
+    if (warp_fits) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) { row_sum(r) += sums(r); }
+    }
+    return warp_fits;
+  }
+  static constexpr float kMaxSum = 256.f;  // 2^kMaxSlack
+  static_assert(kMaxSlack == 8.f);
+
   // Whether the warp has O to rescale: a warp-uniform answer, so that the branch around the
   // multiplies does not diverge.
   CUTLASS_DEVICE static bool warp_needs_rescale(bool moved) {

@@ -106,6 +106,9 @@ constexpr FwdTileShape fwd_tile() {
 #ifdef FLASH_FWD_DEV_SEPARATE_O
   tile.own_o = bool(FLASH_FWD_DEV_SEPARATE_O);
 #endif
+#ifdef FLASH_FWD_DEV_FORCE_STAGES
+  tile.stages = FLASH_FWD_DEV_FORCE_STAGES;
+#endif
   return tile;
 }
 
