@@ -445,7 +445,10 @@ struct FwdKernel {
         if constexpr (kMaxFree) {
           // Q and this K stage stay held until the softmax knows it needs no second S(n).
           mask_block();
-          if (softmax.block_without_max(tSrS_rc)) {
+          Tensor sums = make_tensor<float>(Shape<Int<kRows>>{});
+          bool const fits = softmax.block_without_max(tSrS_rc, sums);
+          if (named_barrier_all(fits, static_cast<int>(FwdNamedBarrier::kVoteWG1) + wg, 128)) {
+            softmax.add_sums(sums);
             moved = false;
           } else {  // some p would exceed the slack (or a row has no max yet): S(n) again
             wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);

@@ -12,6 +12,10 @@ enum class FwdNamedBarrier : int {
   kSchedulerWG1 = 4,
   kSchedulerWG2 = 5,
   kSchedulerWG3 = 6,
+  // kMaxFree: the warpgroup's vote on whether a key block needs its S computed again.
+  kVoteWG1 = 7,
+  kVoteWG2 = 8,
+  kVoteWG3 = 9,
 };
 
 enum class BwdNamedBarrier : int {

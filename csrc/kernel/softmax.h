@@ -106,12 +106,13 @@ struct OnlineSoftmax {
   // A later block without the max search (kMaxFree): p = exp2(s * c - m * c) with every row's
   // current max m. That is the lazy rule's result whenever no p exceeds 2^kMaxSlack, which holds
   // if each thread's partial sum of each row is at most 2^kMaxSlack; rows without a finite max
-  // never qualify. Returns whether that holds for the whole warp (a warp-uniform answer). If it
-  // does, the block is done (the max did not move: no rescale) and the sums are added; if not,
-  // s holds garbage and the caller recomputes S and calls next_block.
-  template <typename TensorS>
-  CUTLASS_DEVICE bool block_without_max(TensorS& s) {
-    Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> sums;
+  // never qualify. Returns whether that holds for this thread's rows; `sums` receives the
+  // partial sums. The caller takes the verdict of the whole warpgroup (the WGMMA that computes S
+  // again is a warpgroup instruction): if every thread fits, the max did not move (no rescale)
+  // and add_sums completes the block; otherwise s holds garbage, S is computed again and goes
+  // through next_block.
+  template <typename TensorS, typename TensorSum>
+  CUTLASS_DEVICE bool block_without_max(TensorS& s, TensorSum& sums) const {
     bool fits = true;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -125,12 +126,12 @@ struct OnlineSoftmax {
       sums(r) = sum;
       fits &= sum <= kMaxSum && row_max(r) != -INFINITY;  // false for NaN
     }
-    bool const warp_fits = __all_sync(0xffffffffu, fits);
-    if (warp_fits) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < kRows; ++r) { row_sum(r) += sums(r); }
-    }
-    return warp_fits;
+    return fits;
+  }
+  template <typename TensorSum>
+  CUTLASS_DEVICE void add_sums(TensorSum const& sums) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) { row_sum(r) += sums(r); }
   }
   static constexpr float kMaxSum = 256.f;  // 2^kMaxSlack
   static_assert(kMaxSlack == 8.f);

@@ -52,6 +52,22 @@ CUTLASS_DEVICE void wgmma_async(TiledMma& tiled_mma, TA const& tCrA, TB const& t
   if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
 }
 
+// Whether `pred` holds for every one of `num_threads` threads meeting at named barrier `id`
+// (bar.red.and: a barrier and a vote in one instruction).
+CUTLASS_DEVICE bool named_barrier_all(bool pred, int id, int num_threads) {
+  int result;
+  asm volatile(
+      "{\n"
+      "  .reg .pred p, q;\n"
+      "  setp.ne.s32 p, %1, 0;\n"
+      "  bar.red.and.pred q, %2, %3, p;\n"
+      "  selp.s32 %0, 1, 0, q;\n"
+      "}\n"
+      : "=r"(result)
+      : "r"(int(pred)), "r"(id), "r"(num_threads));
+  return result != 0;
+}
+
 // The SM90 accumulator fragment of one warpgroup is ((2, 2, N/8), MMA_M, MMA_N):
 // mode 0.0 = column pair, 0.1 = row half (+8), 0.2 = 8-column chunk.
 // View it as (rows, cols) = ((2, MMA_M), (2, N/8, MMA_N)).
