@@ -111,13 +111,20 @@ struct FwdKernel {
   static constexpr bool kSplitMask = kLocal;
 #endif
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
-  // Key blocks after a tile's first skip the row-max search while no p exceeds the lazy
-  // rescale's slack (softmax.h, block_without_max); a warp that would exceed it computes S(n)
-  // again and takes the max. Experiment: FLASH_FWD_DEV_MAX_FREE=1.
-#ifndef FLASH_FWD_DEV_MAX_FREE
-#define FLASH_FWD_DEV_MAX_FREE 0
+  // Non-causal: key blocks after a tile's first skip the row-max search while no p exceeds the
+  // lazy rescale's slack (softmax.h, block_without_max); a warpgroup in which some thread would
+  // exceed it computes S(n) again and takes the max. Measured x cuDNN (3 rounds), hdim 128
+  // non-causal at 512 / 2k / 8k: 1.004 / 1.013 / 1.102 -> 1.020 / 1.079 / 1.135. Causal tiles
+  // lost 6 % (0.941 / 1.037 / 1.095 against 1.003 / 1.101 / 1.158): the diagonal block gives
+  // the top rows a max over few keys, so some row of the warpgroup exceeds it in most tiles.
+  // FLASH_FWD_DEV_MAX_FREE=0/1 forces it off/on everywhere.
+#ifdef FLASH_FWD_DEV_MAX_FREE
+  static constexpr bool kMaxFreePolicy = bool(FLASH_FWD_DEV_MAX_FREE);
+#else
+  static constexpr bool kMaxFreePolicy = !kLocal;
 #endif
-  static constexpr bool kMaxFree = bool(FLASH_FWD_DEV_MAX_FREE) && kLazyRescale;
+  static constexpr bool kMaxFree = kMaxFreePolicy && kLazyRescale;
+  static_assert(!kMaxFree || kFwdVoteHwBarrier + kNumMmaWarpGroups <= 8, "vote barriers past CUTLASS's reserved ids");
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -447,7 +454,7 @@ struct FwdKernel {
           mask_block();
           Tensor sums = make_tensor<float>(Shape<Int<kRows>>{});
           bool const fits = softmax.block_without_max(tSrS_rc, sums);
-          if (named_barrier_all(fits, static_cast<int>(FwdNamedBarrier::kVoteWG1) + wg, 128)) {
+          if (named_barrier_all(fits, kFwdVoteHwBarrier + wg, 128)) {
             softmax.add_sums(sums);
             moved = false;
           } else {  // some p would exceed the slack (or a row has no max yet): S(n) again

@@ -12,11 +12,12 @@ enum class FwdNamedBarrier : int {
   kSchedulerWG1 = 4,
   kSchedulerWG2 = 5,
   kSchedulerWG3 = 6,
-  // kMaxFree: the warpgroup's vote on whether a key block needs its S computed again.
-  kVoteWG1 = 7,
-  kVoteWG2 = 8,
-  kVoteWG3 = 9,
 };
+// cutlass::arch::NamedBarrier adds its reserved count (ReservedNamedBarriers::FirstUserBarrier,
+// 8) to the ids above, so they occupy hardware barriers 9-14. Hardware ids 1-7 are reserved by
+// CUTLASS for components these kernels do not use; the forward's raw barrier.red vote
+// (kMaxFree, utils.h named_barrier_all) takes hardware ids kFwdVoteHwBarrier + warpgroup.
+constexpr int kFwdVoteHwBarrier = 1;
 
 enum class BwdNamedBarrier : int {
   kPdSReady = 1,  // all consumer warpgroups wrote their part of P^T and dS^T to shared memory

@@ -52,19 +52,20 @@ CUTLASS_DEVICE void wgmma_async(TiledMma& tiled_mma, TA const& tCrA, TB const& t
   if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
 }
 
-// Whether `pred` holds for every one of `num_threads` threads meeting at named barrier `id`
-// (bar.red.and: a barrier and a vote in one instruction).
-CUTLASS_DEVICE bool named_barrier_all(bool pred, int id, int num_threads) {
+// Whether `pred` holds for every one of `num_threads` threads meeting at hardware barrier
+// `hw_id` (a barrier and a vote in one instruction). The id is the hardware's, not
+// cutlass::arch::NamedBarrier's (which adds its reserved count).
+CUTLASS_DEVICE bool named_barrier_all(bool pred, int hw_id, int num_threads) {
   int result;
   asm volatile(
       "{\n"
       "  .reg .pred p, q;\n"
       "  setp.ne.s32 p, %1, 0;\n"
-      "  bar.red.and.pred q, %2, %3, p;\n"
+      "  barrier.red.and.pred q, %2, %3, p;\n"
       "  selp.s32 %0, 1, 0, q;\n"
       "}\n"
       : "=r"(result)
-      : "r"(int(pred)), "r"(id), "r"(num_threads));
+      : "r"(int(pred)), "r"(hw_id), "r"(num_threads));
   return result != 0;
 }
 
