@@ -113,15 +113,19 @@ struct FwdKernel {
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
   // Non-causal: key blocks after a tile's first skip the row-max search while no p exceeds the
   // lazy rescale's slack (softmax.h, block_without_max); a warpgroup in which some thread would
-  // exceed it computes S(n) again and takes the max. Measured x cuDNN (3 rounds), hdim 128
-  // non-causal at 512 / 2k / 8k: 1.004 / 1.013 / 1.102 -> 1.020 / 1.079 / 1.135. Causal tiles
-  // lost 6 % (0.941 / 1.037 / 1.095 against 1.003 / 1.101 / 1.158): the diagonal block gives
-  // the top rows a max over few keys, so some row of the warpgroup exceeds it in most tiles.
+  // exceed it computes S(n) again and takes the max. Measured x cuDNN (3 rounds, one run),
+  // non-causal at 512 / 2k / 8k, off -> on: hdim 64 1.032 / 1.106 / 1.172 -> 1.024 / 1.164 /
+  // 1.253; hdim 128 1.006 / 1.026 / 1.086 -> 1.014 / 1.077 / 1.138; hdim 256 at 2k / 8k 1.033 /
+  // 1.027 -> 1.062 / 1.078, but its short-keys persistent kernel (512) 0.980 -> 0.781, so not
+  // there. Causal tiles lost 6 % (hdim 128: 0.941 / 1.037 / 1.095 against 1.003 / 1.101 /
+  // 1.158): the diagonal block gives the top rows a max over few keys, so some row of the
+  // warpgroup exceeds it in most tiles. Head dims 96 and 192 are not measured: off.
   // FLASH_FWD_DEV_MAX_FREE=0/1 forces it off/on everywhere.
 #ifdef FLASH_FWD_DEV_MAX_FREE
   static constexpr bool kMaxFreePolicy = bool(FLASH_FWD_DEV_MAX_FREE);
 #else
-  static constexpr bool kMaxFreePolicy = !kLocal;
+  static constexpr bool kMaxFreePolicy =
+      !kLocal && (kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kPersistent_));
 #endif
   static constexpr bool kMaxFree = kMaxFreePolicy && kLazyRescale;
   static_assert(!kMaxFree || kFwdVoteHwBarrier + kNumMmaWarpGroups <= 8, "vote barriers past CUTLASS's reserved ids");
