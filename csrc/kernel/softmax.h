@@ -12,6 +12,9 @@
 // hdim 128 non-causal 2k / 8k 0.967 / 1.085 -> 1.008 / 1.126, causal 8k 1.102 -> 1.127. Skipping
 // only when no row moved at all (no slack) measured 0-4 % slower than rescaling every block.
 // FLASH_FWD_DEV_LAZY_RESCALE=0 restores the old behaviour (exact max, rescale every block).
+// Non-causal kernels go one step further (block_without_max, the kernel's kMaxFree): a block
+// after the first computes p with the current max without searching the block's max, and only
+// a warpgroup in which some p could exceed the slack searches it (with S computed again).
 #pragma once
 
 #include "kernel/config.h"
