@@ -20,6 +20,15 @@ def number(text):
         return 0.0
 
 
+def opcode(sass):
+    """SASS text -> its opcode without modifiers or predicate ("@!P0 BRA 0x..." -> "BRA")."""
+    words = sass.split()
+    if not words:
+        return "?"
+    op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+    return op.split(".")[0]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
@@ -43,13 +52,28 @@ def main():
     print(f"{len(body)} rows, {total:.0f} samples in column {header[samples]!r}")
     per_op = Counter()
     for r in body:
-        op = r[source].split()[0] if r[source].split() else "?"
-        if op.startswith("@"):
-            op = r[source].split()[1] if len(r[source].split()) > 1 else op
-        per_op[op.split(".")[0]] += number(r[samples])
-    print("samples per opcode:")
+        per_op[opcode(r[source])] += number(r[samples])
+    # Stall reasons (columns stall_*, all samples), overall and for the opcodes with most samples.
+    reasons = [i for i, c in enumerate(header) if c.startswith("stall_") and "Not Issued" not in c]
+    per_reason, per_op_reason, executed = Counter(), {}, Counter()
+    executed_col = next((i for i, c in enumerate(header) if c == "Instructions Executed"), None)
+    for r in body:
+        op = opcode(r[source])
+        for i in reasons:
+            per_reason[header[i]] += number(r[i])
+            per_op_reason.setdefault(op, Counter())[header[i][6:]] += number(r[i])
+        if executed_col is not None:
+            executed[op] += number(r[executed_col])
+    print("samples per opcode (top stall reasons):")
     for op, n in per_op.most_common(15):
-        print(f"  {100 * n / total:5.1f} %  {op}")
+        top = ", ".join(f"{k} {100 * v / total:.1f}" for k, v in per_op_reason.get(op, Counter()).most_common(3))
+        print(f"  {100 * n / total:5.1f} %  {op:10s} {top}")
+    if reasons:
+        print("stall reasons:", ", ".join(f"{k[6:]} {100 * v / total:.1f} %" for k, v in per_reason.most_common(8)))
+    if executed:
+        all_executed = sum(executed.values()) or 1.0
+        print(f"executed instructions per HGMMA: {all_executed / max(executed['HGMMA'], 1):.1f}; shares:",
+              ", ".join(f"{op} {100 * n / all_executed:.1f} %" for op, n in executed.most_common(10)))
     print(f"top {args.top} rows:")
     for r in sorted(body, key=lambda r: -number(r[samples]))[: args.top]:
         print(f"  {100 * number(r[samples]) / total:5.2f} %  {r[0][:12]:12s} {r[source][:90]}")
