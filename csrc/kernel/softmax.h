@@ -45,6 +45,18 @@ struct OnlineSoftmax {
   // A row whose max is -inf has seen only masked scores: subtract 0 so exp2 gives 0, not NaN.
   CUTLASS_DEVICE float scaled_max(float m) const { return m == -INFINITY ? 0.f : m * scale_log2; }
 
+  // p = exp2(s * c - m_scaled) over row r of s, in place; returns the row's partial sum.
+  template <typename TensorS>
+  CUTLASS_DEVICE float exponentiate_row(TensorS& s, int r, float m_scaled) const {
+    float sum = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < size<1>(s); ++c) {
+      s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
+      sum += s(r, c);
+    }
+    return sum;
+  }
+
   // First block of a tile: set max and sum, turn scores into unnormalised probabilities.
   template <typename TensorS>
   CUTLASS_DEVICE void first_block(TensorS& s /* (rows, cols) view of the accumulator */) {
@@ -56,14 +68,7 @@ struct OnlineSoftmax {
       for (int c = 0; c < size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
       m = quad_allreduce(m, MaxOp{});
       row_max(r) = m;
-      float const m_scaled = scaled_max(m);
-      float sum = 0.f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
-        sum += s(r, c);
-      }
-      row_sum(r) = sum;
+      row_sum(r) = exponentiate_row(s, r, scaled_max(m));
     }
   }
 
@@ -95,13 +100,7 @@ struct OnlineSoftmax {
         moved |= row_moved;
       }
       row_max(r) = m;
-      float sum = 0.f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
-        sum += s(r, c);
-      }
-      row_sum(r) = row_sum(r) * rescale(r) + sum;
+      row_sum(r) = row_sum(r) * rescale(r) + exponentiate_row(s, r, m_scaled);
     }
     return moved;
   }
@@ -119,13 +118,7 @@ struct OnlineSoftmax {
     bool fits = true;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float const m_scaled = row_max(r) * scale_log2;
-      float sum = 0.f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
-        sum += s(r, c);
-      }
+      float const sum = exponentiate_row(s, r, row_max(r) * scale_log2);
       sums(r) = sum;
       fits &= sum <= kMaxSum && row_max(r) != -INFINITY;  // false for NaN
     }
