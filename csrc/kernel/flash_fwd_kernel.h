@@ -117,9 +117,12 @@ struct FwdKernel {
   // non-causal at 512 / 2k / 8k, off -> on: hdim 64 1.032 / 1.106 / 1.172 -> 1.024 / 1.164 /
   // 1.253; hdim 128 1.006 / 1.026 / 1.086 -> 1.014 / 1.077 / 1.138; hdim 256 at 2k / 8k 1.033 /
   // 1.027 -> 1.062 / 1.078, but its short-keys persistent kernel (512) 0.980 -> 0.781, so not
-  // there. Causal tiles lost 6 % (hdim 128: 0.941 / 1.037 / 1.095 against 1.003 / 1.101 /
-  // 1.158): the diagonal block gives the top rows a max over few keys, so some row of the
-  // warpgroup exceeds it in most tiles. Head dims 96 and 192 are not measured: off.
+  // there (likely because the first block visited holds 32 of the 512 keys, 512 = 6 x 80 + 32, so
+  // most warpgroups compute a second S: seqlen_k just past a multiple of the block has the same
+  // cost at any head dim, not measured yet). Causal tiles lost 6 % (hdim 128: 0.941 / 1.037 /
+  // 1.095 against 1.003 / 1.101 / 1.158): the diagonal block gives the top rows a max over few
+  // keys, so some row of the warpgroup exceeds it in most tiles. Head dims 96 and 192 are not
+  // measured: off.
   // FLASH_FWD_DEV_MAX_FREE=0/1 forces it off/on everywhere.
 #ifdef FLASH_FWD_DEV_MAX_FREE
   static constexpr bool kMaxFreePolicy = bool(FLASH_FWD_DEV_MAX_FREE);

@@ -97,8 +97,8 @@ constexpr FwdTileShape fwd_tile_table() {
 }
 
 // The table, with the developer overrides FLASH_FWD_PERSISTENT / FLASH_FWD_DEV_SEPARATE_O (0 or 1)
-// and FLASH_FWD_DEV_FORCE_STAGES (K/V stages of every tile; hdim 64 with 3 or 4 stages measured
-// no gain, 3 stages 1-6 % slower, 2026-11-30).
+// and FLASH_FWD_DEV_FORCE_STAGES (K/V stages of every tile; hdim 64 with 4 stages measured no gain,
+// with 3 stages -7 % to +1 %, 2026-11-30).
 template <int kHeadDim, bool kLocal, FwdKeys kKeys = kShortKeys>
 constexpr FwdTileShape fwd_tile() {
   FwdTileShape tile = fwd_tile_table<kHeadDim, kLocal, kKeys>();
