@@ -415,6 +415,13 @@ struct FwdKernel {
       }
     };
 
+    // S(n) is final: K's stage is free, and after the tile's last block (n_block_min) Q's buffer.
+    auto release_k = [&](int n) CUTLASS_LAMBDA_FUNC_INLINE {
+      if (n == range.n_block_min) { release_q(smem, mma_tidx); }
+      pipeline_k.consumer_release(state_k);
+      ++state_k;
+    };
+
     if (!range.empty()) {
       smem.barrier_q.wait(q_phase);
       q_phase ^= 1;
@@ -425,9 +432,7 @@ struct FwdKernel {
       wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
       scheduler_arrive(wg);
       warpgroup_wait<0>();
-      if (n == range.n_block_min) { release_q(smem, mma_tidx); }
-      pipeline_k.consumer_release(state_k);
-      ++state_k;
+      release_k(n);
       mask(n);
       softmax.first_block(tSrS_rc);
       convert_into(tSrS, tOrP);
@@ -470,13 +475,9 @@ struct FwdKernel {
             mask_block();
             moved = softmax.next_block(tSrS_rc, rescale);
           }
-          if (n == range.n_block_min) { release_q(smem, mma_tidx); }
-          pipeline_k.consumer_release(state_k);
-          ++state_k;
+          release_k(n);
         } else {
-          if (n == range.n_block_min) { release_q(smem, mma_tidx); }
-          pipeline_k.consumer_release(state_k);
-          ++state_k;
+          release_k(n);
           mask_block();
           moved = softmax.next_block(tSrS_rc, rescale);
         }
