@@ -153,9 +153,13 @@ def main():
         worst_lse = 0.0
         # ramp: keys scaled up towards the start, so a row's max keeps growing (by more than the
         # softmax's rescale slack) as the kernel walks the key blocks from the last one down.
-        for (sq, sk, causal, ramp) in [(113, 203, False, 0), (799, 3, True, 0), (1024, 1024, True, 0),
-                                       (2048, 2049, False, 0), (300, 4000, True, 0), (256, 3000, False, 12),
-                                       (1000, 1000, True, 12)]:
+        # window: sliding windows, where a row may see nothing in the first key block visited
+        # (its max stays -inf into the next block) and the top rows of a tile see nothing at all.
+        for (sq, sk, causal, ramp, window) in [
+                (113, 203, False, 0, (-1, -1)), (799, 3, True, 0, (-1, -1)), (1024, 1024, True, 0, (-1, -1)),
+                (2048, 2049, False, 0, (-1, -1)), (300, 4000, True, 0, (-1, -1)), (256, 3000, False, 12, (-1, -1)),
+                (1000, 1000, True, 12, (-1, -1)), (300, 500, False, 0, (37, 11)), (700, 900, False, 12, (90, 0)),
+                (1200, 400, True, 0, (-1, -1))]:
             for rep in range(2):
                 if args.verbose:
                     print(f"{name}: checking sq={sq} sk={sk} causal={causal} rep={rep}", flush=True)
@@ -165,11 +169,11 @@ def main():
                 if ramp:
                     grow = 1 + ramp * torch.linspace(1, 0, sk, device="cuda")
                     k = (k.float() * grow[None, :, None, None]).to(dtype)
-                out, lse = op(q, k, v, d ** -0.5, causal)
+                out, lse = op(q, k, v, d ** -0.5, causal, window[0], window[1])
                 if args.verbose:
                     torch.cuda.synchronize()
-                o_ref, lse_ref = reference(q, k, v, causal, d ** -0.5)
-                o_low, _ = reference(q, k, v, causal, d ** -0.5, dtype=dtype)
+                o_ref, lse_ref = reference(q, k, v, causal, d ** -0.5, window=window)
+                o_low, _ = reference(q, k, v, causal, d ** -0.5, dtype=dtype, window=window)
                 err = (out.float() - o_ref).abs().max().item()
                 bound = 2 * (o_low.float() - o_ref).abs().max().item() + 1e-3
                 worst = max(worst, err / bound)

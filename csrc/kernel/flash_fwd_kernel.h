@@ -131,6 +131,12 @@ struct FwdKernel {
       !kLocal && (kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kPersistent_));
 #endif
   static constexpr bool kMaxFree = kMaxFreePolicy && kLazyRescale;
+  // Experiment: a warp whose p exceed the slack repairs its rows from p (repair_block) instead
+  // of the warpgroup computing S again, which stays for overflowing p only.
+#ifndef FLASH_FWD_DEV_MAX_FREE_REPAIR
+#define FLASH_FWD_DEV_MAX_FREE_REPAIR 0
+#endif
+  static constexpr bool kMaxFreeRepair = bool(FLASH_FWD_DEV_MAX_FREE_REPAIR);
   static_assert(!kMaxFree || kFwdVoteHwBarrier + kNumMmaWarpGroups <= 8, "vote barriers past CUTLASS's reserved ids");
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
@@ -461,7 +467,29 @@ struct FwdKernel {
                                params.window_left, params.window_right);
           }
         };
-        if constexpr (kMaxFree) {
+        if constexpr (kMaxFree && kMaxFreeRepair) {
+          // Q and this K stage stay held until the softmax knows it needs no second S(n): only
+          // when some p of the warpgroup overflowed. A warp in which some p exceeds the slack
+          // repairs its rows from p.
+          mask_block();
+          Tensor sums = make_tensor<float>(Shape<Int<kRows>>{});
+          bool finite;
+          bool const fits = softmax.block_without_max(tSrS_rc, sums, finite);
+          if (!named_barrier_all(finite, kFwdVoteHwBarrier + wg, 128)) {
+            wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+            warpgroup_wait<0>();
+            mask_block();
+            moved = softmax.next_block(tSrS_rc, rescale);
+          } else if (__all_sync(0xffffffffu, fits)) {
+            softmax.add_sums(sums);
+            moved = false;
+          } else {
+            moved = softmax.repair_block(tSrS_rc, sums, rescale);
+          }
+          if (n == range.n_block_min) { release_q(smem, mma_tidx); }
+          pipeline_k.consumer_release(state_k);
+          ++state_k;
+        } else if constexpr (kMaxFree) {
           // Q and this K stage stay held until the softmax knows it needs no second S(n).
           mask_block();
           Tensor sums = make_tensor<float>(Shape<Int<kRows>>{});
