@@ -133,13 +133,7 @@ struct OnlineSoftmax {
     finite = true;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float const m_scaled = scaled_max(row_max(r));
-      float sum = 0.f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
-        sum += s(r, c);
-      }
+      float const sum = exponentiate_row(s, r, scaled_max(row_max(r)));
       sums(r) = sum;
       fits &= sum <= kMaxSum && row_max(r) != -INFINITY;  // false for NaN
       finite &= sum < INFINITY;                           // false for NaN
