@@ -417,7 +417,7 @@ struct FwdKernel {
     auto mask = [&](int n) {
       if (range.needs_mask(n)) {
         apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
-                           params.window_left, params.window_right);
+                           params.window_left, params.window_right, n < range.n_unmasked_lo);
       }
     };
 
@@ -464,7 +464,7 @@ struct FwdKernel {
             mask(n);
           } else if constexpr (decltype(masked)::value) {
             apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
-                               params.window_left, params.window_right);
+                               params.window_left, params.window_right, n < range.n_unmasked_lo);
           }
         };
         if constexpr (kMaxFree && kMaxFreeRepair) {

@@ -4,6 +4,7 @@
 #include "kernel/config.h"
 
 #include <cmath>
+#include <type_traits>
 #include <cute/tensor.hpp>
 
 namespace flash {
@@ -11,11 +12,46 @@ namespace flash {
 using namespace cute;
 
 // Row i (global) sees key j iff j < seqlen_k and, for local attention,
-// i + diag - left <= j <= i + diag + right (causal: right = 0).
+// i + diag - left <= j <= i + diag + right (causal: right = 0). check_lo: whether the left window
+// edge can fall inside this block (BlockRange: n < n_unmasked_lo; never for causal masks).
+#ifndef FLASH_FWD_DEV_MASK_REL
+#define FLASH_FWD_DEV_MASK_REL 0
+#endif
 template <bool kLocal, typename TensorS, typename TensorC>
 CUTLASS_DEVICE void apply_mask(TensorS& s,         // (rows, cols) view of the score accumulator
                                TensorC const& c,   // same shape: (row, col) coordinates in the tile
-                               int row0, int col0, int seqlen_k, int diag, int left, int right) {
+                               int row0, int col0, int seqlen_k, int diag, int left, int right,
+                               bool check_lo = true) {
+#if FLASH_FWD_DEV_MASK_REL
+  // Experiment: column offsets from this thread's first column are compile-time constants, so
+  // each element compares a constant with a per-row bound taken relative to that column (no
+  // register per column), and the left edge is tested only where it can fall in the block.
+  int const col_base = get<1>(c(0, 0));
+  auto mask_rows = [&](auto lo_too) CUTLASS_LAMBDA_FUNC_INLINE {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(s); ++r) {
+      int hi = seqlen_k - col0 - col_base;  // exclusive, relative to this thread's first column
+      int lo = 0;                           // inclusive
+      if constexpr (kLocal) {
+        int const diag_col = row0 + get<0>(c(r, 0)) + diag - col0 - col_base;
+        hi = min(hi, diag_col + right + 1);
+        lo = diag_col - left;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size<1>(s); ++j) {
+        int const offset = get<1>(c(r, j)) - col_base;
+        bool masked = offset >= hi;
+        if constexpr (decltype(lo_too)::value) { masked |= offset < lo; }
+        if (masked) { s(r, j) = -INFINITY; }
+      }
+    }
+  };
+  if (kLocal && check_lo) {
+    mask_rows(std::true_type{});
+  } else {
+    mask_rows(std::false_type{});
+  }
+#else
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < size<0>(s); ++r) {
     int hi = seqlen_k - col0;  // exclusive, relative to this block
@@ -31,6 +67,7 @@ CUTLASS_DEVICE void apply_mask(TensorS& s,         // (rows, cols) view of the s
       if (col >= hi || col < lo) { s(r, j) = -INFINITY; }
     }
   }
+#endif
 }
 
 CUTLASS_HOST_DEVICE int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
