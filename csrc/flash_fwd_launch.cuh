@@ -45,6 +45,9 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   using M = Int<Kernel::kBlockM>;
   using N = Int<Kernel::kBlockN>;
   using D = Int<Kernel::kHeadDim>;
+  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM;
+  int const heads_per_group = Kernel::Scheduler::heads_per_group(
+      p.heads_q, p.heads_q / p.heads_kv, p.batch, int64_t(p.seqlen_k) * p.head_dim * int64_t(sizeof(Element)));
   typename Kernel::Params params{
       make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Kernel::SmemLayoutQ{}, Shape<M, D>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kernel::SmemLayoutKV{}), Shape<N, D>{}, _1{}),
@@ -57,16 +60,16 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.seqlen_k,
       p.heads_q,
       p.heads_q / p.heads_kv,
-      (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM,
+      num_m_blocks,
       p.batch,
       p.diag_offset,
       p.window_left,
       p.window_right,
       p.softmax_scale,
       p.softmax_scale_log2,
-      Kernel::Scheduler::heads_per_group(p.heads_q, p.heads_q / p.heads_kv, p.batch,
-                                         int64_t(p.seqlen_k) * p.head_dim * int64_t(sizeof(Element))),
+      heads_per_group,
       p.tile_counter,
+      Kernel::Scheduler::divisors(num_m_blocks, p.heads_q, heads_per_group),
   };
   if (Kernel::kDynamic && p.tile_counter == nullptr) {
     throw std::runtime_error("flash_attn_hopper: dynamic tile scheduling needs the binding's tile counter");

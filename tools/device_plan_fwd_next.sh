@@ -1,5 +1,5 @@
 #!/bin/bash
-# Branch exp/fwd-mask-rel (on top of exp/fwd-max-free-repair), variants only (no package build),
+# Branch exp/fwd-fast-decode (on exp/fwd-mask-rel, on exp/fwd-max-free-repair), variants only (no package build),
 # about 8 minutes (16 variant builds, then five timed sets, each with its own timeout).
 # rp (FLASH_FWD_DEV_MAX_FREE=1 + FLASH_FWD_DEV_MAX_FREE_REPAIR=1): max-free key blocks in every
 #   kernel, causal too; a warp whose p exceed the slack repairs its rows from p (block max of p,
@@ -9,11 +9,18 @@
 #   (its first block visited holds 32 keys: 512 = 6 x 80 + 32). Predictions: causal hdim 64 / 128
 #   / 256 +2-5 % from 2k (at least equal to main at 512); hdim 256 non-causal 512 back to >= main;
 #   non-causal elsewhere equal to main (+-1 %).
-# mr (FLASH_FWD_DEV_MASK_REL=1): the mask compares compile-time column offsets with per-row bounds
+# ov (FLASH_FWD_DEV_MASK_REL=1 + FLASH_FWD_DEV_FAST_DECODE=1), two cuts in per-tile and mask
+# instructions (ncu, hdim 64 causal 512: ~1040 instructions per consumer warp and tile outside
+# the key-block loop, 60 % of all executed; the masked diagonal block 688 against 451 unmasked):
+# - fast decode: the tile decode's divisions by run-time values as cutlass::FastDivmod (divisors
+#   built on the host), BlockRange's divisions by a power-of-two block as shifts (~80 fewer
+#   instructions per tile and warp);
+# - mask on relative columns (mr):
 #   relative to the thread's first column (the old code held 32 column indices in registers) and
 #   tests the left window edge only in blocks it can cross (never for causal). SASS, hdim 64 causal
 #   128x128: a masked block 688 -> 595 instructions; the 192x128 long-keys causal kernel's spills
-#   (152 B) gone. Prediction: causal 512-2k +1-3 % (hdim 64 most), 8k within 1 %.
+#   (152 B) gone.
+#   Prediction for ov: causal 512-2k +2-5 % (hdim 64 most), 8k within 1 %; non-causal 512 +0-2 %.
 # hdim 96 / 192 non-causal: main (max-free off) against rp.
 #   Prediction: +3-6 % from 2k, like hdim 64 / 128.
 # The variants' checks now include sliding windows (rows whose first visited block is masked).
@@ -25,8 +32,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit 1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 RP=FLASH_FWD_DEV_MAX_FREE=1,FLASH_FWD_DEV_MAX_FREE_REPAIR=1
+OV=FLASH_FWD_DEV_MASK_REL=1,FLASH_FWD_DEV_FAST_DECODE=1
 v() { echo "python3 tools/variants.py --hdim $1 --rounds 3 --causal 0,1 --seqlens 512,2048,8192 --variant main$1 \
-  --variant rp$1:$RP --variant mr$1:FLASH_FWD_DEV_MASK_REL=1 --variant rpmr$1:$RP,FLASH_FWD_DEV_MASK_REL=1"; }
+  --variant rp$1:$RP --variant ov$1:$OV --variant rpov$1:$RP,$OV"; }
 w() { echo "python3 tools/variants.py --hdim $1 --rounds 3 --causal 0 --seqlens 512,2048,8192 --variant main$1 \
   --variant rp$1:$RP"; }
 V64="$(v 64)"; V128="$(v 128)"; V256="$(v 256)"; V96="$(w 96)"; V192="$(w 192)"

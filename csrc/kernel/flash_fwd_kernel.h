@@ -207,6 +207,7 @@ struct FwdKernel {
     float softmax_scale_log2;
     int heads_per_group;  // persistent causal/local order: (batch x head)s walked together (tile_scheduler.h)
     int* tile_counter;    // kDynamic: zeroed before the launch
+    typename Scheduler::Divisors divisors;
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
@@ -239,7 +240,8 @@ struct FwdKernel {
     Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on them
 
-    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group);
+    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group,
+                              params.divisors);
     auto range_of = [&](FwdTile const& t) {
       return BlockRange<kBlockM, kBlockN, kLocal>(t.m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
                                                   params.window_left, params.window_right);

@@ -72,6 +72,18 @@ CUTLASS_DEVICE void apply_mask(TensorS& s,         // (rows, cols) view of the s
 
 CUTLASS_HOST_DEVICE int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 CUTLASS_HOST_DEVICE int ceil_div_int(int a, int b) { return -floor_div(-a, b); }
+// The same for a compile-time divisor: a power of two is an arithmetic shift (floor for any sign).
+template <int kB>
+CUTLASS_HOST_DEVICE int floor_div_by(int a) {
+  if constexpr ((kB & (kB - 1)) == 0) {
+    constexpr int kShift = cute::log_2(static_cast<unsigned>(kB));
+    return a >> kShift;
+  } else {
+    return floor_div(a, kB);
+  }
+}
+template <int kB>
+CUTLASS_HOST_DEVICE int ceil_div_by(int a) { return -floor_div_by<kB>(-a); }
 
 // Which key blocks one query tile visits, and which of them need a mask. Blocks are visited
 // from n_block_max - 1 down to n_block_min; block n needs the mask iff
@@ -84,17 +96,24 @@ struct BlockRange {
   int n_unmasked_hi;
 
   CUTLASS_DEVICE BlockRange(int m_block, int seqlen_q, int seqlen_k, int diag, int left, int right) {
+#if FLASH_FWD_DEV_FAST_DECODE
+    auto fdiv = [](int a) { return floor_div_by<kBlockN>(a); };
+    auto cdiv = [](int a) { return ceil_div_by<kBlockN>(a); };
+#else
+    auto fdiv = [](int a) { return floor_div(a, kBlockN); };
+    auto cdiv = [](int a) { return ceil_div_int(a, kBlockN); };
+#endif
     n_block_min = 0;
-    n_block_max = ceil_div_int(seqlen_k, kBlockN);
+    n_block_max = cdiv(seqlen_k);
     n_unmasked_lo = 0;
     n_unmasked_hi = seqlen_k / kBlockN;  // the partial last block needs the seqlen mask
     if constexpr (kLocal) {
       int const first_row = m_block * kBlockM;
       int const last_row = min((m_block + 1) * kBlockM, seqlen_q) - 1;
-      n_block_max = min(n_block_max, max(0, ceil_div_int(last_row + diag + right + 1, kBlockN)));
-      n_unmasked_hi = min(n_unmasked_hi, max(0, floor_div(first_row + diag + right + 1, kBlockN)));
-      n_block_min = max(0, floor_div(first_row + diag - left, kBlockN));
-      n_unmasked_lo = max(0, ceil_div_int(last_row + diag - left, kBlockN));
+      n_block_max = min(n_block_max, max(0, cdiv(last_row + diag + right + 1)));
+      n_unmasked_hi = min(n_unmasked_hi, max(0, fdiv(first_row + diag + right + 1)));
+      n_block_min = max(0, fdiv(first_row + diag - left));
+      n_unmasked_lo = max(0, cdiv(last_row + diag - left));
     }
   }
 

@@ -17,9 +17,20 @@
 
 #include "kernel/config.h"
 
+#include <type_traits>
+
 #include <cutlass/cutlass.h>
+#include <cutlass/fast_math.h>
 
 namespace flash {
+
+// Experiment: decode's divisions by run-time values as cutlass::FastDivmod (a multiply-high and a
+// shift, divisors prepared on the host) instead of ~25-instruction integer divisions; ncu at hdim
+// 64 causal 512 counted ~1040 instructions per consumer warp and tile outside the key-block loop.
+#ifndef FLASH_FWD_DEV_FAST_DECODE
+#define FLASH_FWD_DEV_FAST_DECODE 0
+#endif
+constexpr bool kFwdFastDecode = FLASH_FWD_DEV_FAST_DECODE;
 
 struct FwdTile {
   int m_block;
@@ -30,18 +41,36 @@ struct FwdTile {
 template <bool kPersistent, bool kHeavyLast>
 struct FwdTileScheduler {
   static constexpr bool kGrouped = kPersistent && kHeavyLast;
+  // decode's divisors (kFwdFastDecode), built on the host into the kernel's parameters.
+  struct FastDivisors {
+    cutlass::FastDivmod m_blocks, heads, group_tiles, group;
+  };
+  struct NoDivisors {};
+  using Divisors = std::conditional_t<kFwdFastDecode, FastDivisors, NoDivisors>;
+  static Divisors divisors(int num_m_blocks, int heads, int heads_per_group) {
+    if constexpr (kFwdFastDecode) {
+      return {cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(heads),
+              cutlass::FastDivmod(num_m_blocks * heads_per_group), cutlass::FastDivmod(heads_per_group)};
+    } else {
+      return {};
+    }
+  }
+
   int num_m_blocks;
   int heads;
   int num_tiles;
   int head_batches;
   int group;  // (batch x head)s per group (kGrouped)
+  Divisors const& div;
 
-  CUTLASS_HOST_DEVICE FwdTileScheduler(int num_m_blocks_, int heads_, int batch, int heads_per_group_)
+  CUTLASS_HOST_DEVICE FwdTileScheduler(int num_m_blocks_, int heads_, int batch, int heads_per_group_,
+                                       Divisors const& div_)
       : num_m_blocks(num_m_blocks_),
         heads(heads_),
         num_tiles(num_m_blocks_ * heads_ * batch),
         head_batches(heads_ * batch),
-        group(heads_per_group_) {}
+        group(heads_per_group_),
+        div(div_) {}
 
   // How many (batch x head)s kGrouped walks together: as many as keep their K/V within a share of
   // L2 (H100/H200: 50 MB; a third is kept for Q, O and the other heads' tails), whole GQA groups.
@@ -77,6 +106,29 @@ struct FwdTileScheduler {
   CUTLASS_DEVICE bool valid(int tile) const { return tile < num_tiles; }
 
   CUTLASS_HOST_DEVICE FwdTile decode(int tile) const {
+    if constexpr (kFwdFastDecode) {
+      if constexpr (kGrouped) {
+        int g, rest;
+        div.group_tiles(g, rest, tile);
+        int const first_hb = g * group;
+        int const hbs = min(group, head_batches - first_hb);  // the last group may be smaller
+        int q, r;
+        if (hbs == group) {
+          div.group(q, r, rest);
+        } else {
+          q = rest / hbs;
+          r = rest - q * hbs;
+        }
+        int batch, head;
+        div.heads(batch, head, first_hb + r);
+        return {num_m_blocks - 1 - q, head, batch};
+      } else {
+        int head_batch, m, batch, head;
+        div.m_blocks(head_batch, m, tile);
+        div.heads(batch, head, head_batch);
+        return {kHeavyLast ? num_m_blocks - 1 - m : m, head, batch};
+      }
+    }
     if constexpr (kGrouped) {
       int const group_tiles = num_m_blocks * group;
       int const g = tile / group_tiles;
