@@ -240,8 +240,7 @@ struct FwdKernel {
     Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on them
 
-    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group,
-                              params.divisors);
+    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group);
     auto range_of = [&](FwdTile const& t) {
       return BlockRange<kBlockM, kBlockN, kLocal>(t.m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
                                                   params.window_left, params.window_right);
@@ -257,7 +256,7 @@ struct FwdKernel {
         // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
         int q_loads = 0;
         auto produce = [&](int tile, int iteration) {
-          FwdTile const t = scheduler.decode(tile);
+          FwdTile const t = scheduler.decode(tile, params.divisors);
           auto const range = range_of(t);
           int const wait_phase = kSeparateO ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
                                             : (iteration > 0 ? (iteration - 1) & 1 : -1);
@@ -295,7 +294,7 @@ struct FwdKernel {
       PipelineState state_v;
       int q_phase = 0;
       auto consume_tile = [&](int tile) {
-        FwdTile const t = scheduler.decode(tile);
+        FwdTile const t = scheduler.decode(tile, params.divisors);
         consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
                 threadIdx.x - 128, wg);
       };

@@ -61,16 +61,13 @@ struct FwdTileScheduler {
   int num_tiles;
   int head_batches;
   int group;  // (batch x head)s per group (kGrouped)
-  Divisors const& div;
 
-  CUTLASS_HOST_DEVICE FwdTileScheduler(int num_m_blocks_, int heads_, int batch, int heads_per_group_,
-                                       Divisors const& div_)
+  CUTLASS_HOST_DEVICE FwdTileScheduler(int num_m_blocks_, int heads_, int batch, int heads_per_group_)
       : num_m_blocks(num_m_blocks_),
         heads(heads_),
         num_tiles(num_m_blocks_ * heads_ * batch),
         head_batches(heads_ * batch),
-        group(heads_per_group_),
-        div(div_) {}
+        group(heads_per_group_) {}
 
   // How many (batch x head)s kGrouped walks together: as many as keep their K/V within a share of
   // L2 (H100/H200: 50 MB; a third is kept for Q, O and the other heads' tails), whole GQA groups.
@@ -105,7 +102,8 @@ struct FwdTileScheduler {
   }
   CUTLASS_DEVICE bool valid(int tile) const { return tile < num_tiles; }
 
-  CUTLASS_HOST_DEVICE FwdTile decode(int tile) const {
+  // div: the kernel parameters' divisors, read where they are (not copied into registers).
+  CUTLASS_HOST_DEVICE FwdTile decode(int tile, Divisors const& div) const {
     if constexpr (kFwdFastDecode) {
       if constexpr (kGrouped) {
         int g, rest;
