@@ -19,9 +19,9 @@
 #   relative to the thread's first column (the old code held 32 column indices in registers) and
 #   tests the left window edge only in blocks it can cross (never for causal). SASS, hdim 64 causal
 #   128x128: a masked block 688 -> 595 instructions; the 192x128 long-keys causal kernel's spills
-#   (152 B) gone.
-#   Spills (local ptxas): rp alone hdim 128 causal 136 B, rp + ov 0; hdim 256 causal main 160 B,
-#   ov 0. With every macro off the hdim 64 SASS equals main's.
+#   (152 / 240 B) gone.
+#   Spills (local ptxas): rp alone hdim 128 causal 136 B, rp + ov 0; hdim 256 causal main 24 / 68 B
+#   (stored / loaded), ov 0. With every macro off the hdim 64 SASS equals main's.
 #   Prediction for ov: causal 512-2k +2-5 % (hdim 64 most), 8k within 1 %; non-causal 512 +0-2 %.
 # hdim 96 / 192 non-causal: main (max-free off) against rp.
 #   Prediction: +3-6 % from 2k, like hdim 64 / 128.
