@@ -1,6 +1,6 @@
 #!/bin/bash
 # Branch exp/fwd-fast-decode (on exp/fwd-mask-rel, on exp/fwd-max-free-repair), variants only (no package build),
-# about 8 minutes (16 variant builds, then five timed sets, each with its own timeout).
+# about 9 minutes (19 variant builds, then five timed sets, each with its own timeout).
 # rp (FLASH_FWD_DEV_MAX_FREE=1 + FLASH_FWD_DEV_MAX_FREE_REPAIR=1): max-free key blocks in every
 #   kernel, causal too; a warp whose p exceed the slack repairs its rows from p (block max of p,
 #   the row's max moved by its log2, p and the sum divided by it) instead of the warpgroup
@@ -40,14 +40,19 @@ v() { echo "python3 tools/variants.py --hdim $1 --rounds 3 --causal 0,1 --seqlen
 w() { echo "python3 tools/variants.py --hdim $1 --rounds 3 --causal 0 --seqlens 512,2048,8192 --variant main$1 \
   --variant rp$1:$RP"; }
 V64="$(v 64)"; V128="$(v 128)"; V256="$(v 256)"; V96="$(w 96)"; V192="$(w 192)"
+# Key lengths just past a multiple of the block (the first key block visited holds 1 key), where
+# main's max-free blocks likely compute a second S in most tiles: off / main / rp, hdim 128.
+VODD="python3 tools/variants.py --hdim 128 --rounds 3 --causal 0 --seqlens 513,1025,4097 --variant off128:FLASH_FWD_DEV_MAX_FREE=0 \
+  --variant odd128 --variant rpodd128:$RP"
 start=$(date +%s)
-for V in "$V64" "$V128" "$V256" "$V96" "$V192"; do $V --build-only > "$OUT/build$(echo "$V" | awk '{print $4}').log" 2>&1 & done
+i=0
+for V in "$V64" "$V128" "$V256" "$V96" "$V192" "$VODD"; do i=$((i + 1)); $V --build-only > "$OUT/build$i.log" 2>&1 & done
 wait
 echo "built in $(( $(date +%s) - start )) s"; grep -hE "^built|rror" "$OUT"/build*.log | head -24
 rm -f "$OUT"/build*.log
 for V in "$V128" "$V64" "$V256"; do
   timeout 110 $V 2>&1 | grep -v "^ptxas\|bytes stack\|^ *$\|resource_tracker\|warnings.warn\|^built" | tee -a "$OUT/v.log"
 done
-for V in "$V96" "$V192"; do
+for V in "$V96" "$V192" "$VODD"; do
   timeout 60 $V 2>&1 | grep -v "^ptxas\|bytes stack\|^ *$\|resource_tracker\|warnings.warn\|^built" | tee -a "$OUT/v.log"
 done
