@@ -1,5 +1,5 @@
 #!/bin/bash
-# Branch exp/fwd-fast-decode (on exp/fwd-mask-rel, on exp/fwd-max-free-repair), variants only (no package build),
+# Branch exp/fwd-fast-decode (the max-free repair, the relative mask, the fast decode), variants only,
 # about 9 minutes (19 variant builds, then five timed sets, each with its own timeout).
 # rp (FLASH_FWD_DEV_MAX_FREE=1 + FLASH_FWD_DEV_MAX_FREE_REPAIR=1): max-free key blocks in every
 #   kernel, causal too; a warp whose p exceed the slack repairs its rows from p (block max of p,
