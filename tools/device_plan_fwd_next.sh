@@ -27,32 +27,13 @@
 #   Prediction: +3-6 % from 2k, like hdim 64 / 128.
 # The variants' checks now include sliding windows (rows whose first visited block is masked).
 #   run: bash tools/device_plan_fwd_next.sh      (carry .whl)
-export OUT=${OUT:-/tmp/flash_attn_hopper_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit 1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 RP=FLASH_FWD_DEV_MAX_FREE=1,FLASH_FWD_DEV_MAX_FREE_REPAIR=1
 OV=FLASH_FWD_DEV_MASK_REL=1,FLASH_FWD_DEV_FAST_DECODE=1
-v() { echo "python3 tools/variants.py --hdim $1 --rounds 3 --causal 0,1 --seqlens 512,2048,8192 --variant main$1 \
-  --variant rp$1:$RP --variant ov$1:$OV --variant rpov$1:$RP,$OV"; }
-w() { echo "python3 tools/variants.py --hdim $1 --rounds 3 --causal 0 --seqlens 512,2048,8192 --variant main$1 \
-  --variant rp$1:$RP"; }
-V64="$(v 64)"; V128="$(v 128)"; V256="$(v 256)"; V96="$(w 96)"; V192="$(w 192)"
+v() { echo "@110 --hdim $1 --rounds 3 --causal 0,1 --seqlens 512,2048,8192 --variant main$1 --variant rp$1:$RP \
+  --variant ov$1:$OV --variant rpov$1:$RP,$OV"; }
+w() { echo "@60 --hdim $1 --rounds 3 --causal 0 --seqlens 512,2048,8192 --variant main$1 --variant rp$1:$RP"; }
 # Key lengths just past a multiple of the block (the first key block visited holds 1 key), where
 # main's max-free blocks likely compute a second S in most tiles: off / main / rp, hdim 128.
-VODD="python3 tools/variants.py --hdim 128 --rounds 3 --causal 0 --seqlens 513,1025,4097 --variant off128:FLASH_FWD_DEV_MAX_FREE=0 \
+ODD="@60 --hdim 128 --rounds 3 --causal 0 --seqlens 513,1025,4097 --variant off128:FLASH_FWD_DEV_MAX_FREE=0 \
   --variant odd128 --variant rpodd128:$RP"
-start=$(date +%s)
-i=0
-for V in "$V64" "$V128" "$V256" "$V96" "$V192" "$VODD"; do i=$((i + 1)); $V --build-only > "$OUT/build$i.log" 2>&1 & done
-wait
-echo "built in $(( $(date +%s) - start )) s"; grep -hE "^built|rror" "$OUT"/build*.log | head -24
-rm -f "$OUT"/build*.log
-for V in "$V128" "$V64" "$V256"; do
-  timeout 110 $V 2>&1 | grep -v "^ptxas\|bytes stack\|^ *$\|resource_tracker\|warnings.warn\|^built" | tee -a "$OUT/v.log"
-done
-for V in "$V96" "$V192" "$VODD"; do
-  timeout 60 $V 2>&1 | grep -v "^ptxas\|bytes stack\|^ *$\|resource_tracker\|warnings.warn\|^built" | tee -a "$OUT/v.log"
-done
+bash tools/device_variants_only.sh "$(v 128)" "$(v 64)" "$(v 256)" "$(w 96)" "$(w 192)" "$ODD"
