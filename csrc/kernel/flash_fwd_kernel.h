@@ -487,9 +487,7 @@ struct FwdKernel {
           } else {
             moved = softmax.repair_block(tSrS_rc, sums, rescale);
           }
-          if (n == range.n_block_min) { release_q(smem, mma_tidx); }
-          pipeline_k.consumer_release(state_k);
-          ++state_k;
+          release_k(n);
         } else if constexpr (kMaxFree) {
           // Q and this K stage stay held until the softmax knows it needs no second S(n).
           mask_block();
