@@ -449,6 +449,9 @@ struct FwdKernel {
       fill(rescale, 1.f);
       bool moved = false;  // some factor of `rescale` differs from 1
 
+      // The first key block that every row of the tile sees whole (no mask); the blocks below
+      // it may skip the max search (kMaxFree).
+      int const n_free_from = min(range.n_block_max, range.n_unmasked_hi) - 1;
       // One K/V block after the first. masked: std::true_type (it crosses the sequence end or a
       // window edge), std::false_type (it does not), MaskIfNeeded (the range decides at run time).
       auto block = [&](int n, auto masked) CUTLASS_LAMBDA_FUNC_INLINE {  // inlined: its tensors stay in registers
@@ -489,19 +492,25 @@ struct FwdKernel {
           }
           release_k(n);
         } else if constexpr (kMaxFree) {
-          // Q and this K stage stay held until the softmax knows it needs no second S(n).
+          // Only blocks after a full unmasked one (n < n_free_from) go without the max search:
+          // before that some row's max may stand on a few keys. Q and this K stage stay held
+          // until the softmax knows it needs no second S(n).
           mask_block();
-          Tensor sums = make_tensor<float>(Shape<Int<kRows>>{});
-          bool const fits = softmax.block_without_max(tSrS_rc, sums);
-          if (named_barrier_all(fits, kFwdVoteHwBarrier + wg, 128)) {
-            softmax.add_sums(sums);
-            moved = false;
-          } else {  // some p would exceed the slack (or a row has no max yet): S(n) again
-            wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
-            warpgroup_wait<0>();
-            mask_block();
-            moved = softmax.next_block(tSrS_rc, rescale);
+          bool done = false;
+          if (n < n_free_from) {  // uniform over the warpgroup
+            Tensor sums = make_tensor<float>(Shape<Int<kRows>>{});
+            bool const fits = softmax.block_without_max(tSrS_rc, sums);
+            if (named_barrier_all(fits, kFwdVoteHwBarrier + wg, 128)) {
+              softmax.add_sums(sums);
+              moved = false;
+              done = true;
+            } else {  // some p would exceed the slack (or a row has no max yet): S(n) again
+              wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+              warpgroup_wait<0>();
+              mask_block();
+            }
           }
+          if (!done) { moved = softmax.next_block</*kExact=*/true>(tSrS_rc, rescale); }
           release_k(n);
         } else {
           release_k(n);

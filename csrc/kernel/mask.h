@@ -15,7 +15,7 @@ using namespace cute;
 // i + diag - left <= j <= i + diag + right (causal: right = 0). check_lo: whether the left window
 // edge can fall inside this block (BlockRange: n < n_unmasked_lo; never for causal masks).
 #ifndef FLASH_FWD_DEV_MASK_REL
-#define FLASH_FWD_DEV_MASK_REL 0
+#define FLASH_FWD_DEV_MASK_REL 1
 #endif
 template <bool kLocal, typename TensorS, typename TensorC>
 CUTLASS_DEVICE void apply_mask(TensorS& s,         // (rows, cols) view of the score accumulator

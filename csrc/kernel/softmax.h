@@ -73,8 +73,9 @@ struct OnlineSoftmax {
   }
 
   // A later block: update the max; `rescale` receives the per-row factors for O. Returns whether
-  // any factor differs from 1.
-  template <typename TensorS, typename TensorR>
+  // any factor differs from 1. kExact: take the block's max even when it moves by less than the
+  // lazy slack (kernels with max-free blocks: those need a max close to the true one).
+  template <bool kExact = false, typename TensorS, typename TensorR>
   CUTLASS_DEVICE bool next_block(TensorS& s, TensorR& rescale) {
     bool moved = false;
     CUTLASS_PRAGMA_UNROLL
@@ -83,7 +84,7 @@ struct OnlineSoftmax {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
       m = quad_allreduce(m, MaxOp{});
-      if constexpr (kLazyRescale) {
+      if constexpr (kLazyRescale && !kExact) {
         // Keep the old max unless the new one is more than kMaxSlack above it (an old max of
         // -inf is always replaced by a finite one; -inf - -inf is NaN: kept, p = 0).
         if (!(m * scale_log2 - row_max(r) * scale_log2 > kMaxSlack)) { m = row_max(r); }

@@ -28,7 +28,7 @@ namespace flash {
 // shift, divisors prepared on the host) instead of ~25-instruction integer divisions; ncu at hdim
 // 64 causal 512 counted ~1040 instructions per consumer warp and tile outside the key-block loop.
 #ifndef FLASH_FWD_DEV_FAST_DECODE
-#define FLASH_FWD_DEV_FAST_DECODE 0
+#define FLASH_FWD_DEV_FAST_DECODE 1
 #endif
 constexpr bool kFwdFastDecode = FLASH_FWD_DEV_FAST_DECODE;
 
