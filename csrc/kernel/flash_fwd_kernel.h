@@ -111,32 +111,33 @@ struct FwdKernel {
   static constexpr bool kSplitMask = kLocal;
 #endif
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
-  // Non-causal: key blocks after a tile's first skip the row-max search while no p exceeds the
-  // lazy rescale's slack (softmax.h, block_without_max); a warpgroup in which some thread would
-  // exceed it computes S(n) again and takes the max. Measured x cuDNN (3 rounds, one run),
-  // non-causal at 512 / 2k / 8k, off -> on: hdim 64 1.032 / 1.106 / 1.172 -> 1.024 / 1.164 /
-  // 1.253; hdim 128 1.006 / 1.026 / 1.086 -> 1.014 / 1.077 / 1.138; hdim 256 at 2k / 8k 1.033 /
-  // 1.027 -> 1.062 / 1.078, but its short-keys persistent kernel (512) 0.980 -> 0.781, so not
-  // there (likely because the first block visited holds 32 of the 512 keys, 512 = 6 x 80 + 32, so
-  // most warpgroups compute a second S: seqlen_k just past a multiple of the block has the same
-  // cost at any head dim, not measured yet). Causal tiles lost 6 % (hdim 128: 0.941 / 1.037 /
-  // 1.095 against 1.003 / 1.101 / 1.158): the diagonal block gives the top rows a max over few
-  // keys, so some row of the warpgroup exceeds it in most tiles. Head dims 96 and 192 are not
-  // measured: off.
-  // FLASH_FWD_DEV_MAX_FREE=0/1 forces it off/on everywhere.
+  // Max-free key blocks: after the tile's first full unmasked block (whose max is taken exactly),
+  // a block skips the row-max search while no p exceeds the lazy rescale's slack (softmax.h,
+  // block_without_max); a warpgroup in which some thread would exceed it computes S(n) again and
+  // takes the max. Measured x cuDNN, off -> on (3 rounds, one run: tools/device_plan_fwd_merge.sh, 2026-11-30), at
+  // 512 / 1025 / 2k / 8k:
+  //   hdim 64 non-causal 1.034 / 1.250 / 1.121 / 1.165 -> 1.004 / 1.257 / 1.167 / 1.235,
+  //           causal     0.946 / 0.998 / 1.010 / 1.124 -> 0.916 / 0.995 / 1.022 / 1.169 (on from
+  //           4k, the 192-row kernel);
+  //   hdim 96 (1025 / 2k / 8k) non-causal 1.061 / 1.054 / 1.123 -> 1.179 / 1.199 / 1.307,
+  //           causal 1.033 / 1.082 / 1.210 -> 1.068 / 1.145 / 1.302;
+  //   hdim 128 non-causal 1.026 / 1.079 / 1.026 / 1.092 -> 1.040 / 1.138 / 1.097 / 1.131,
+  //           causal 1.018 / 1.074 / 1.120 / 1.157 -> 0.996 / 1.052 / 1.119 / 1.169 (off);
+  //   hdim 192 (1025 / 2k / 8k) non-causal 1.129 / 1.056 / 1.101 -> 1.170 / 1.066 / 1.155,
+  //           causal 0.979 / 1.021 / 1.149 -> 0.949 / 1.017 / 1.147 (off);
+  //   hdim 256 non-causal 0.986 / 1.167 / 1.059 / 1.112 -> 0.770 / 1.169 / 1.065 / 1.100 (off
+  //           in the short-keys persistent kernel), causal 0.955 / 1.032 / 1.040 / 1.117 ->
+  //           0.909 / 1.006 / 1.011 / 1.116 (off).
+  // Before the exact first max, key lengths just past a block multiple lost 25-37 % (the lazy
+  // rule kept the max of the 1-key first block). FLASH_FWD_DEV_MAX_FREE=0/1 forces it off/on.
 #ifdef FLASH_FWD_DEV_MAX_FREE
   static constexpr bool kMaxFreePolicy = bool(FLASH_FWD_DEV_MAX_FREE);
 #else
   static constexpr bool kMaxFreePolicy =
-      !kLocal && (kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kPersistent_));
+      kHeadDim == 96 || (kHeadDim == 64 && (!kLocal || kBlockM == 192)) ||
+      (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent_)));
 #endif
   static constexpr bool kMaxFree = kMaxFreePolicy && kLazyRescale;
-  // Experiment: a warp whose p exceed the slack repairs its rows from p (repair_block) instead
-  // of the warpgroup computing S again, which stays for overflowing p only.
-#ifndef FLASH_FWD_DEV_MAX_FREE_REPAIR
-#define FLASH_FWD_DEV_MAX_FREE_REPAIR 0
-#endif
-  static constexpr bool kMaxFreeRepair = bool(FLASH_FWD_DEV_MAX_FREE_REPAIR);
   static_assert(!kMaxFree || kFwdVoteHwBarrier + kNumMmaWarpGroups <= 8, "vote barriers past CUTLASS's reserved ids");
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
@@ -471,27 +472,7 @@ struct FwdKernel {
                                params.window_left, params.window_right, n < range.n_unmasked_lo);
           }
         };
-        if constexpr (kMaxFree && kMaxFreeRepair) {
-          // Q and this K stage stay held until the softmax knows it needs no second S(n): only
-          // when some p of the warpgroup overflowed. A warp in which some p exceeds the slack
-          // repairs its rows from p.
-          mask_block();
-          Tensor sums = make_tensor<float>(Shape<Int<kRows>>{});
-          bool finite;
-          bool const fits = softmax.block_without_max(tSrS_rc, sums, finite);
-          if (!named_barrier_all(finite, kFwdVoteHwBarrier + wg, 128)) {
-            wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
-            warpgroup_wait<0>();
-            mask_block();
-            moved = softmax.next_block(tSrS_rc, rescale);
-          } else if (__all_sync(0xffffffffu, fits)) {
-            softmax.add_sums(sums);
-            moved = false;
-          } else {
-            moved = softmax.repair_block(tSrS_rc, sums, rescale);
-          }
-          release_k(n);
-        } else if constexpr (kMaxFree) {
+        if constexpr (kMaxFree) {
           // Only blocks after a full unmasked one (n < n_free_from) go without the max search:
           // before that some row's max may stand on a few keys. Q and this K stage stay held
           // until the softmax knows it needs no second S(n).

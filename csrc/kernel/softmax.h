@@ -125,50 +125,6 @@ struct OnlineSoftmax {
     }
     return fits;
   }
-  // For the repair below (the kernel's kMaxFreeRepair): as block_without_max, but a row without
-  // a max so far takes p = exp2(s * c) (as next_block does), and `finite` tells whether every p
-  // of this thread is finite (inf or NaN need S again).
-  template <typename TensorS, typename TensorSum>
-  CUTLASS_DEVICE bool block_without_max(TensorS& s, TensorSum& sums, bool& finite) const {
-    bool fits = true;
-    finite = true;
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float const sum = exponentiate_row(s, r, scaled_max(row_max(r)));
-      sums(r) = sum;
-      fits &= sum <= kMaxSum && row_max(r) != -INFINITY;  // false for NaN
-      finite &= sum < INFINITY;                           // false for NaN
-    }
-    return fits;
-  }
-
-  // A block of a warp in which some thread did not fit, every p finite: each row's block max of
-  // p moves the row's max by log2 of it when it exceeds 2^kMaxSlack (the lazy rule, as in
-  // next_block), and divides the row's p and partial sum by it. A row without a max so far takes
-  // the block's (its O and sum are 0: factor 0). `rescale` receives the factors for O; returns
-  // whether any differs from 1.
-  template <typename TensorS, typename TensorSum, typename TensorR>
-  CUTLASS_DEVICE bool repair_block(TensorS& s, TensorSum const& sums, TensorR& rescale) {
-    bool moved = false;
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float pm = 0.f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) { pm = fmaxf(pm, s(r, c)); }
-      pm = quad_allreduce(pm, MaxOp{});
-      bool const none_before = row_max(r) == -INFINITY;
-      bool const row_moved = none_before ? pm > 0.f : pm > kMaxSum;
-      float const inv = row_moved ? 1.f / pm : 1.f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) { s(r, c) *= inv; }
-      if (row_moved) { row_max(r) = (scaled_max(row_max(r)) + log2f(pm)) / scale_log2; }
-      rescale(r) = none_before ? 0.f : inv;
-      row_sum(r) = row_sum(r) * rescale(r) + sums(r) * inv;
-      moved |= row_moved;
-    }
-    return moved;
-  }
-
   template <typename TensorSum>
   CUTLASS_DEVICE void add_sums(TensorSum const& sums) {
     CUTLASS_PRAGMA_UNROLL
