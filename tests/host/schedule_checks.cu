@@ -81,14 +81,27 @@ int check_scheduler(int cases) {
     int64_t const kv_bytes = int64_t(uniform(1, 16384)) * 128 * 2;
     int const group = Scheduler::heads_per_group(kv_heads_total, q_per_kv, batch, kv_bytes);
     Scheduler const scheduler(num_m, heads, batch, group);
+    auto const divisors = Scheduler::divisors(num_m, heads, group);
     std::vector<char> seen(size_t(num_m) * heads * batch, 0);
     int prev_group = -1, prev_m = 0;
     bool ok = group >= 1;
     for (int tile = 0; tile < scheduler.num_tiles; ++tile) {
-      flash::FwdTile const t = scheduler.decode(tile);
+      flash::FwdTile const t = scheduler.decode(tile, divisors);
       bool const in = t.m_block >= 0 && t.m_block < num_m && t.head >= 0 && t.head < heads && t.batch >= 0 &&
                       t.batch < batch;
       if (!in) { ok = false; break; }
+      // The same order written with plain integer division (decode uses FastDivmod).
+      int ref_m, ref_hb;
+      if (Scheduler::kGrouped) {
+        int const g = tile / (num_m * group), rest = tile % (num_m * group);
+        int const hbs = std::min(group, heads * batch - g * group);
+        ref_m = num_m - 1 - rest / hbs;
+        ref_hb = g * group + rest % hbs;
+      } else {
+        ref_m = kHeavyLast ? num_m - 1 - tile % num_m : tile % num_m;
+        ref_hb = tile / num_m;
+      }
+      ok &= t.m_block == ref_m && t.head == ref_hb % heads && t.batch == ref_hb / heads;
       char& s = seen[(size_t(t.batch) * heads + t.head) * num_m + t.m_block];
       ok &= s == 0;
       s = 1;
