@@ -24,9 +24,12 @@
 
 namespace flash {
 
-// Experiment: decode's divisions by run-time values as cutlass::FastDivmod (a multiply-high and a
-// shift, divisors prepared on the host) instead of ~25-instruction integer divisions; ncu at hdim
-// 64 causal 512 counted ~1040 instructions per consumer warp and tile outside the key-block loop.
+// decode's divisions by run-time values as cutlass::FastDivmod (a multiply-high and a shift,
+// divisors prepared on the host) instead of ~25-instruction integer divisions; ncu at hdim 64
+// causal 512 counted ~1040 instructions per consumer warp and tile outside the key-block loop.
+// Measured with the relative mask (mask.h): causal +2-5 % x cuDNN, non-causal equal (2026-11-30).
+// FLASH_FWD_DEV_FAST_DECODE=0 restores plain division. (Deleting the old paths changed the SASS a
+// little, through the unreachable code after decode's first branch: left for a GPU-checked step.)
 #ifndef FLASH_FWD_DEV_FAST_DECODE
 #define FLASH_FWD_DEV_FAST_DECODE 1
 #endif
