@@ -1,8 +1,9 @@
 #!/bin/bash
-# Branch exp/fwd-merge: the relative mask and the fast decode on by default (ov, measured on
-# exp/fwd-fast-decode: causal +2-5 %, non-causal equal), and max-free key blocks only after the
-# tile's first full unmasked block (n < n_free_from), whose max is taken exactly (next_block<true>:
-# no lazy slack in kernels with max-free blocks).
+# Max-free key blocks off / on in every forward kernel (the policy's measurement; written on
+# branch exp/fwd-merge, now on main): the relative mask and the fast decode on by default (ov,
+# measured on exp/fwd-fast-decode: causal +2-5 %, non-causal equal), and max-free key blocks
+# only after the tile's first full unmasked block (n < n_free_from), whose max is taken exactly
+# (next_block<true>: no lazy slack in kernels with max-free blocks). ~4.5 min.
 # First run of this plan (without the exact max): keys just past a block multiple still lost
 # 25-37 % with max-free blocks (hdim 128 1025: off 1.092, max-free 0.759-0.773 x cuDNN; hdim 64
 # 1025: 1.244 -> 0.790); causal with max-free lost 2-5 %. Cause: the lazy rule keeps the max of
