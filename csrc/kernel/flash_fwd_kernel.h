@@ -114,8 +114,8 @@ struct FwdKernel {
   // Max-free key blocks: after the tile's first full unmasked block (whose max is taken exactly),
   // a block skips the row-max search while no p exceeds the lazy rescale's slack (softmax.h,
   // block_without_max); a warpgroup in which some thread would exceed it computes S(n) again and
-  // takes the max. Measured x cuDNN, off -> on (3 rounds, one run: tools/device_plan_fwd_merge.sh, 2026-11-30), at
-  // 512 / 1025 / 2k / 8k:
+  // takes the max. Measured x cuDNN, off -> on (3 rounds, one run of
+  // tools/device_plan_fwd_merge.sh, 2026-11-30), at 512 / 1025 / 2k / 8k:
   //   hdim 64 non-causal 1.034 / 1.250 / 1.121 / 1.165 -> 1.004 / 1.257 / 1.167 / 1.235,
   //           causal     0.946 / 0.998 / 1.010 / 1.124 -> 0.916 / 0.995 / 1.022 / 1.169 (on from
   //           4k, the 192-row kernel);
