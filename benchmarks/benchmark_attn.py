@@ -5,7 +5,9 @@ Method (shared/BENCHMARKS.md, the FlashAttention-3 paper's): bf16, batch x seqle
 16,384 tokens, nheads x hdim = 2048, seqlen_q = seqlen_k, random normal inputs.
 FLOPs: forward 4·B·H·S²·D, halved when causal; backward 2.5 x forward. Time: median
 of triton.testing.do_bench (CUDA events) after warm-up; backward is timed as
-torch.autograd.grad of the output.
+torch.autograd.grad of the output. Providers run in an order rotated per grid point; with
+--rounds N each point is measured N times (the order rotated per round too) and each
+provider's median is reported, which keeps single points from moving by run-to-run noise.
 
 Providers: flash_attn_hopper, sdpa-cudnn and sdpa-flash (torch SDPA forced to one
 backend), fa3 (FlashAttention-3's flash_attn_interface, when importable). A provider
@@ -16,6 +18,7 @@ and to the FA3 numbers of BENCHMARKS.md as a labelled reference) and latest.png.
 
     python benchmarks/benchmark_attn.py                       # the full grid, forward
     python benchmarks/benchmark_attn.py --hdims 128 --seqlens 8192 --causal no --bwd
+    python benchmarks/benchmark_attn.py --bwd --rounds 3          # the grid the README reports
 """
 
 from __future__ import annotations
@@ -224,6 +227,26 @@ def measure_point(provider, run, dtype, hdim, causal, seqlen, args) -> Row:
     return row
 
 
+def round_orders(providers: list[str], point: int, rounds: int) -> list[list[str]]:
+    """The provider order of each round at grid point `point`: rotated by one per round and per
+    point, so that no provider always runs first (after another's allocations, clocks, L2 state)."""
+    n = len(providers)
+    return [[providers[(point + r + j) % n] for j in range(n)] for r in range(rounds)] if n else [[] for _ in range(rounds)]
+
+
+def _median_finite(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def combine_rounds(rows: list[Row]) -> Row:
+    """One provider's rounds at one grid point as one row: the median of each direction's
+    finite measurements (NaN where every round failed)."""
+    first = rows[0]
+    return Row(first.provider, first.dtype, first.hdim, first.causal, first.seqlen, first.batch, first.nheads,
+               _median_finite([r.fwd_tflops for r in rows]), _median_finite([r.bwd_tflops for r in rows]))
+
+
 def accuracy_check(runs: dict, dtype, hdims, causals) -> dict:
     """Relative L2 error of each provider's forward against the float32 reference, at a small size."""
     from reference import attention_ref
@@ -314,7 +337,9 @@ def markdown(rows: list[Row], env: dict, args, errors: dict, providers: list[str
         f"- command: `python benchmarks/benchmark_attn.py {' '.join(args.argv)}`",
         "",
         f"Method: {args.dtype}, batch x seqlen = {TOKENS} tokens, nheads x hdim = {HEADS_X_HDIM}, seqlen_q = seqlen_k; "
-        "forward FLOPs 4·B·H·S²·D (halved when causal), backward 2.5x; median of triton.testing.do_bench. "
+        "forward FLOPs 4·B·H·S²·D (halved when causal), backward 2.5x; median of triton.testing.do_bench"
+        + (f", then the median of {args.rounds} rounds" if args.rounds > 1 else "")
+        + "; providers in an order rotated per point and round. "
         "TFLOP/s; ratios are flash_attn_hopper / peer (> 1 means we are faster). "
         "\"BMD\" columns are FA3 and the best of FA3/FA4/cuDNN from shared/BENCHMARKS.md's first table "
         "(another run on our H200, 2026-11-29): a yardstick, not part of this run.",
@@ -435,10 +460,14 @@ def parse_args(argv):
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each point this many times, providers in rotated order; report the median")
     p.add_argument("--no-check", action="store_true", help="skip the relative-L2 accuracy check")
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing providers")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     args.argv = list(argv)
     return args
 
@@ -469,19 +498,24 @@ def main(argv=None) -> int:
     providers = [p for p in PROVIDER_ORDER if p in runs]
 
     grid = [(h, c, s) for h in args.hdims for c in causals for s in args.seqlens]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, (hdim, causal, seqlen) in enumerate(grid, 1):
         print(f"[{i}/{len(grid)}] hdim {hdim} causal={causal} seqlen {seqlen} "
               f"(batch {TOKENS // seqlen} x heads {HEADS_X_HDIM // hdim})", flush=True)
-        for provider in providers:
-            row = measure_point(provider, runs[provider], dtype, hdim, causal, seqlen, args)
-            rows.append(row)
-            print(f"    {provider:18s} fwd {_fmt(row.fwd_tflops, 1):>6} TFLOP/s"
-                  + (f"   bwd {_fmt(row.bwd_tflops, 1):>6} TFLOP/s" if args.bwd else ""), flush=True)
+        measured = {provider: [] for provider in providers}
+        for r, order in enumerate(round_orders(providers, i - 1, args.rounds)):
+            for provider in order:
+                row = measure_point(provider, runs[provider], dtype, hdim, causal, seqlen, args)
+                measured[provider].append(row)
+                print(f"    {provider:18s} fwd {_fmt(row.fwd_tflops, 1):>6} TFLOP/s"
+                      + (f"   bwd {_fmt(row.bwd_tflops, 1):>6} TFLOP/s" if args.bwd else "")
+                      + (f"   (round {r + 1})" if args.rounds > 1 else ""), flush=True)
+        rows += [combine_rounds(measured[provider]) for provider in providers]
+        write_csv(rows, args.out_dir / "latest.csv")  # so far: a run cut off by a timeout still reports
         torch.cuda.empty_cache()
 
     errors = {} if args.no_check else accuracy_check(runs, dtype, args.hdims, causals)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out_dir / "latest.csv")
     report = markdown(rows, env, args, errors, providers)
     (args.out_dir / "latest.md").write_text(report)

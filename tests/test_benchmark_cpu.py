@@ -82,3 +82,38 @@ def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     assert bench.plot(_rows(), tmp_path / "p.png", ["flash_attn_hopper", "sdpa-cudnn"], True, "bf16")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rounds_rotate_the_provider_order():
+    providers = ["flash_attn_hopper", "sdpa-cudnn", "sdpa-flash"]
+    firsts = []
+    for point in range(4):
+        orders = bench.round_orders(providers, point, 3)
+        assert len(orders) == 3
+        assert all(sorted(order) == sorted(providers) for order in orders)  # each round runs every provider once
+        firsts += [order[0] for order in orders]
+    # Over points and rounds, every provider leads equally often (12 rounds, 3 providers).
+    assert {p: firsts.count(p) for p in providers} == {p: 4 for p in providers}
+    assert bench.round_orders(providers, 0, 1) == [providers]
+    assert bench.round_orders(providers, 1, 1) == [["sdpa-cudnn", "sdpa-flash", "flash_attn_hopper"]]
+
+
+def test_rounds_report_the_median_of_finite_measurements():
+    Row = bench.Row
+    rounds = [Row("sdpa-cudnn", "bf16", 128, False, 8192, 2, 16, 600.0, math.nan),
+              Row("sdpa-cudnn", "bf16", 128, False, 8192, 2, 16, 660.0, 500.0),
+              Row("sdpa-cudnn", "bf16", 128, False, 8192, 2, 16, 610.0, math.nan)]
+    row = bench.combine_rounds(rounds)
+    assert (row.provider, row.hdim, row.causal, row.seqlen, row.batch, row.nheads) == ("sdpa-cudnn", 128, False, 8192, 2, 16)
+    assert row.fwd_tflops == 610.0 and row.bwd_tflops == 500.0
+    failed = bench.combine_rounds([Row("fa3", "bf16", 64, True, 512, 32, 32)] * 2)
+    assert math.isnan(failed.fwd_tflops) and math.isnan(failed.bwd_tflops)
+
+
+def test_rounds_must_be_positive_and_are_stated_in_the_method(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0"])
+    assert "--rounds must be at least 1" in capsys.readouterr().err
+    args = bench.parse_args(["--hdims", "128", "--seqlens", "8192", "--rounds", "3"])
+    md = bench.markdown(_rows(), ENV, args, {}, ["flash_attn_hopper", "sdpa-cudnn", "sdpa-flash"])
+    assert "the median of 3 rounds" in md and "rotated" in md
