@@ -184,6 +184,22 @@ def test_row_max_growing_across_key_blocks(direction, hdim, causal):
     run_and_check(q, k, v, causal)
 
 
+@pytest.mark.parametrize("seqlen_k", [1025, 4097])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdim", HDIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_lone_key_in_the_first_key_block(dtype, hdim, causal, seqlen_k):
+    """Key lengths one past a multiple of 64 / 128, so that the first key block the kernel visits
+    holds one key (at the block widths that divide 1024), and that key scaled by 6: for about half
+    the rows it carries the row's max, for the others a max far below the later blocks' scores.
+    Kernels that skip the max search after the first full block must take that block's max
+    exactly and fall back where the later scores overflow the slack."""
+    skip_unless_compiled(hdim, dtype)
+    q, k, v = random_qkv(1, 300, seqlen_k, 4, 2, hdim, dtype, seed=seqlen_k + hdim + causal)
+    k[:, -1] = k[:, -1] * 6
+    run_and_check(q, k, v, causal)
+
+
 @pytest.mark.parametrize("window", [(0, 0), (17, 5), (64, -1), (-1, 33), (100, 0)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (799, 3), (1024, 1024), (1, 239)])
