@@ -156,6 +156,20 @@ def flash_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | No
     return kernel_refusal(q.device)
 
 
+def scale_refusal(scale) -> str | None:
+    """Why an explicit softmax scale cannot run on our kernels (None: it can). They track each
+    row's maximum of the unscaled scores, so the scale must be positive and finite; torch's own
+    kernels take any."""
+    if scale is None:
+        return None
+    if not math.isfinite(scale):
+        return f"scale={scale} is not finite (the kernels need a positive finite scale)"
+    if scale <= 0:
+        return (f"scale={scale} is not positive (the kernels need a positive finite scale: they track "
+                "each row's maximum of the unscaled scores)")
+    return None
+
+
 def sdpa_fallback_reason(
     query,
     key,
@@ -187,10 +201,9 @@ def sdpa_fallback_reason(
         return "attn_mask is given; the kernels compute no arbitrary masks (only is_causal)"
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p}; the kernels have no dropout"
-    if scale is not None and not math.isfinite(scale):
-        return f"scale={scale} is not finite"
-    if scale is not None and scale <= 0:
-        return f"scale={scale} is not positive (the kernels track each row's maximum of the unscaled scores)"
+    reason = scale_refusal(scale)
+    if reason is not None:
+        return reason
     heads_q, heads_kv = query.size(1), key.size(1)
     if heads_q != heads_kv and not enable_gqa:
         return (

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _build_info, manifest, ops
-from .sdpa import flash_refusal
+from .sdpa import flash_refusal, scale_refusal
 
 #: DEBUG records say, per call of an overridden aten op, whether our kernels ran or why it fell back.
 _log = logging.getLogger(__name__)
@@ -213,14 +213,6 @@ def _aux_outputs(query: torch.Tensor):
 # --------------------------------------------------------------------------
 
 
-def _scale_refusal(scale) -> str | None:
-    """The kernels need a positive finite scale (they track each row's maximum of the unscaled
-    scores); torch's kernel takes any other."""
-    if scale is not None and not (math.isfinite(scale) and scale > 0):
-        return f"scale={scale} is not a positive finite number"
-    return None
-
-
 def sdpa_flash_refusal(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
     """Why ``aten::_scaled_dot_product_flash_attention`` falls back (None: our kernel runs).
 
@@ -230,7 +222,7 @@ def sdpa_flash_refusal(query, key, value, dropout_p=0.0, is_causal=False, return
         return f"dropout_p={dropout_p}"
     if return_debug_mask:
         return "return_debug_mask=True"
-    reason = _scale_refusal(scale)
+    reason = scale_refusal(scale)
     if reason is not None:
         return reason
     if query.dim() != 4:
@@ -277,7 +269,7 @@ def flash_attention_forward_refusal(
         return "alibi_slopes is given"
     if block_table is not None:
         return "block_table (paged KV) is given"
-    reason = _unknown_arguments(newer) or _scale_refusal(scale)
+    reason = _unknown_arguments(newer) or scale_refusal(scale)
     if reason is not None:
         return reason
     return flash_refusal(query, key, value)
@@ -376,7 +368,7 @@ def sdpa_flash_backward_refusal(
     cum_seq_k of a dense batch; grad_out when no gradient flows) arrive as None.
     Keyword arguments of a later torch that this version does not know make it fall back.
     """
-    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer) or _scale_refusal(scale)
+    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer) or scale_refusal(scale)
     if reason is not None:
         return reason
     reason = _undefined_tensors(grad_out=grad_out, query=query, key=key, value=value, out=out, logsumexp=logsumexp)
@@ -418,7 +410,7 @@ def flash_attention_backward_refusal(
     the forward override computes with.
     Keyword arguments of a later torch that this version does not know make it fall back.
     """
-    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer) or _scale_refusal(scale)
+    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer) or scale_refusal(scale)
     if reason is not None:
         return reason
     return _backward_tensors_refusal(grad_out, query, key, value, out, logsumexp)
