@@ -5,16 +5,19 @@
 // MUFU.EX2 per element. A row's max used for p is moved only when a block's scores exceed it by
 // more than kMaxSlack (in the exp2 domain), so p may reach 2^kMaxSlack: still exact maths (the
 // sum and O use the same max, LSE = max + log(sum)), and bf16 and fp16 round p with the same
-// relative error at any magnitude (2^8 is far inside fp16's range). O is rescaled only when some row of the warp moved its max (a
-// warp-uniform branch around the multiplies), which after the first blocks is rare.
+// relative error at any magnitude (2^8 is far inside fp16's range). O is rescaled only when
+// some row of the warp moved its max (a warp-uniform branch around the multiplies), which after
+// the first blocks is rare.
 // Measured (3 rounds, x cuDNN, against rescaling every block): hdim 256 non-causal 1k / 2k / 8k
 // 0.963 / 0.977 / 1.031 -> 1.032 / 1.046 / 1.102, causal 2k / 8k 0.936 / 1.023 -> 0.996 / 1.085;
 // hdim 128 non-causal 2k / 8k 0.967 / 1.085 -> 1.008 / 1.126, causal 8k 1.102 -> 1.127. Skipping
 // only when no row moved at all (no slack) measured 0-4 % slower than rescaling every block.
 // FLASH_FWD_DEV_LAZY_RESCALE=0 restores the old behaviour (exact max, rescale every block).
-// Non-causal kernels go one step further (block_without_max, the kernel's kMaxFree): a block
-// after the first computes p with the current max without searching the block's max, and only
-// a warpgroup in which some p could exceed the slack searches it (with S computed again).
+// Kernels with max-free blocks go one step further (block_without_max; the kernel's kMaxFree
+// says which): a block after the tile's first full unmasked one computes p with the current max
+// without searching the block's max, and only a warpgroup in which some p could exceed the slack
+// searches it (with S computed again). Those kernels take every searched max exactly
+// (next_block<kExact>), so that a max from a short first block does not linger.
 #pragma once
 
 #include "kernel/config.h"
