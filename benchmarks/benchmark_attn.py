@@ -231,7 +231,7 @@ def round_orders(providers: list[str], point: int, rounds: int) -> list[list[str
     """The provider order of each round at grid point `point`: rotated by one per round and per
     point, so that no provider always runs first (after another's allocations, clocks, L2 state)."""
     n = len(providers)
-    return [[providers[(point + r + j) % n] for j in range(n)] for r in range(rounds)] if n else [[] for _ in range(rounds)]
+    return [[providers[(point + r + j) % n] for j in range(n)] for r in range(rounds)]
 
 
 def _median_finite(values: list[float]) -> float:
