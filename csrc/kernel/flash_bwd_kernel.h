@@ -426,9 +426,10 @@ struct BwdKernel {
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{});
-    for (int step = 0; step < num_steps; ++step) {
-      int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
-      int const m_block = step_m_block(params, range, step, n_block);
+    Walk walk(params, range, n_block);
+    for (int step = 0; step < num_steps; ++step, walk.advance()) {
+      int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
+      int const m_block = walk.m_block;
       Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);
       Tensor mdO = params.tma_do.get_tma_tensor(params.shape_q)(_, _, head, batch);
       Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
@@ -513,8 +514,9 @@ struct BwdKernel {
     int const n0 = n_block * kBlockN;
     if (num_steps > 0) { smem.barrier_kv.wait(progress.kv_loads & 1); }
 
-    for (int step = 0; step < num_steps; ++step) {
-      int const m_block = step_m_block(params, range, step, n_block);
+    Walk walk(params, range, n_block);
+    for (int step = 0; step < num_steps; ++step, walk.advance()) {
+      int const m_block = walk.m_block;
       int const m0 = m_block * kBlockM;
       int const buf = (progress.steps + step) & 1;
 
@@ -684,6 +686,23 @@ struct BwdKernel {
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
       warpgroup_wait<1>();  // S^T ready
       StepMask const step_mask(params, n0, m0);
+      // Where the step decides at run time, the mask writes -inf into S^T in a loop of its own
+      // under a uniform branch, so that unmasked steps skip it (-inf * scale - lse2 is -inf: lse2
+      // is +inf, never -inf, for rows that see nothing). A select per element fused into the exp
+      // loop was if-converted into every step (~96 of 633 instructions per step at hdim 128);
+      // the separate loop measured +2-6 % causal at hdim 128 (2k-16k, with the step walk).
+      constexpr bool kPrepass = std::is_same_v<decltype(masked), bool>;
+      if constexpr (kPrepass) {
+        if (mask_on) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < size<0>(tSrS_rc); ++r) {
+              if (step_mask.hides(get<0>(tScS_rc(r, c)), get<1>(tScS_rc(0, c)))) { tSrS_rc(r, c) = -INFINITY; }
+            }
+          }
+        }
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         int const query = get<1>(tScS_rc(0, c));
@@ -691,7 +710,7 @@ struct BwdKernel {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
-          if (mask_on && step_mask.hides(get<0>(tScS_rc(r, c)), query)) { s = -INFINITY; }
+          if (!kPrepass && mask_on && step_mask.hides(get<0>(tScS_rc(r, c)), query)) { s = -INFINITY; }
           tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
@@ -731,8 +750,8 @@ struct BwdKernel {
       ++state;
     };
     if constexpr (kLocal && kSplitSteps) {
-      // Causal/local steps walk m_block_min ... m_block_max - 1 once per query head (no rotation,
-      // step_m_block), so the query block advances without a division per step.
+      // Causal/local steps walk m_block_min ... m_block_max - 1 once per query head (no rotation:
+      // see first_m_block), as Walk does, split into masked and unmasked runs.
       int m_block = range.m_block_min;
       auto next = [&](int m) { return m + 1 == range.m_block_max ? range.m_block_min : m + 1; };
       for (int step = 0; step < num_steps;) {
@@ -744,8 +763,9 @@ struct BwdKernel {
         }
       }
     } else {
-      for (int step = 0; step < num_steps; ++step) {
-        int const m_block = step_m_block(params, range, step, n_block);
+      Walk walk(params, range, n_block);
+      for (int step = 0; step < num_steps; ++step, walk.advance()) {
+        int const m_block = walk.m_block;
         if constexpr (kLocal) {
           step_body(step, m_block, block_needs_mask(m_block * kBlockM, n0, params));
         } else {
@@ -766,9 +786,10 @@ struct BwdKernel {
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress, bool leader,
                                 BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
                                 int head_kv, int batch) const {
-    for (int step = 0; step < num_steps; ++step) {
-      int const head = head_kv * params.q_heads_per_kv_head + step / range.count();
-      int const m_block = step_m_block(params, range, step, n_block);
+    Walk walk(params, range, n_block);
+    for (int step = 0; step < num_steps; ++step, walk.advance()) {
+      int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
+      int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
       int const buffer = global_step % kDqStages;
       // The consumers may fill this step's buffer: step - kDqStages, its last reader, has read it
@@ -806,19 +827,36 @@ struct BwdKernel {
     }
   }
 
-  // The query block of a step. Were every key block's CTA to start at the first query block, all
-  // CTAs of a non-causal head would add into the same dQ block at once; so CTA n_block starts at
-  // query block n_block and wraps (measured at hdim 256, 8k: 278 -> 340 TFLOP/s; hdim 64 even).
-  // Not in causal or windowed problems, whose ranges start at the diagonal already (rotating
-  // them measured 2-5 % slower), nor in deterministic mode, whose turns assume the key order.
-  // FLASH_BWD_DEV_ROTATE=0 turns it off for comparison.
-  CUTLASS_DEVICE static int step_m_block(Params const& params, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
-                                         int step, int n_block) {
-    int const count = range.count();
-    int index = step % count;
+  // The steps' query blocks and query-head offsets, one step at a time: a tile's steps visit its
+  // query block range once per query head of the KV head, starting at first_m_block and wrapping.
+  // Advancing by one (rather than `step % count` and `step / count`, a run-time division per step
+  // in the producer, the reducer and the consumers) measured +1-3 % causal at hdim 128.
+  struct Walk {
+    int lo, hi, first, m_block, head_offset;
+    CUTLASS_DEVICE Walk(Params const& params, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int n_block)
+        : lo(range.m_block_min),
+          hi(range.m_block_max),
+          first(range.count() > 0 ? first_m_block(params, range, n_block) : range.m_block_min),
+          m_block(first),
+          head_offset(0) {}
+    CUTLASS_DEVICE void advance() {
+      m_block = m_block + 1 == hi ? lo : m_block + 1;
+      head_offset += m_block == first ? 1 : 0;  // a full round of the range: the next query head
+    }
+  };
+
+  // The first step's query block. Were every key block's CTA to start at the first query block,
+  // all CTAs of a non-causal head would add into the same dQ block at once; so CTA n_block starts
+  // at query block n_block (modulo the range) and wraps (measured at hdim 256, 8k: 278 -> 340
+  // TFLOP/s; hdim 64 even). Not in causal or windowed problems, whose ranges start at the diagonal
+  // already (rotating them measured 2-5 % slower), nor in deterministic mode, whose turns assume
+  // the key order. FLASH_BWD_DEV_ROTATE=0 turns it off for comparison.
+  CUTLASS_DEVICE static int first_m_block(Params const& params, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
+                                          int n_block) {
+    int index = 0;
 #if !defined(FLASH_BWD_DEV_ROTATE) || FLASH_BWD_DEV_ROTATE
     if constexpr (!kLocal) {
-      if (params.dq_semaphore == nullptr) { index = (index + n_block) % count; }
+      if (params.dq_semaphore == nullptr) { index = n_block % range.count(); }
     }
 #endif
     return range.m_block_min + index;
