@@ -14,6 +14,7 @@ bottom-right corner of the attention matrix.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -45,8 +46,13 @@ def _feature_error(feature: str, asked: str, fix: str) -> RuntimeError:
     )
 
 
+@functools.lru_cache(maxsize=None)
 def _device_capability(index: int) -> tuple[int, int] | None:
-    """The device's compute capability; None when it cannot be asked (no CUDA driver)."""
+    """The device's compute capability; None when it cannot be asked (no CUDA driver).
+
+    Cached per device index: it cannot change within a process, and asking torch costs ~10 us
+    of a call's ~50 us host path (measured on the H200 with tools/clock_probe.py --profile).
+    """
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_capability(index)
