@@ -86,6 +86,14 @@ CUTLASS_HOST_DEVICE int floor_div_by(int a) {
 }
 template <int kB>
 CUTLASS_HOST_DEVICE int ceil_div_by(int a) { return -floor_div_by<kB>(-a); }
+// BlockRange divides by its compile-time block width with shifts where it is a power of two
+// (FLASH_FWD_DEV_RANGE_SHIFT=1) or with floor_div (default). Until 2026-11-30 this switch read
+// FLASH_FWD_DEV_FAST_DECODE, which tile_scheduler.h defines only after this header is included:
+// default builds always took floor_div, while the "ov" variants measured in the twelfth session
+// (macros on the command line) took the shifts. Default 0 keeps what main has run and verified.
+#ifndef FLASH_FWD_DEV_RANGE_SHIFT
+#define FLASH_FWD_DEV_RANGE_SHIFT 0
+#endif
 
 // Which key blocks one query tile visits, and which of them need a mask. Blocks are visited
 // from n_block_max - 1 down to n_block_min; block n needs the mask iff
@@ -98,7 +106,7 @@ struct BlockRange {
   int n_unmasked_hi;
 
   CUTLASS_DEVICE BlockRange(int m_block, int seqlen_q, int seqlen_k, int diag, int left, int right) {
-#if FLASH_FWD_DEV_FAST_DECODE
+#if FLASH_FWD_DEV_RANGE_SHIFT
     auto fdiv = [](int a) { return floor_div_by<kBlockN>(a); };
     auto cdiv = [](int a) { return ceil_div_by<kBlockN>(a); };
 #else
