@@ -159,7 +159,9 @@ def main():
                 (113, 203, False, 0, (-1, -1)), (799, 3, True, 0, (-1, -1)), (1024, 1024, True, 0, (-1, -1)),
                 (2048, 2049, False, 0, (-1, -1)), (300, 4000, True, 0, (-1, -1)), (256, 3000, False, 12, (-1, -1)),
                 (1000, 1000, True, 12, (-1, -1)), (300, 500, False, 0, (37, 11)), (700, 900, False, 12, (90, 0)),
-                (1200, 400, True, 0, (-1, -1))]:
+                (1200, 400, True, 0, (-1, -1)),
+                # many short tiles per CTA (564 tiles of 128 rows on 132 SMs): tile hand-overs
+                (6000, 300, True, 0, (-1, -1)), (6000, 300, False, 0, (-1, -1))]:
             for rep in range(2):
                 if args.verbose:
                     print(f"{name}: checking sq={sq} sk={sk} causal={causal} rep={rep}", flush=True)

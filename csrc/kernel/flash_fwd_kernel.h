@@ -149,6 +149,20 @@ struct FwdKernel {
   struct BufferO {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> o;
   };
+  // Experiment (FLASH_FWD_DEV_Q2=1, own-O persistent kernels): a second Q buffer, used by every
+  // other tile, so the producer loads the next tile's Q while this tile still reads its own.
+  // Today the next Q can start only after this tile's last Q.K^T GEMM, and short tiles (causal
+  // 512-2k) may wait for it at their first GEMM.
+#ifndef FLASH_FWD_DEV_Q2
+#define FLASH_FWD_DEV_Q2 0
+#endif
+  static constexpr bool kQ2 = kPersistent_ && kOwnO_ && bool(FLASH_FWD_DEV_Q2);
+  struct BufferOQ2 {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> o;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q2;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q2;
+    alignas(16) cutlass::arch::ClusterBarrier barrier_q2_empty;
+  };
   struct NoRing {};
   struct TileRing {  // kDynamic: tile ids from the producer to the consumers
     int ids[2];
@@ -160,7 +174,7 @@ struct FwdKernel {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O reuses it unless kOwnO
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    std::conditional_t<kOwnO, BufferO, NoO> o;
+    std::conditional_t<kOwnO, std::conditional_t<kQ2, BufferOQ2, BufferO>, NoO> o;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q tile landed
     alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
     alignas(16) typename Pipeline::SharedStorage pipeline_k;
@@ -168,9 +182,28 @@ struct FwdKernel {
     std::conditional_t<kDynamic, TileRing, NoRing> ring;
   };
   static constexpr bool kSeparateO = kPersistent_ && kOwnO_;
+  // Experiment (FLASH_FWD_DEV_LAZY_STORE=1, own-O persistent kernels): the thread that issued a
+  // tile's O store waits for the store to have read shared memory only when the next tile's O
+  // is about to be written there (one more 128-thread barrier per tile), not right after issuing
+  // it, so the read overlaps the next tile's GEMMs instead of holding the warpgroup at the next
+  // ping-pong barrier. Short tiles (causal 512-2k: one to sixteen key blocks) pay that wait often.
+#ifndef FLASH_FWD_DEV_LAZY_STORE
+#define FLASH_FWD_DEV_LAZY_STORE 0
+#endif
+  static constexpr bool kLazyStore = kSeparateO && bool(FLASH_FWD_DEV_LAZY_STORE);
   static_assert(!kSeparateO || sizeof(Storage<true>) <= 227 * 1024,
                 "own O buffer: this tile leaves no shared memory for it");
   using SharedStorage = Storage<kSeparateO>;
+  // Q buffer `slot` (always 0 without kQ2) and its barriers.
+  CUTLASS_DEVICE static Element* q_data(SharedStorage& smem, int slot) {
+    if constexpr (kQ2) { return slot ? smem.o.q2.data() : smem.q.data(); } else { return smem.q.data(); }
+  }
+  CUTLASS_DEVICE static cutlass::arch::ClusterTransactionBarrier& q_full(SharedStorage& smem, int slot) {
+    if constexpr (kQ2) { return slot ? smem.o.barrier_q2 : smem.barrier_q; } else { return smem.barrier_q; }
+  }
+  CUTLASS_DEVICE static cutlass::arch::ClusterBarrier& q_empty(SharedStorage& smem, int slot) {
+    if constexpr (kQ2) { return slot ? smem.o.barrier_q2_empty : smem.barrier_q_empty; } else { return smem.barrier_q_empty; }
+  }
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
   // 228 KB per SM, 1 KB of it reserved per CTA.
@@ -224,6 +257,10 @@ struct FwdKernel {
       cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
       smem.barrier_q.init(/*arrive_count=*/1);
       smem.barrier_q_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
+      if constexpr (kQ2) {
+        smem.o.barrier_q2.init(/*arrive_count=*/1);
+        smem.o.barrier_q2_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
+      }
       if constexpr (kDynamic) {
         for (int slot = 0; slot < 2; ++slot) {
           smem.ring.full[slot].init(1);
@@ -259,13 +296,15 @@ struct FwdKernel {
         auto produce = [&](int tile, int iteration) {
           FwdTile const t = scheduler.decode(tile, params.divisors);
           auto const range = range_of(t);
-          int const wait_phase = kSeparateO ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
-                                            : (iteration > 0 ? (iteration - 1) & 1 : -1);
+          // kQ2: load k into slot k % 2 waits for that slot's release number k / 2 - 1.
+          int const wait_phase = kQ2        ? (q_loads > 1 ? ((q_loads >> 1) - 1) & 1 : -1)
+                                 : kSeparateO ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
+                                              : (iteration > 0 ? (iteration - 1) & 1 : -1);
           if (range.empty()) {  // nothing to load: consumers write zeros
             if (!kSeparateO && wait_phase >= 0) { smem.barrier_q_empty.wait(wait_phase); }
             return;
           }
-          load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase);
+          load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase, kQ2 ? q_loads & 1 : 0);
           ++q_loads;
         };
         if constexpr (kDynamic) {
@@ -311,6 +350,9 @@ struct FwdKernel {
       } else {
         for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) { consume_tile(tile); }
       }
+      if constexpr (kLazyStore) {  // shared memory stays valid until the last O store has read it
+        if (warp_idx_in_wg == 0 && lane_predicate) { tma_store_wait<0>(); }
+      }
     }
   }
 
@@ -319,7 +361,7 @@ struct FwdKernel {
   CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
                            Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
                            FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
-                           int q_empty_phase) const {
+                           int q_empty_phase, int q_slot) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     int const head_kv = head / params.q_heads_per_kv_head;
     Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);     // (seqlen_q, d)
@@ -328,7 +370,7 @@ struct FwdKernel {
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});    // (M, D)
+    Tensor sQ = make_tensor(make_smem_ptr(q_data(smem, q_slot)), SmemLayoutQ{});  // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});   // (N, D, stages)
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});   // (N, D, stages)
 
@@ -351,9 +393,9 @@ struct FwdKernel {
     load_k(n);  // may stream in while the previous tile still holds the Q buffer
     // The Q buffer is free once the previous tile released it (its epilogue's O store has read
     // it, or with kSeparateO its last Q.K^T GEMM is done).
-    if (q_empty_phase >= 0) { smem.barrier_q_empty.wait(q_empty_phase); }
-    smem.barrier_q.arrive_and_expect_tx(kBytesQ);
-    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQgQ, tQsQ);
+    if (q_empty_phase >= 0) { q_empty(smem, q_slot).wait(q_empty_phase); }
+    q_full(smem, q_slot).arrive_and_expect_tx(kBytesQ);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(q_full(smem, q_slot))), tQgQ, tQsQ);
     for (; n > range.n_block_min; --n) {
       load_k(n - 1);
       load_v(n);
@@ -397,7 +439,9 @@ struct FwdKernel {
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
 
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+    // kQ2: q_phase counts the tiles that loaded Q (slot = its low bit, phase = the next bit).
+    int const q_slot = kQ2 ? q_phase & 1 : 0;
+    Tensor sQ = make_tensor(make_smem_ptr(q_data(smem, q_slot)), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
     Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
@@ -425,14 +469,19 @@ struct FwdKernel {
 
     // S(n) is final: K's stage is free, and after the tile's last block (n_block_min) Q's buffer.
     auto release_k = [&](int n) CUTLASS_LAMBDA_FUNC_INLINE {
-      if (n == range.n_block_min) { release_q(smem, mma_tidx); }
+      if (n == range.n_block_min) { release_q(smem, mma_tidx, q_slot); }
       pipeline_k.consumer_release(state_k);
       ++state_k;
     };
 
     if (!range.empty()) {
-      smem.barrier_q.wait(q_phase);
-      q_phase ^= 1;
+      if constexpr (kQ2) {
+        q_full(smem, q_slot).wait((q_phase >> 1) & 1);
+        ++q_phase;
+      } else {
+        smem.barrier_q.wait(q_phase);
+        q_phase ^= 1;
+      }
 
       int n = range.n_block_max - 1;
       scheduler_sync(wg);
@@ -534,9 +583,9 @@ struct FwdKernel {
   // kSeparateO: this warpgroup's last Q.K^T GEMM of the tile has completed, so the producer may
   // load the next tile's Q; one arrival per warpgroup and tile that loaded Q. Otherwise Q is
   // released by the epilogue, after O's TMA store has read it.
-  CUTLASS_DEVICE static void release_q(SharedStorage& smem, int mma_tidx) {
+  CUTLASS_DEVICE static void release_q(SharedStorage& smem, int mma_tidx, int q_slot) {
     if constexpr (kSeparateO) {
-      if (mma_tidx % 128 == 0) { smem.barrier_q_empty.arrive(); }
+      if (mma_tidx % 128 == 0) { q_empty(smem, q_slot).arrive(); }
     }
   }
 
@@ -548,7 +597,12 @@ struct FwdKernel {
                                int batch, int mma_tidx, int wg, bool tile_empty) const {
     Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
     convert_into(tOrO, tOrO_out);
-    if constexpr (kPersistent_) {
+    int const warp_idx_in_wg = (threadIdx.x / 32) % 4;
+    if constexpr (kLazyStore) {
+      // The previous O store of this warpgroup has read the buffer before anyone writes it.
+      if (warp_idx_in_wg == 0 && cute::elect_one_sync()) { tma_store_wait<0>(); }
+      cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
+    } else if constexpr (kPersistent_) {
       // O's buffer must have been read by this warpgroup's previous O store: its storing thread
       // waited for that before its next barrier. A tile with something to attend passed the
       // ping-pong barriers since (all 128 threads of the warpgroup take part); a tile with
@@ -573,7 +627,6 @@ struct FwdKernel {
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes, seen by the TMA engine
     cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
 
-    int const warp_idx_in_wg = (threadIdx.x / 32) % 4;
     if (warp_idx_in_wg == 0 && cute::elect_one_sync()) {
       Tensor mO = params.tma_o.get_tma_tensor(params.shape_q)(_, _, head, batch);
       Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(m_block * kNumMmaWarpGroups + wg, _0{}));
@@ -581,7 +634,7 @@ struct FwdKernel {
       auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO, tOgO);
       tma_store_arrive();
-      tma_store_wait<0>();  // the store has read shared memory (Q's, or the O buffer)
+      if constexpr (!kLazyStore) { tma_store_wait<0>(); }  // the store has read shared memory (Q's, or the O buffer)
       if constexpr (!kSeparateO) { smem.barrier_q_empty.arrive(); }  // the producer may refill Q
     }
 
