@@ -149,12 +149,15 @@ struct FwdKernel {
   struct BufferO {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> o;
   };
-  // Experiment (FLASH_FWD_DEV_Q2=1, own-O persistent kernels): a second Q buffer, used by every
-  // other tile, so the producer loads the next tile's Q while this tile still reads its own.
-  // Today the next Q can start only after this tile's last Q.K^T GEMM, and short tiles (causal
-  // 512-2k) may wait for it at their first GEMM.
+  // Own-O persistent kernels: a second Q buffer, used by every other tile, so the producer loads
+  // the next tile's Q while this tile still reads its own (with one buffer the next Q could start
+  // only after this tile's last Q.K^T GEMM, and short tiles waited for it at their first GEMM).
+  // With the lazy O-store wait below, measured x cuDNN at 512 / 1k / 2k (3 rounds, one run,
+  // 2026-11-30): hdim 64 non-causal 0.989 / 1.022 / 1.125 -> 1.034 / 1.060 / 1.163, causal 0.936 /
+  // 0.973 / 0.986 -> 0.956 / 0.981 / 0.993; hdim 128 causal 1.013 / 1.092 / 1.116 -> 1.009 /
+  // 1.090 / 1.123 (equal). FLASH_FWD_DEV_Q2=0 turns it off.
 #ifndef FLASH_FWD_DEV_Q2
-#define FLASH_FWD_DEV_Q2 0
+#define FLASH_FWD_DEV_Q2 1
 #endif
   static constexpr bool kQ2 = kPersistent_ && kOwnO_ && bool(FLASH_FWD_DEV_Q2);
   struct BufferOQ2 {
@@ -182,13 +185,15 @@ struct FwdKernel {
     std::conditional_t<kDynamic, TileRing, NoRing> ring;
   };
   static constexpr bool kSeparateO = kPersistent_ && kOwnO_;
-  // Experiment (FLASH_FWD_DEV_LAZY_STORE=1, own-O persistent kernels): the thread that issued a
-  // tile's O store waits for the store to have read shared memory only when the next tile's O
-  // is about to be written there (one more 128-thread barrier per tile), not right after issuing
-  // it, so the read overlaps the next tile's GEMMs instead of holding the warpgroup at the next
-  // ping-pong barrier. Short tiles (causal 512-2k: one to sixteen key blocks) pay that wait often.
+  // Own-O persistent kernels: the thread that issued a tile's O store waits for the store to have
+  // read shared memory only when the next tile's O is about to be written there (one more
+  // 128-thread barrier per tile), not right after issuing it, so the read overlaps the next
+  // tile's GEMMs instead of holding the warpgroup at the next ping-pong barrier. Short tiles
+  // (512-2k keys: one to sixteen key blocks) paid that wait often. Measured with the second Q
+  // buffer above (alone: hdim 64 non-causal 512 / 1k 1.014 / 1.054, causal 0.960 / 1.004, both
+  // about as much). FLASH_FWD_DEV_LAZY_STORE=0 turns it off.
 #ifndef FLASH_FWD_DEV_LAZY_STORE
-#define FLASH_FWD_DEV_LAZY_STORE 0
+#define FLASH_FWD_DEV_LAZY_STORE 1
 #endif
   static constexpr bool kLazyStore = kSeparateO && bool(FLASH_FWD_DEV_LAZY_STORE);
   static_assert(!kSeparateO || sizeof(Storage<true>) <= 227 * 1024,

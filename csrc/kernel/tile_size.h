@@ -91,7 +91,13 @@ constexpr FwdTileShape fwd_tile_table() {
     // Causal/local: 128x64 (one CTA per tile). Measured with the lazy rescale (softmax.h), x cuDNN
     // at 512 / 1k / 2k / 4k / 16k, 3 rounds: 0.853 / 0.949 / 0.993 / 1.050 / 1.182 (128x80) ->
     // 0.936 / 0.996 / 1.021 / 1.066 / 1.170; before the lazy rescale, 8k: 1.023 -> 1.035.
-    if constexpr (kLocal) { return {128, 64, 2}; }
+    // Causal/local below kFwdMidKeysFrom keys: persistent, tiles from the counter (O in Q's
+    // buffer). Measured x cuDNN at 512 / 1k / 2k (3 rounds, all key classes persistent):
+    // 0.951 / 1.007 / 1.043 -> 0.995 / 1.020 / 1.021, hence short keys only.
+    if constexpr (kLocal) {
+      constexpr bool kPersistShort = kKeys == kShortKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
+      return kPersistShort ? FwdTileShape{128, 64, 2, true, false} : FwdTileShape{128, 64, 2};
+    }
     return kPersist && kKeys == kShortKeys ? FwdTileShape{128, 80, 2, true, false} : FwdTileShape{128, 80, 2};
   }
 }
