@@ -88,7 +88,7 @@ constexpr FwdTileShape fwd_tile_table() {
     // its own). Measured x cuDNN at 512 / 768 / 1k / 2k keys, one CTA per tile against
     // persistent: 0.905 / 0.922 / 0.979 / 1.008 -> 0.954 / 0.979 / 0.982 / 1.010; an earlier
     // measurement lost from 1k, hence the class boundary there.
-    // Causal/local: 128x64 (one CTA per tile). Measured with the lazy rescale (softmax.h), x cuDNN
+    // Causal/local: 128x64 (one CTA per tile from 1k keys). Measured with the lazy rescale (softmax.h), x cuDNN
     // at 512 / 1k / 2k / 4k / 16k, 3 rounds: 0.853 / 0.949 / 0.993 / 1.050 / 1.182 (128x80) ->
     // 0.936 / 0.996 / 1.021 / 1.066 / 1.170; before the lazy rescale, 8k: 1.023 -> 1.035.
     // Causal/local below kFwdMidKeysFrom keys: persistent, tiles from the counter (O in Q's
