@@ -1,0 +1,48 @@
+"""Developer tool for the GPU machine: one forward kernel's TFLOP/s over problem shapes chosen to
+separate effects that the benchmark grid confounds (waves of tiles, a partial last key block,
+batch), timed in rounds with the shapes' order rotated, each with its tile and wave counts.
+
+    python3 tools/shape_probe.py --hdim 128 --shapes 8192:2:16,8448:2:16,8192:2:33 [--causal] [--rounds 3]
+
+A shape is SEQLEN:BATCH:HEADS (seqlen_q = seqlen_k).
+"""
+import argparse
+import math
+
+import torch
+from triton.testing import do_bench
+
+from flash_attn_hopper import flash_attn_func
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--shapes", required=True)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--block-m", type=int, default=128, help="for the tile counts printed")
+    ap.add_argument("--block-n", type=int, default=176, help="for the key-block counts printed")
+    args = ap.parse_args()
+    d = args.hdim
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+    runs = {}
+    for s, b, h in shapes:
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        runs[(s, b, h)] = (lambda q=q, k=k, v=v: flash_attn_func(q, k, v, causal=args.causal))
+    times = {key: [] for key in runs}
+    order = list(runs)
+    for r in range(args.rounds):
+        for key in order[r % len(order):] + order[:r % len(order)]:
+            times[key].append(do_bench(runs[key], warmup=50, rep=300, return_mode="median"))
+    for (s, b, h), ts in times.items():
+        t = sorted(ts)[len(ts) // 2]
+        flops = 4 * b * h * s * s * d / (2 if args.causal else 1)
+        tiles = b * h * math.ceil(s / args.block_m)
+        print(f"s={s:6d} b={b:3d} h={h:3d}: {flops / t / 1e9:6.1f} TFLOP/s  tiles {tiles} = {tiles / sms:.2f} waves, "
+              f"{s / args.block_n:.2f} key blocks of {args.block_n}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
