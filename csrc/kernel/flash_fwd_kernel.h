@@ -396,8 +396,9 @@ struct FwdKernel {
     };
     int n = range.n_block_max - 1;
     load_k(n);  // may stream in while the previous tile still holds the Q buffer
-    // The Q buffer is free once the previous tile released it (its epilogue's O store has read
-    // it, or with kSeparateO its last Q.K^T GEMM is done).
+    // The Q buffer is free once the previous tile that used it released it (its epilogue's O
+    // store has read it, or with kSeparateO its last Q.K^T GEMM is done; with kQ2 that tile is
+    // the one before the previous).
     if (q_empty_phase >= 0) { q_empty(smem, q_slot).wait(q_empty_phase); }
     q_full(smem, q_slot).arrive_and_expect_tx(kBytesQ);
     copy(params.tma_q.with(reinterpret_cast<uint64_t&>(q_full(smem, q_slot))), tQgQ, tQsQ);

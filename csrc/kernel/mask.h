@@ -14,20 +14,16 @@ using namespace cute;
 // Row i (global) sees key j iff j < seqlen_k and, for local attention,
 // i + diag - left <= j <= i + diag + right (causal: right = 0). check_lo: whether the left window
 // edge can fall inside this block (BlockRange: n < n_unmasked_lo; never for causal masks).
-#ifndef FLASH_FWD_DEV_MASK_REL
-#define FLASH_FWD_DEV_MASK_REL 1
-#endif
 template <bool kLocal, typename TensorS, typename TensorC>
 CUTLASS_DEVICE void apply_mask(TensorS& s,         // (rows, cols) view of the score accumulator
                                TensorC const& c,   // same shape: (row, col) coordinates in the tile
                                int row0, int col0, int seqlen_k, int diag, int left, int right,
                                bool check_lo = true) {
-#if FLASH_FWD_DEV_MASK_REL
   // Column offsets from this thread's first column are compile-time constants, so each element
   // compares a constant with a per-row bound taken relative to that column (no register per
   // column), and the left edge is tested only where it can fall in the block. A masked hdim 64
-  // block: 688 -> 595 instructions; with the fast tile decode, causal x cuDNN +2-5 % (2026-11-30).
-  // FLASH_FWD_DEV_MASK_REL=0 restores the old mask (one register per column).
+  // block: 688 -> 595 instructions; with the fast tile decode, causal x cuDNN +2-5 % (2026-11-30),
+  // against a mask that kept one register per column.
   int const col_base = get<1>(c(0, 0));
   auto mask_rows = [&](auto lo_too) CUTLASS_LAMBDA_FUNC_INLINE {
     CUTLASS_PRAGMA_UNROLL
@@ -53,47 +49,10 @@ CUTLASS_DEVICE void apply_mask(TensorS& s,         // (rows, cols) view of the s
   } else {
     mask_rows(std::false_type{});
   }
-#else
-  CUTLASS_PRAGMA_UNROLL
-  for (int r = 0; r < size<0>(s); ++r) {
-    int hi = seqlen_k - col0;  // exclusive, relative to this block
-    int lo = 0;                // inclusive
-    if constexpr (kLocal) {
-      int const diag_col = row0 + get<0>(c(r, 0)) + diag - col0;
-      hi = min(hi, diag_col + right + 1);
-      lo = diag_col - left;
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < size<1>(s); ++j) {
-      int const col = get<1>(c(r, j));
-      if (col >= hi || col < lo) { s(r, j) = -INFINITY; }
-    }
-  }
-#endif
 }
 
 CUTLASS_HOST_DEVICE int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 CUTLASS_HOST_DEVICE int ceil_div_int(int a, int b) { return -floor_div(-a, b); }
-// The same for a compile-time divisor: a power of two is an arithmetic shift (floor for any sign).
-template <int kB>
-CUTLASS_HOST_DEVICE int floor_div_by(int a) {
-  if constexpr ((kB & (kB - 1)) == 0) {
-    constexpr int kShift = cute::log_2(static_cast<unsigned>(kB));
-    return a >> kShift;
-  } else {
-    return floor_div(a, kB);
-  }
-}
-template <int kB>
-CUTLASS_HOST_DEVICE int ceil_div_by(int a) { return -floor_div_by<kB>(-a); }
-// BlockRange divides by its compile-time block width with shifts where it is a power of two
-// (FLASH_FWD_DEV_RANGE_SHIFT=1) or with floor_div (default). Until 2026-11-30 this switch read
-// FLASH_FWD_DEV_FAST_DECODE, which tile_scheduler.h defines only after this header is included:
-// default builds always took floor_div, while the "ov" variants measured in the twelfth session
-// (macros on the command line) took the shifts. Default 0 keeps what main has run and verified.
-#ifndef FLASH_FWD_DEV_RANGE_SHIFT
-#define FLASH_FWD_DEV_RANGE_SHIFT 0
-#endif
 
 // Which key blocks one query tile visits, and which of them need a mask. Blocks are visited
 // from n_block_max - 1 down to n_block_min; block n needs the mask iff
@@ -106,13 +65,9 @@ struct BlockRange {
   int n_unmasked_hi;
 
   CUTLASS_DEVICE BlockRange(int m_block, int seqlen_q, int seqlen_k, int diag, int left, int right) {
-#if FLASH_FWD_DEV_RANGE_SHIFT
-    auto fdiv = [](int a) { return floor_div_by<kBlockN>(a); };
-    auto cdiv = [](int a) { return ceil_div_by<kBlockN>(a); };
-#else
+    // Shifts where kBlockN is a power of two measured nothing (fourteenth session): plain floor_div.
     auto fdiv = [](int a) { return floor_div(a, kBlockN); };
     auto cdiv = [](int a) { return ceil_div_int(a, kBlockN); };
-#endif
     n_block_min = 0;
     n_block_max = cdiv(seqlen_k);
     n_unmasked_lo = 0;

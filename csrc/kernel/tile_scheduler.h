@@ -30,8 +30,6 @@ namespace flash {
 // Measured with the relative mask (mask.h): causal +2-5 % x cuDNN, non-causal equal (2026-11-30).
 // FLASH_FWD_DEV_FAST_DECODE=0 restores plain division. (Deleting the old paths changed the SASS a
 // little, through the unreachable code after decode's first branch: left for a GPU-checked step.)
-// BlockRange's divisions by the block width have a switch of their own (mask.h,
-// FLASH_FWD_DEV_RANGE_SHIFT).
 #ifndef FLASH_FWD_DEV_FAST_DECODE
 #define FLASH_FWD_DEV_FAST_DECODE 1
 #endif
