@@ -8,8 +8,8 @@
 #   8448:2:15  1980 tiles = 15.00 whole waves, whole blocks
 # Prediction: the waves matter less than the block (tail splitting lost): 8192:2:33 within 1 %
 # of 8192:2:16, 8448:2:16 +2-3 % over both.
-#   run: bash tools/device_plan_shape_probe.sh      (carry .whl)
+#   run: bash tools/device_plan_shape_probe.sh      (carry .whl; SHAPES=... for others)
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
 export FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1
-export EXTRA_CMD="python3 tools/shape_probe.py --hdim 128 --rounds 3 --shapes 8192:2:16,8192:2:33,8448:2:16,8448:1:16,8448:2:15"
+export EXTRA_CMD="python3 tools/shape_probe.py --hdim 128 --rounds 3 --shapes ${SHAPES:-8192:2:16,8192:2:33,8448:2:16,8448:1:16,8448:2:15}"
 HDIMS=128 DTYPES=bf16 STEPS=cmd CMD_TIMEOUT=100 bash tools/device_session.sh

@@ -750,16 +750,15 @@ struct BwdKernel {
       ++state;
     };
     if constexpr (kLocal && kSplitSteps) {
-      // Causal/local steps walk m_block_min ... m_block_max - 1 once per query head (no rotation:
-      // see first_m_block), as Walk does, split into masked and unmasked runs.
-      int m_block = range.m_block_min;
-      auto next = [&](int m) { return m + 1 == range.m_block_max ? range.m_block_min : m + 1; };
+      // The walk (no rotation in causal/local problems: see first_m_block) split into masked
+      // and unmasked runs.
+      Walk walk(params, range, n_block);
       for (int step = 0; step < num_steps;) {
-        for (; step < num_steps && block_needs_mask(m_block * kBlockM, n0, params); ++step, m_block = next(m_block)) {
-          step_body(step, m_block, std::true_type{});
+        for (; step < num_steps && block_needs_mask(walk.m_block * kBlockM, n0, params); ++step, walk.advance()) {
+          step_body(step, walk.m_block, std::true_type{});
         }
-        for (; step < num_steps && !block_needs_mask(m_block * kBlockM, n0, params); ++step, m_block = next(m_block)) {
-          step_body(step, m_block, std::false_type{});
+        for (; step < num_steps && !block_needs_mask(walk.m_block * kBlockM, n0, params); ++step, walk.advance()) {
+          step_body(step, walk.m_block, std::false_type{});
         }
       }
     } else {
