@@ -92,7 +92,7 @@ void run_flash_fwd_tile(FwdParams& p, cudaStream_t stream) {
 // The tile of the key-length class of seqlen_k (tile_size.h); classes sharing a tile share a kernel.
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
-  FwdKeys const keys = fwd_keys_class(p.seqlen_k);
+  FwdKeys const keys = fwd_keys_class_for<kHeadDim, kLocal>(p.seqlen_k);
   if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kLongKeys>()) {
     if (keys == kLongKeys) {
       run_flash_fwd_tile<kHeadDim, Element, kLocal, kLongKeys>(p, stream);

@@ -5,6 +5,7 @@
 // consumer registers (S accumulator + P + O accumulator per thread).
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "flash_bwd_params.h"  // kBwdBlockM
@@ -138,6 +139,31 @@ constexpr bool fwd_keys_class_differs() {
 // For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
 // to needs a tile counter. A class that does not differ from the one below has the same tile, so
 // fwd_tile of the key class itself is the tile that runs.
+// Experiment (FLASH_FWD_DEV_LONG_TILE_RATIO = r in thousandths, 0 = off): a long-keys problem
+// takes the mid-keys tile instead when that tile's padded key length, times r / 1000, is below
+// the long tile's (hdim 128 non-causal: 128x176 against 128x128; 8192 keys = 46.5 blocks of 176,
+// whose partial last block measured ~2.3 % in the fourteenth session). r is the long tile's
+// measured speed advantage on whole blocks.
+#ifndef FLASH_FWD_DEV_LONG_TILE_RATIO
+#define FLASH_FWD_DEV_LONG_TILE_RATIO 0
+#endif
+template <int kHeadDim, bool kLocal>
+inline FwdKeys fwd_keys_class_for(int seqlen_k) {
+  FwdKeys const keys = fwd_keys_class(seqlen_k);
+#if FLASH_FWD_DEV_LONG_TILE_RATIO
+  if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kLongKeys>()) {
+    if (keys == kLongKeys) {
+      constexpr int kLongN = fwd_tile<kHeadDim, kLocal, kLongKeys>().block_n;
+      constexpr int kMidN = fwd_tile<kHeadDim, kLocal, kMidKeys>().block_n;
+      int64_t const padded_long = int64_t((seqlen_k + kLongN - 1) / kLongN) * kLongN;
+      int64_t const padded_mid = int64_t((seqlen_k + kMidN - 1) / kMidN) * kMidN;
+      if (padded_mid * FLASH_FWD_DEV_LONG_TILE_RATIO < padded_long * 1000) { return kMidKeys; }
+    }
+  }
+#endif
+  return keys;
+}
+
 template <int kHeadDim, bool kLocal>
 constexpr bool fwd_needs_tile_counter(FwdKeys keys) {
   FwdTileShape const tile = keys == kLongKeys  ? fwd_tile<kHeadDim, kLocal, kLongKeys>()
@@ -147,10 +173,10 @@ constexpr bool fwd_needs_tile_counter(FwdKeys keys) {
 }
 
 inline bool fwd_needs_tile_counter(int head_dim_rounded, bool local, int seqlen_k) {
-  FwdKeys const keys = fwd_keys_class(seqlen_k);
   auto pick = [&](auto hdim) {
-    return local ? fwd_needs_tile_counter<decltype(hdim)::value, true>(keys)
-                 : fwd_needs_tile_counter<decltype(hdim)::value, false>(keys);
+    constexpr int kD = decltype(hdim)::value;
+    return local ? fwd_needs_tile_counter<kD, true>(fwd_keys_class_for<kD, true>(seqlen_k))
+                 : fwd_needs_tile_counter<kD, false>(fwd_keys_class_for<kD, false>(seqlen_k));
   };
   switch (head_dim_rounded) {
     case 64: return pick(std::integral_constant<int, 64>{});
