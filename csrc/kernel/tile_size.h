@@ -136,34 +136,38 @@ constexpr bool fwd_keys_class_differs() {
   return !same_tile(fwd_tile<kHeadDim, kLocal, kKeys>(), fwd_tile<kHeadDim, kLocal, FwdKeys(kKeys - 1)>());
 }
 
-// For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
-// to needs a tile counter. A class that does not differ from the one below has the same tile, so
-// fwd_tile of the key class itself is the tile that runs.
-// Experiment (FLASH_FWD_DEV_LONG_TILE_RATIO = r in thousandths, 0 = off): a long-keys problem
-// takes the mid-keys tile instead when that tile's padded key length, times r / 1000, is below
-// the long tile's (hdim 128 non-causal: 128x176 against 128x128; 8192 keys = 46.5 blocks of 176,
-// whose partial last block measured ~2.3 % in the fourteenth session). r is the long tile's
-// measured speed advantage on whole blocks.
-#ifndef FLASH_FWD_DEV_LONG_TILE_RATIO
-#define FLASH_FWD_DEV_LONG_TILE_RATIO 0
+// The key class that runs: a long-keys problem takes the mid-keys tile instead when that tile
+// pads fewer keys, its padded key length weighted by FLASH_FWD_LONG_TILE_RATIO / 1000 (the long
+// tile's speed advantage on whole key blocks; 0 = always the long tile). Only hdim 128
+// non-causal has long and mid tiles of different widths (128x176 and 128x128). Measured
+// 2026-11-30 (tools/device_plan_fwd_blockn.sh, 3 rounds, one build per variant), TFLOP/s of
+// 128x176 / 128x128 everywhere / this rule at 1000, at 4096 / 8192 / 8448 / 10000 / 12288 /
+// 16384 keys: 650 / 668 / 702 / 674 / 679 / 677 against 667 / 682 / 702 / 668 / 694 / 691 and
+// 675 / 693 / 702 / 674 / 700 / 698. On whole blocks (8448) the two tiles tie, so the ratio is
+// 1000: at 8192 the 176-key tile's last block holds 96 keys (a masked, partly wasted block).
+#ifndef FLASH_FWD_LONG_TILE_RATIO
+#define FLASH_FWD_LONG_TILE_RATIO 1000
 #endif
 template <int kHeadDim, bool kLocal>
 inline FwdKeys fwd_keys_class_for(int seqlen_k) {
   FwdKeys const keys = fwd_keys_class(seqlen_k);
-#if FLASH_FWD_DEV_LONG_TILE_RATIO
+#if FLASH_FWD_LONG_TILE_RATIO
   if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kLongKeys>()) {
     if (keys == kLongKeys) {
       constexpr int kLongN = fwd_tile<kHeadDim, kLocal, kLongKeys>().block_n;
       constexpr int kMidN = fwd_tile<kHeadDim, kLocal, kMidKeys>().block_n;
       int64_t const padded_long = int64_t((seqlen_k + kLongN - 1) / kLongN) * kLongN;
       int64_t const padded_mid = int64_t((seqlen_k + kMidN - 1) / kMidN) * kMidN;
-      if (padded_mid * FLASH_FWD_DEV_LONG_TILE_RATIO < padded_long * 1000) { return kMidKeys; }
+      if (padded_mid * FLASH_FWD_LONG_TILE_RATIO < padded_long * 1000) { return kMidKeys; }
     }
   }
 #endif
   return keys;
 }
 
+// For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
+// to needs a tile counter. A class that does not differ from the one below has the same tile, so
+// fwd_tile of the key class itself is the tile that runs.
 template <int kHeadDim, bool kLocal>
 constexpr bool fwd_needs_tile_counter(FwdKeys keys) {
   FwdTileShape const tile = keys == kLongKeys  ? fwd_tile<kHeadDim, kLocal, kLongKeys>()

@@ -153,7 +153,25 @@ int check_tile_counters() {
                        check_tile_counter_agreement<256, false>() + check_tile_counter_agreement<256, true>();
   std::printf("forward tile counter (binding vs kernel): 10 head dim x mask pairs, 8 key lengths each: %d failures\n",
               failures);
+  // The long-tile ratio rule at hdim 128 non-causal (128x176 long, 128x128 mid): 8192 pads to 8272
+  // with 176-key blocks, none with 128; 8448 is whole in both (a tie keeps the long tile); 10000
+  // pads 32 keys with 176 and 112 with 128; 4095 is below the long class.
+#if FLASH_FWD_LONG_TILE_RATIO == 1000
+  struct { int seqlen_k; flash::FwdKeys want; } const rule[] = {
+      {8192, flash::kMidKeys}, {8448, flash::kLongKeys}, {10000, flash::kLongKeys}, {16384, flash::kMidKeys},
+      {flash::kFwdLongKeysFrom - 1, flash::kMidKeys}};
+  int rule_failures = 0;
+  for (auto const& c : rule) {
+    if (flash::fwd_keys_class_for<128, false>(c.seqlen_k) != c.want) {
+      std::printf("long-tile rule wrong at hdim 128 seqlen_k %d\n", c.seqlen_k);
+      ++rule_failures;
+    }
+  }
+  std::printf("long-tile ratio rule: %d failures\n", rule_failures);
+  return failures + rule_failures;
+#else
   return failures;
+#endif
 }
 
 }  // namespace
