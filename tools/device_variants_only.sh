@@ -14,6 +14,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 args_of() { case "$1" in @*) echo "${1#* }";; *) echo "$1";; esac; }
 timeout_of() { case "$1" in @*) local t="${1%% *}"; echo "${t#@}";; *) echo "${SET_TIMEOUT:-110}";; esac; }
+# Sets build side by side in /tmp/flash_variants/<name>: a name in two sets would rebuild and
+# load the other set's library (it cost a whole call once).
+dup=$(for set in "$@"; do args_of "$set"; echo; done | grep -o -- "--variant [^: ]*" | awk '{print $2}' | sort | uniq -d)
+if [ -n "$dup" ]; then echo "variant names repeat across sets: $dup"; exit 1; fi
 start=$(date +%s)
 i=0
 for set in "$@"; do

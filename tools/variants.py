@@ -153,15 +153,19 @@ def main():
         worst_lse = 0.0
         # ramp: keys scaled up towards the start, so a row's max keeps growing (by more than the
         # softmax's rescale slack) as the kernel walks the key blocks from the last one down.
+        # spike: the first key (visited last) scaled, so that rows move their max by ~1.4 x spike
+        # in the exp2 domain at the last block (100: past exp2's range from the stale max).
         # window: sliding windows, where a row may see nothing in the first key block visited
         # (its max stays -inf into the next block) and the top rows of a tile see nothing at all.
-        for (sq, sk, causal, ramp, window) in [
+        for (sq, sk, causal, ramp, window, *spike) in [
                 (113, 203, False, 0, (-1, -1)), (799, 3, True, 0, (-1, -1)), (1024, 1024, True, 0, (-1, -1)),
                 (2048, 2049, False, 0, (-1, -1)), (300, 4000, True, 0, (-1, -1)), (256, 3000, False, 12, (-1, -1)),
                 (1000, 1000, True, 12, (-1, -1)), (300, 500, False, 0, (37, 11)), (700, 900, False, 12, (90, 0)),
                 (1200, 400, True, 0, (-1, -1)),
                 # many short tiles per CTA (564 tiles of 128 rows on 132 SMs): tile hand-overs
-                (6000, 300, True, 0, (-1, -1)), (6000, 300, False, 0, (-1, -1))]:
+                (6000, 300, True, 0, (-1, -1)), (6000, 300, False, 0, (-1, -1)),
+                (300, 2500, False, 0, (-1, -1), 8.0), (300, 2500, True, 0, (-1, -1), 100.0),
+                (300, 2500, False, 0, (-1, -1), 100.0)]:
             for rep in range(2):
                 if args.verbose:
                     print(f"{name}: checking sq={sq} sk={sk} causal={causal} rep={rep}", flush=True)
@@ -171,6 +175,8 @@ def main():
                 if ramp:
                     grow = 1 + ramp * torch.linspace(1, 0, sk, device="cuda")
                     k = (k.float() * grow[None, :, None, None]).to(dtype)
+                if spike:
+                    k[:, 0] = k[:, 0] * spike[0]
                 out, lse = op(q, k, v, d ** -0.5, causal, window[0], window[1])
                 if args.verbose:
                     torch.cuda.synchronize()
