@@ -195,10 +195,11 @@ def test_row_max_growing_across_key_blocks(direction, hdim, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 def test_late_key_far_above_the_row_max(hdim, causal, spike):
-    """The first key, whose block the kernel visits last, scaled by `spike`: its score stands
-    ~1.4 * spike above the others in the exp2 domain (the scale folded in), so by 8 most rows
-    move their max by 8-30 (past the slack, p still finite), and by 100 many by more than 128
-    (exp2 of the stale max overflows: the max-free block must compute S again)."""
+    """The first key, whose block the kernel visits last, scaled by `spike`: its scores spread
+    with a standard deviation of ~1.4 * spike in the exp2 domain (the scale folded in), against
+    ~1.4 for the other keys. With 8, many rows move their max there by 8-30 (past the slack, p
+    still finite); with 100, many by more than 128 (exp2 from the stale max overflows, so a
+    kernel that skipped the max search must compute S again)."""
     skip_unless_compiled(hdim, torch.bfloat16)
     q, k, v = random_qkv(2, 300, 2500, 4, 2, hdim, torch.bfloat16, seed=hdim + causal + int(spike))
     k[:, 0] = k[:, 0] * spike

@@ -79,7 +79,8 @@ constexpr FwdTileShape fwd_tile_table() {
     // Causal: dynamic persistent 128x128 at every length.
     constexpr bool kPersistCausal = kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
     if constexpr (kPersistCausal) { return {128, 128, 2, true, true}; }
-    // Non-causal long keys: 128x176 persistent too, O staged in Q's buffer (no room for its own).
+    // Non-causal long keys: 128x176 persistent too, O staged in Q's buffer (no room for its own);
+    // it runs only where it pads fewer keys than 128x128 (fwd_keys_class_for, below).
     return kLocal || (kPersist && kKeys != kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
                                                       : FwdTileShape{128, 176, 2, kPersist, false};
   } else if constexpr (kHeadDim <= 192) {
