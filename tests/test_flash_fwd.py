@@ -191,6 +191,18 @@ def test_row_max_growing_across_key_blocks(direction, hdim, causal):
     run_and_check(q, k, v, causal)
 
 
+@pytest.mark.parametrize("seqlen_k", [4096, 4224, 5000, 6000, 8192])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_long_keys_on_either_tile(dtype, seqlen_k):
+    """hdim 128 non-causal from 4096 keys runs 128x176 or 128x128 tiles, whichever pads fewer keys
+    (tile_size.h fwd_keys_class_for; the rule itself is checked on the host): 4096, 6000 and 8192
+    take 128x128 (6000 with a partial last block), 4224 (whole blocks of both: a tie) and 5000
+    take 128x176."""
+    skip_unless_compiled(128, dtype)
+    q, k, v = random_qkv(1, 200, seqlen_k, 4, 2, 128, dtype, seed=seqlen_k)
+    run_and_check(q, k, v, False)
+
+
 @pytest.mark.parametrize("spike", [8.0, 100.0])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
