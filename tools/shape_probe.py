@@ -10,9 +10,9 @@ import argparse
 import math
 
 import torch
-from triton.testing import do_bench
 
 from flash_attn_hopper import flash_attn_func
+from variants import time_in_rounds  # tools/, beside this script
 
 
 def main():
@@ -31,13 +31,7 @@ def main():
     for s, b, h in shapes:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         runs[(s, b, h)] = (lambda q=q, k=k, v=v: flash_attn_func(q, k, v, causal=args.causal))
-    times = {key: [] for key in runs}
-    order = list(runs)
-    for r in range(args.rounds):
-        for key in order[r % len(order):] + order[:r % len(order)]:
-            times[key].append(do_bench(runs[key], warmup=50, rep=300, return_mode="median"))
-    for (s, b, h), ts in times.items():
-        t = sorted(ts)[len(ts) // 2]
+    for (s, b, h), t in time_in_rounds(runs, args.rounds).items():
         flops = 4 * b * h * s * s * d / (2 if args.causal else 1)
         tiles = b * h * math.ceil(s / args.block_m)
         print(f"s={s:6d} b={b:3d} h={h:3d}: {flops / t / 1e9:6.1f} TFLOP/s  tiles {tiles} = {tiles / sms:.2f} waves, "
