@@ -77,7 +77,8 @@ struct BwdKernel {
   static constexpr int kNumThreads = kNumMmaThreads + 128;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 64 * 1024);
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= launch_register_pool(kNumThreads, 1),
+                "setmaxnreg.inc would wait forever for registers the CTA does not hold");
   // 128 query rows per step (experiment FLASH_BWD_DEV_BLOCK_M=128, measured slower): RS head dims
   // <= 64 only, where S^T and dP^T of 64 keys x 128 queries still leave registers for dK and dV.
   static_assert(kBlockM == 64 || (kBlockM == 128 && kBlockN_ == 128 && kHeadDim_ <= 64),

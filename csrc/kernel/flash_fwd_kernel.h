@@ -167,8 +167,18 @@ struct FwdKernel {
     alignas(16) cutlass::arch::ClusterBarrier barrier_q2_empty;
   };
   struct NoRing {};
+  // At hdim 64 the ring carries the decoded tile (m_block, head, batch; m_block -1 ends the
+  // loop), so the consumers decode nothing between tiles: +1-1.5 % at 512-1k causal keys, where
+  // a tile is a few key blocks (sixteenth session). At hdim 128 / 256 it measured nothing, and
+  // the producer then spills (84 / 32 B in 24 registers). FLASH_FWD_DEV_RING_DECODE=0 / 1 forces
+  // it off / on for every head dim.
+#ifdef FLASH_FWD_DEV_RING_DECODE
+  static constexpr bool kRingDecode = bool(FLASH_FWD_DEV_RING_DECODE);
+#else
+  static constexpr bool kRingDecode = kHeadDim <= 64;
+#endif
   struct TileRing {  // kDynamic: tile ids from the producer to the consumers
-    int ids[2];
+    std::conditional_t<kRingDecode, FwdTile, int> ids[2];
     alignas(16) cutlass::arch::ClusterBarrier full[2];   // id written (1 arrival: the producer)
     alignas(16) cutlass::arch::ClusterBarrier empty[2];  // id read (every consumer thread)
   };
@@ -215,13 +225,15 @@ struct FwdKernel {
   static constexpr int kCtasPerSm = kMaybeTwoCtas && kSharedStorageSize <= 113 * 1024 ? 2 : 1;
 
   // setmaxnreg budgets: the producer keeps the minimum, consumers share the rest of the CTA's
-  // registers (64K, or 32K with two CTAs per SM: 24 + 232 per thread of the two warpgroups).
+  // launch pool (launch_register_pool: 168 x 384 with two consumer warpgroups, 64K with three,
+  // 32K with two CTAs per SM: 24 + 232 per thread of the two warpgroups).
   // A consumer's count must not be below what the kernel starts with (65536 / threads per SM,
   // 256 for one warpgroup alone), since setmaxnreg.inc may only raise it.
   static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : 24;
   static constexpr int kConsumerRegs =
       kNumMmaWarpGroups == 3 ? 160 : (kNumMmaWarpGroups == 2 ? 240 : (kCtasPerSm == 2 ? 232 : 256));
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 64 * 1024 / kCtasPerSm);
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= launch_register_pool(kNumThreads, kCtasPerSm),
+                "setmaxnreg.inc would wait forever for registers the CTA does not hold");
   static_assert(kConsumerRegs >= 64 * 1024 / (kNumThreads * kCtasPerSm),
                 "consumers would start above their setmaxnreg count");
 
@@ -284,6 +296,13 @@ struct FwdKernel {
     __syncthreads();  // barriers initialised before anyone waits on them
 
     Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group);
+    auto decoded = [&](auto const& tile) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(tile)>, FwdTile>) {
+        return tile;
+      } else {
+        return scheduler.decode(tile, params.divisors);
+      }
+    };
     auto range_of = [&](FwdTile const& t) {
       return BlockRange<kBlockM, kBlockN, kLocal>(t.m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
                                                   params.window_left, params.window_right);
@@ -298,8 +317,8 @@ struct FwdKernel {
         // kSeparateO every tile releases it (a tile with nothing to attend writes its zero O
         // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
         int q_loads = 0;
-        auto produce = [&](int tile, int iteration) {
-          FwdTile const t = scheduler.decode(tile, params.divisors);
+        auto produce = [&](auto const& tile, int iteration) {  // a tile id, or (kRingDecode) a decoded tile
+          FwdTile const t = decoded(tile);
           auto const range = range_of(t);
           // kQ2: load k into slot k % 2 waits for that slot's release number k / 2 - 1.
           int const wait_phase = kQ2        ? (q_loads > 1 ? ((q_loads >> 1) - 1) & 1 : -1)
@@ -317,12 +336,23 @@ struct FwdKernel {
           for (int iteration = 0;; ++iteration) {
             int const slot = iteration & 1;
             smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // the consumers read its last id
-            smem.ring.ids[slot] = tile;
-            smem.ring.full[slot].arrive();
-            if (!scheduler.valid(tile)) { break; }
-            int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
-            produce(tile, iteration);
-            tile = next;
+            if constexpr (kRingDecode) {
+              bool const valid = scheduler.valid(tile);
+              FwdTile const t = valid ? scheduler.decode(tile, params.divisors) : FwdTile{-1, 0, 0};
+              smem.ring.ids[slot] = t;
+              smem.ring.full[slot].arrive();
+              if (!valid) { break; }
+              int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+              produce(t, iteration);
+              tile = next;
+            } else {
+              smem.ring.ids[slot] = tile;
+              smem.ring.full[slot].arrive();
+              if (!scheduler.valid(tile)) { break; }
+              int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+              produce(tile, iteration);
+              tile = next;
+            }
           }
         } else {
           int iteration = 0;
@@ -338,8 +368,8 @@ struct FwdKernel {
       PipelineState state_k;
       PipelineState state_v;
       int q_phase = 0;
-      auto consume_tile = [&](int tile) {
-        FwdTile const t = scheduler.decode(tile, params.divisors);
+      auto consume_tile = [&](auto const& tile) {  // a tile id, or (kRingDecode) a decoded tile
+        FwdTile const t = decoded(tile);
         consume(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
                 threadIdx.x - 128, wg);
       };
@@ -347,10 +377,17 @@ struct FwdKernel {
         for (int iteration = 0;; ++iteration) {
           int const slot = iteration & 1;
           smem.ring.full[slot].wait((iteration >> 1) & 1);
-          int const tile = smem.ring.ids[slot];
-          smem.ring.empty[slot].arrive();
-          if (!scheduler.valid(tile)) { break; }
-          consume_tile(tile);
+          if constexpr (kRingDecode) {
+            FwdTile const t = smem.ring.ids[slot];
+            smem.ring.empty[slot].arrive();
+            if (t.m_block < 0) { break; }
+            consume_tile(t);
+          } else {
+            int const tile = smem.ring.ids[slot];
+            smem.ring.empty[slot].arrive();
+            if (!scheduler.valid(tile)) { break; }
+            consume_tile(tile);
+          }
         }
       } else {
         for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) { consume_tile(tile); }

@@ -13,6 +13,18 @@ namespace flash {
 
 using namespace cute;
 
+// Registers a CTA holds for setmaxnreg to share out. Each thread starts with the per-SM file
+// (64K) split over the threads of all resident CTAs, rounded down to the allocation unit of 8
+// (ptxas reports 168 for 384 threads), at most 256. A warpgroup's setmaxnreg.inc waits until
+// the CTA's pool has the registers, so a producer / consumer split must fit this, not 64K per
+// SM: with 384 threads the pool is 168 x 384 = 64512 (24 + 2 x 240 fits; 32 + 2 x 240 hung).
+constexpr int launch_register_pool(int threads_per_cta, int ctas_per_sm) {
+  int const per_thread = 64 * 1024 / (threads_per_cta * ctas_per_sm) / 8 * 8;
+  return (per_thread < 256 ? per_thread : 256) * threads_per_cta;
+}
+static_assert(launch_register_pool(384, 1) == 168 * 384 && launch_register_pool(512, 1) == 128 * 512 &&
+              launch_register_pool(256, 2) == 128 * 256);
+
 // K-major shared-memory atom with the widest swizzle that kContiguous elements per row allow
 // (any tile extent along that dimension must be a multiple of the atom's width).
 template <typename Element, int kContiguous>
