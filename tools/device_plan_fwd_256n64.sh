@@ -10,6 +10,8 @@
 # 8 blocks against 7), 640 (80 x 8, whole for both) -2 to -4 %, 1k -1 to +1 % (1040 against
 # 1024 keys), 2k -2 to 0 %. If n64 wins at 512: the hdim 128 rule (tile_size.h
 # fwd_keys_class_for) generalised to a short-keys pair, or 128x64 below 1k keys.
+# Measured (sixteenth session, x cuDNN at 512 / 640 / 1k / 2k): b256 0.995 / 1.061 / 1.028 / 1.068,
+# n64 1.008 / 1.014 / 1.006 / 1.029. +1.3 % at 512 only (within the spread): not adopted.
 # ~3 minutes.
 #   run: bash tools/device_plan_fwd_256n64.sh      (carry .whl)
 bash tools/device_variants_only.sh \
