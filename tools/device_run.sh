@@ -12,13 +12,15 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # BG_CMD: something to build beside the main build (e.g. tools/variants.py --build-only ...).
 if [ -n "$BG_CMD" ]; then (bash -c "$BG_CMD" > "$OUT/bg.log" 2>&1 &); fi
+# ptxas -v: spills and "Potential Performance Loss" (wgmma serialized, C7511 / C7515) reach the log.
+export FLASH_ATTN_HOPPER_VERBOSE_PTXAS=${FLASH_ATTN_HOPPER_VERBOSE_PTXAS:-1}
 export FLASH_ATTN_HOPPER_HDIMS=${HDIMS:-128} FLASH_ATTN_HOPPER_DTYPES=${DTYPES:-bf16} MAX_JOBS=${MAX_JOBS:-16}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee "$OUT/gpu.txt"
 start=$(date +%s)
 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
 rc=$?
 echo "build rc=$rc in $(( $(date +%s) - start )) s"
-grep -E "error|compile time|s  " "$OUT/build.log" | tail -25
+grep -E "error|compile time|s  |Performance Loss" "$OUT/build.log" | cut -c1-400 | tail -25
 [ $rc -eq 0 ] || { tail -60 "$OUT/build.log"; exit $rc; }
 export PYTHONPATH=$PWD:$PYTHONPATH
 "$@"

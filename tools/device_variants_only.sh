@@ -26,7 +26,7 @@ for set in "$@"; do
 done
 wait
 echo "built in $(( $(date +%s) - start )) s"
-grep -hE "^built|rror" "$OUT"/build*.log | head -40
+grep -hE "^built|rror|Performance Loss" "$OUT"/build*.log | cut -c1-400 | head -40
 rm -f "$OUT"/build*.log
 for set in "$@"; do
   timeout "$(timeout_of "$set")" python3 tools/variants.py $(args_of "$set") 2>&1 \

@@ -177,7 +177,7 @@ struct FwdKernel {
 #else
   static constexpr bool kRingDecode = kHeadDim <= 64;
 #endif
-  struct TileRing {  // kDynamic: tile ids from the producer to the consumers
+  struct TileRing {  // kDynamic: tile ids (kRingDecode: decoded tiles) from the producer to the consumers
     std::conditional_t<kRingDecode, FwdTile, int> ids[2];
     alignas(16) cutlass::arch::ClusterBarrier full[2];   // id written (1 arrival: the producer)
     alignas(16) cutlass::arch::ClusterBarrier empty[2];  // id read (every consumer thread)
@@ -336,23 +336,20 @@ struct FwdKernel {
           for (int iteration = 0;; ++iteration) {
             int const slot = iteration & 1;
             smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // the consumers read its last id
-            if constexpr (kRingDecode) {
-              bool const valid = scheduler.valid(tile);
-              FwdTile const t = valid ? scheduler.decode(tile, params.divisors) : FwdTile{-1, 0, 0};
-              smem.ring.ids[slot] = t;
-              smem.ring.full[slot].arrive();
-              if (!valid) { break; }
-              int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
-              produce(t, iteration);
-              tile = next;
-            } else {
-              smem.ring.ids[slot] = tile;
-              smem.ring.full[slot].arrive();
-              if (!scheduler.valid(tile)) { break; }
-              int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
-              produce(tile, iteration);
-              tile = next;
-            }
+            bool const valid = scheduler.valid(tile);
+            auto const item = [&] {
+              if constexpr (kRingDecode) {
+                return valid ? scheduler.decode(tile, params.divisors) : FwdTile{-1, 0, 0};
+              } else {
+                return tile;
+              }
+            }();
+            smem.ring.ids[slot] = item;
+            smem.ring.full[slot].arrive();
+            if (!valid) { break; }
+            int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+            produce(item, iteration);
+            tile = next;
           }
         } else {
           int iteration = 0;
@@ -377,17 +374,12 @@ struct FwdKernel {
         for (int iteration = 0;; ++iteration) {
           int const slot = iteration & 1;
           smem.ring.full[slot].wait((iteration >> 1) & 1);
-          if constexpr (kRingDecode) {
-            FwdTile const t = smem.ring.ids[slot];
-            smem.ring.empty[slot].arrive();
-            if (t.m_block < 0) { break; }
-            consume_tile(t);
-          } else {
-            int const tile = smem.ring.ids[slot];
-            smem.ring.empty[slot].arrive();
-            if (!scheduler.valid(tile)) { break; }
-            consume_tile(tile);
-          }
+          auto const item = smem.ring.ids[slot];
+          smem.ring.empty[slot].arrive();
+          bool valid;
+          if constexpr (kRingDecode) { valid = item.m_block >= 0; } else { valid = scheduler.valid(item); }
+          if (!valid) { break; }
+          consume_tile(item);
         }
       } else {
         for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) { consume_tile(tile); }
