@@ -7,7 +7,14 @@
 # EXTRA_CMD="python3 tools/kernel_breakdown.py --bwd" adds a
 # per-kernel time breakdown next to cuDNN's.
 #   run: bash tools/device_plan.sh      (carry .whl)
+# FA3=1 (carry .peers too): FlashAttention-3 built beside ours (tools/fa3_peer.py) and timed in
+# the grid as the fa3 provider (its build finishes during the tests).
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
+if [ "${FA3:-0}" = 1 ]; then
+  export PYTHONPATH=/tmp/fa3peer${PYTHONPATH:+:$PYTHONPATH}
+  export BG_CMD="python3 tools/fa3_peer.py build --out /tmp/fa3peer --jobs ${FA3_JOBS:-8}"
+  PROVIDERS=${PROVIDERS:-flash_attn_hopper,sdpa-cudnn,fa3,sdpa-flash,flash_attn_hopper-det}
+fi
 HDIMS=64,128,256 STEPS=${STEPS:-pytest,benchbwd} TEST_TIMEOUT=${TEST_TIMEOUT:-240} BENCH_TIMEOUT=${BENCH_TIMEOUT:-300} \
   BENCH_ARGS="${BENCH_ARGS:---rounds 3}" \
   PROVIDERS=${PROVIDERS:-flash_attn_hopper,sdpa-cudnn,sdpa-flash,flash_attn_hopper-det} \

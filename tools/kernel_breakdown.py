@@ -1,5 +1,6 @@
 """Developer tool for the GPU machine: where the time of one benchmark-method problem goes, kernel
-by kernel (torch.profiler), for our ops and for cuDNN SDPA side by side. Average microseconds
+by kernel (torch.profiler), for our ops, cuDNN SDPA and FlashAttention-3 (when importable, e.g.
+built by tools/fa3_peer.py) side by side. Average microseconds
 per call of every kernel that ran, the memsets and copies included.
 
     python3 tools/kernel_breakdown.py --hdim 128 --seqlens 512,8192 [--causal] [--bwd]
@@ -65,6 +66,18 @@ def main():
             else:
                 peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)  # noqa: E731
             show("cudnn", kernel_times(peer, args.iters))
+        try:
+            from flash_attn_interface import flash_attn_func as fa3_func
+        except ImportError:
+            continue
+        q3, k3, v3 = (x.detach().requires_grad_() for x in (q, k, v))
+        o3 = fa3_func(q3, k3, v3, causal=args.causal)
+        o3 = o3[0] if isinstance(o3, tuple) else o3
+        if args.bwd:
+            fa3 = lambda: torch.autograd.grad(o3, (q3, k3, v3), dout, retain_graph=True)  # noqa: E731
+        else:
+            fa3 = lambda: fa3_func(q3, k3, v3, causal=args.causal)  # noqa: E731
+        show("fa3", kernel_times(fa3, args.iters))
 
 
 if __name__ == "__main__":

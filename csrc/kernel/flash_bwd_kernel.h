@@ -477,23 +477,25 @@ struct BwdKernel {
     TiledMmadKV mma_dkv;
     TiledMmadQ mma_dq;
     auto thr_sdp = mma_sdp.get_thread_slice(mma_tidx);
-    auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
-    auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
+    int const wg_thread = warpgroup_first_thread(mma_tidx);  // operands: uniform descriptors
+    auto wg_sdp = mma_sdp.get_thread_slice(wg_thread);
+    auto wg_dkv = mma_dkv.get_thread_slice(wg_thread);
+    auto wg_dq = mma_dq.get_thread_slice(wg_thread);
 
     auto [sQ, sQt, sdO, sdOt, sK, sKt, sV, sdSt, sdS] = smem_views(smem);
     Tensor sPt = make_tensor(make_smem_ptr(smem.pds.pt.data()), SmemLayoutPdSt{});  // (N, M, 2)
 
     // Operand descriptors.
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
-    Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (..., stages)
-    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-    Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);  // (..., 2)
-    Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
-    Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (..., stages)
-    Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (..., 2)
-    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+    Tensor tSrK = wg_sdp.partition_fragment_A(sK);
+    Tensor tSrV = wg_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);     // (..., stages)
+    Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
+    Tensor tdVrPt = wg_dkv.partition_fragment_A(sPt);  // (..., 2)
+    Tensor tdKrdSt = wg_dkv.partition_fragment_A(sdSt);
+    Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);  // (..., stages)
+    Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);   // (..., 2)
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
 
     // Accumulators.
     Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -622,19 +624,21 @@ struct BwdKernel {
     TiledMmadKV mma_dkv;
     TiledMmadQ mma_dq;
     auto thr_sdp = mma_sdp.get_thread_slice(mma_tidx);
-    auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
-    auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
+    int const wg_thread = warpgroup_first_thread(mma_tidx);  // operands: uniform descriptors
+    auto wg_sdp = mma_sdp.get_thread_slice(wg_thread);
+    auto wg_dkv = mma_dkv.get_thread_slice(wg_thread);
+    auto wg_dq = mma_dq.get_thread_slice(wg_thread);
 
     auto [sQ, sQt, sdO, sdOt, sK, sKt, sV, sdSt, sdS] = smem_views(smem);
 
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // descriptors, or registers with kKVRegs
-    Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);       // (..., stages)
-    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-    Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (..., stages)
-    Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (..., 2)
-    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+    Tensor tSrK = wg_sdp.partition_fragment_A(sK);  // descriptors, or registers with kKVRegs
+    Tensor tSrV = wg_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);       // (..., stages)
+    Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);  // (..., stages)
+    Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);     // (..., 2)
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
 
     Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
     Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});

@@ -472,16 +472,20 @@ struct FwdKernel {
     TiledMmaQK tiled_mma_qk;
     TiledMmaPV tiled_mma_pv;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
-    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
+    // Operands through the warpgroup's first thread: Q's descriptors, which depend on the
+    // warpgroup's rows, are then built in uniform registers (warpgroup_first_thread, utils.h).
+    int const wg_thread = warpgroup_first_thread(mma_tidx);
+    auto wg_mma_qk = tiled_mma_qk.get_thread_slice(wg_thread);
+    auto wg_mma_pv = tiled_mma_pv.get_thread_slice(wg_thread);
 
     // kQ2: q_phase counts the tiles that loaded Q (slot = its low bit, phase = the next bit).
     int const q_slot = kQ2 ? q_phase & 1 : 0;
     Tensor sQ = make_tensor(make_smem_ptr(q_data(smem, q_slot)), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
-    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
-    Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
-    Tensor tOrV = thr_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
+    Tensor tSrQ = wg_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
+    Tensor tSrK = wg_mma_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
+    Tensor tOrV = wg_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
     Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // fp32
     Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // fp32

@@ -64,6 +64,22 @@ CUTLASS_DEVICE void wgmma_async(TiledMma& tiled_mma, TA const& tCrA, TB const& t
   if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
 }
 
+// The first thread of tidx's warpgroup (tidx counted from the first consumer), warp-uniform: a
+// shuffle from lane 0 tells the compiler that every lane holds the same value. WGMMA's shared-memory
+// descriptors depend on the warpgroup only, so a TiledMMA spanning several warpgroups, sliced at
+// this thread, has them built in uniform registers. Sliced at the thread's own index, the compiler
+// built each descriptor in vector registers and moved it with R2UR before every HGMMA (backward,
+// hdim 128: 48 R2UR, 54 UMOV among 515 instructions per step and warp).
+// FLASH_DEV_THREAD_SLICE=1 slices at the thread's own index again (for comparison).
+#ifndef FLASH_DEV_THREAD_SLICE
+#define FLASH_DEV_THREAD_SLICE 0
+#endif
+CUTLASS_DEVICE int warpgroup_first_thread(int tidx) {
+  if constexpr (bool(FLASH_DEV_THREAD_SLICE)) { return tidx; }
+  int const wg = __shfl_sync(0xffffffff, tidx / cutlass::NumThreadsPerWarpGroup, 0);
+  return wg * cutlass::NumThreadsPerWarpGroup;
+}
+
 // Whether `pred` holds for every one of `num_threads` threads meeting at hardware barrier
 // `hw_id` (a barrier and a vote in one instruction). The id is the hardware's, not
 // cutlass::arch::NamedBarrier's (which adds its reserved count).

@@ -1,0 +1,30 @@
+#!/bin/bash
+# Where FA3's backward gains on ours (same run, 2026-11-30 23:05: FA3 578 against our 518 TFLOP/s
+# at hdim 128 non-causal 8k, 551 / 498 causal; hdim 64 causal 8k 496 / 396): per-kernel times
+# (tools/kernel_breakdown.py: pre/post kernels, fills, the main kernel) for ours, cuDNN and FA3,
+# then ncu on one launch of each main backward kernel at hdim 128 non-causal 8k: duration, SM /
+# tensor / shared-memory throughput, instructions, stall reasons, registers and shared memory.
+# FA3 built beside ours as in tools/device_plan_fa3.sh. ~5 minutes cold.
+#   run: bash tools/device_plan_fa3_ncu.sh        (carry .whl and .peers)
+export OUT=${OUT:-/tmp/flash_attn_hopper_out}
+export FA3_DIR=/tmp/fa3peer
+export PYTHONPATH=$FA3_DIR${PYTHONPATH:+:$PYTHONPATH}
+rm -f /tmp/fa3peer.rc
+export BG_CMD="python3 tools/fa3_peer.py build --out $FA3_DIR --jobs ${FA3_JOBS:-8}; echo \$? > /tmp/fa3peer.rc"
+HDIMS=${HDIMS:-64,128} bash tools/device_run.sh bash -c '
+  waited=0
+  while [ ! -f /tmp/fa3peer.rc ] && [ $waited -lt 300 ]; do sleep 2; waited=$((waited + 2)); done
+  echo "FA3 build rc=$(cat /tmp/fa3peer.rc 2>/dev/null || echo timeout) after ${waited} s more"
+  [ -z "$SKIP_BREAKDOWN" ] && ( timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 128 --seqlens 8192
+    timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 128 --seqlens 8192 --causal
+    timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 64 --seqlens 8192 --causal ) > $OUT/breakdown.log 2>&1
+  grep -E "^hdim|in all|^ +[0-9.]+ us" $OUT/breakdown.log | cut -c1-150
+  SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats --section LaunchStats --section Occupancy"
+  for p in ${NCU_PROVIDERS:-ours:flash_bwd_kernel fa3:FlashAttnBwdSm90}; do
+    prov=${p%%:*}; kern=${p#*:}
+    timeout 150 ncu --clock-control none --kernel-name-base demangled -k regex:$kern -s 1 -c 1 $SECTIONS \
+      python3 tools/profile_case.py --provider $prov --hdim 128 --seqlen 8192 --bwd --runs 2 > $OUT/ncu_$prov.txt 2>&1
+    echo "== ncu $prov exit $?"
+    grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Hit|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Warp Cycles Per Issued|Eligible Warps|No Eligible|Registers Per|Shared Memory Configuration Size|Dynamic Shared Memory Per|Block Size|Grid Size|Waves Per SM|Achieved Occupancy|Stall|Pipe Utilization|L2 Hit|Mem Busy|Max Bandwidth|==ERR|==WARN" $OUT/ncu_$prov.txt | head -45
+  done
+'
