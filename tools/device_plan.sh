@@ -11,10 +11,8 @@
 # the grid as the fa3 provider (its build finishes during the tests).
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
 if [ "${FA3:-0}" = 1 ]; then
-  export PYTHONPATH=/tmp/fa3peer${PYTHONPATH:+:$PYTHONPATH}
-  rm -f /tmp/fa3peer.done
-  export BG_CMD="python3 tools/fa3_peer.py build --out /tmp/fa3peer --jobs ${FA3_JOBS:-8}; touch /tmp/fa3peer.done"
-  export BENCH_WAIT_FILE=/tmp/fa3peer.done  # the benchmark runs before the tests: wait for FA3
+  source tools/fa3_env.sh
+  export BENCH_WAIT_FILE=$FA3_DONE  # the benchmark runs before the tests: wait for FA3
   PROVIDERS=${PROVIDERS:-flash_attn_hopper,sdpa-cudnn,fa3,sdpa-flash,flash_attn_hopper-det}
 fi
 HDIMS=64,128,256 STEPS=${STEPS:-pytest,benchbwd} TEST_TIMEOUT=${TEST_TIMEOUT:-240} BENCH_TIMEOUT=${BENCH_TIMEOUT:-300} \

@@ -9,17 +9,11 @@
 #   run: bash tools/device_plan_fa3.sh        (carry .whl and .peers)
 #   PROVIDERS=... HDIMS_BENCH=128 BENCH_ARGS="--seqlens 8192 --causal no" to narrow it
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
-export FA3_DIR=/tmp/fa3peer
-export PYTHONPATH=$FA3_DIR${PYTHONPATH:+:$PYTHONPATH}
+source tools/fa3_env.sh
 export PROVIDERS=${PROVIDERS:-flash_attn_hopper,sdpa-cudnn,fa3}
 export HDIMS_BENCH=${HDIMS_BENCH:-64,128,256} BENCH_ARGS=${BENCH_ARGS:---rounds 3}
-rm -f /tmp/fa3peer.rc
-export BG_CMD="python3 tools/fa3_peer.py build --out $FA3_DIR --jobs ${FA3_JOBS:-8}; echo \$? > /tmp/fa3peer.rc"
 HDIMS=64,128,256 bash tools/device_run.sh bash -c '
-  waited=0
-  while [ ! -f /tmp/fa3peer.rc ] && [ $waited -lt ${FA3_WAIT:-300} ]; do sleep 2; waited=$((waited + 2)); done
-  echo "FA3 build rc=$(cat /tmp/fa3peer.rc 2>/dev/null || echo timeout) after ${waited} s more"
-  grep -E "built in|rror" $OUT/bg.log | cut -c1-300 | tail -12
+  fa3_wait
   python3 tools/fa3_peer.py check 2>&1 | tail -4
   timeout ${BENCH_TIMEOUT:-330} python3 benchmarks/benchmark_attn.py --providers $PROVIDERS --hdims $HDIMS_BENCH \
       --bwd $BENCH_ARGS --no-check --out-dir $OUT/bench > $OUT/bench.log 2>&1

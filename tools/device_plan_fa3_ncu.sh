@@ -10,14 +10,9 @@
 # hdim 64 causal 8k; NCU_CASES="args|args" to choose), the stall samples per SASS line and per
 # opcode (tools/ncu_source_top.py) in $OUT/src_<provider>_<case>.txt. ~6 minutes cold.
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
-export FA3_DIR=/tmp/fa3peer
-export PYTHONPATH=$FA3_DIR${PYTHONPATH:+:$PYTHONPATH}
-rm -f /tmp/fa3peer.rc
-export BG_CMD="python3 tools/fa3_peer.py build --out $FA3_DIR --jobs ${FA3_JOBS:-8}; echo \$? > /tmp/fa3peer.rc"
+source tools/fa3_env.sh
 HDIMS=${HDIMS:-64,128} bash tools/device_run.sh bash -c '
-  waited=0
-  while [ ! -f /tmp/fa3peer.rc ] && [ $waited -lt 300 ]; do sleep 2; waited=$((waited + 2)); done
-  echo "FA3 build rc=$(cat /tmp/fa3peer.rc 2>/dev/null || echo timeout) after ${waited} s more"
+  fa3_wait
   [ -z "$SKIP_BREAKDOWN$NCU_SOURCE" ] && ( timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 128 --seqlens 8192
     timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 128 --seqlens 8192 --causal
     timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 64 --seqlens 8192 --causal ) > $OUT/breakdown.log 2>&1
