@@ -283,7 +283,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
     return {dq, dk, dv};
   }
 
-  int64_t const seqlen_q_padded = (seqlen_q + flash::kBwdBlockM - 1) / flash::kBwdBlockM * flash::kBwdBlockM;
+  int64_t const seqlen_q_padded = (seqlen_q + flash::kBwdPadM - 1) / flash::kBwdPadM * flash::kBwdPadM;
   auto const f32 = q.options().dtype(at::kFloat);
   // Workspaces; the preprocess kernel fills lse_log2 and dsum, the main kernel adds into dq_accum.
   at::Tensor lse_log2 = at::empty({batch, heads_q, seqlen_q_padded}, f32);
@@ -292,7 +292,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   // Deterministic mode: one counter per dQ block orders the key blocks' additions into it.
   at::Tensor dq_semaphore;
   if (deterministic) {
-    dq_semaphore = at::zeros({batch, heads_q, seqlen_q_padded / flash::kBwdBlockM}, q.options().dtype(at::kInt));
+    dq_semaphore = at::zeros({batch, heads_q, seqlen_q_padded / flash::kBwdMinBlockM}, q.options().dtype(at::kInt));
   }
 
   at::Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v), dot = tma_ready(dout);

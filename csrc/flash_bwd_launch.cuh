@@ -26,7 +26,8 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Kernel::Element;
   using ShapeQKV = typename Kernel::ShapeQKV;
-  static_assert(Kernel::kBlockM == kBwdBlockM);
+  static_assert(kBwdPadM % Kernel::kBlockM == 0 && Kernel::kBlockM >= kBwdMinBlockM,
+                "the binding pads the per-row buffers for this step");
 
   ShapeQKV const shape_q = make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch);
   ShapeQKV const shape_k = make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch);

@@ -5,14 +5,17 @@
 
 namespace flash {
 
-// Query rows per main-loop step of the backward kernel; the binding pads the per-row
-// float32 buffers (LSE, D, dQ accumulator) to a multiple of it. FLASH_BWD_DEV_BLOCK_M=128 is an
-// experiment for head dims <= 64 (tools/variants.py defines it for the binding too); it measured
-// 5-13 % slower than 64 (2026-11-30, NOTES.md).
+// Query rows per main-loop step of the backward kernel (kernel/tile_size.h, bwd_tile): 128 for
+// head dims <= 64, 64 above. The binding pads the per-row float32 buffers (LSE, D, dQ
+// accumulator) to a multiple of kBwdPadM, which every head dim's step divides, and sizes the
+// deterministic mode's per-block counters for the smallest step. FLASH_BWD_DEV_BLOCK_M forces the
+// step for every head dim (tools/variants.py defines it for the binding too).
 #ifdef FLASH_BWD_DEV_BLOCK_M
-constexpr int kBwdBlockM = FLASH_BWD_DEV_BLOCK_M;
+constexpr int kBwdPadM = FLASH_BWD_DEV_BLOCK_M;
+constexpr int kBwdMinBlockM = FLASH_BWD_DEV_BLOCK_M;
 #else
-constexpr int kBwdBlockM = 64;
+constexpr int kBwdPadM = 128;
+constexpr int kBwdMinBlockM = 64;
 #endif
 
 struct BwdParams {

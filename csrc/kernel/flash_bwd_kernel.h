@@ -79,8 +79,8 @@ struct BwdKernel {
   static constexpr int kConsumerRegs = 240;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= launch_register_pool(kNumThreads, 1),
                 "setmaxnreg.inc would wait forever for registers the CTA does not hold");
-  // 128 query rows per step (experiment FLASH_BWD_DEV_BLOCK_M=128, measured slower): RS head dims
-  // <= 64 only, where S^T and dP^T of 64 keys x 128 queries still leave registers for dK and dV.
+  // 128 query rows per step (tile_size.h, bwd_tile): RS head dims <= 64 only, where S^T and dP^T
+  // of 64 keys x 128 queries still leave registers for dK and dV.
   static_assert(kBlockM == 64 || (kBlockM == 128 && kBlockN_ == 128 && kHeadDim_ <= 64),
                 "64 query rows per step (128 only for head dims <= 64)");
   static_assert(kBlockN == 64 || kBlockN == 128);
@@ -118,6 +118,14 @@ struct BwdKernel {
   // is computed (tile_size.h, bwd_dv_after_ds, says where).
   static constexpr bool kDvAfterDs = kDvAfterDs_;
   static_assert(kRS || !kDvAfterDs);
+  // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
+  // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
+  // B); FLASH_BWD_DEV_DS_FROM_16BIT_P=0 / 1 forces it.
+#ifdef FLASH_BWD_DEV_DS_FROM_16BIT_P
+  static constexpr bool kDsFrom16BitP = bool(FLASH_BWD_DEV_DS_FROM_16BIT_P);
+#else
+  static constexpr bool kDsFrom16BitP = kBlockM_ > 64;
+#endif
 
   // The two consumer warpgroups split the keys when there are 128 of them, else the other
   // dimension (queries for S^T/dP^T, head dim for dK/dV).
@@ -147,10 +155,20 @@ struct BwdKernel {
       decltype(GMMA::ss_op_selector<Element, Element, float, MmadKVShape, GMMA::Major::K, GMMA::Major::MN>())>;
   using TiledMmadKV = decltype(make_tiled_mma(MmadKVAtom{}, AtomLayoutKeys{}));
   // dQ: (queries, head dim), K = keys; A = dS (MN-major view of dS^T), B = K^T (MN-major).
+  // The warpgroups split the head dim (64-query steps), or (kDqSplitQueries: 128-query steps, as
+  // FA3 at hdim 64) the queries: m64n64 WGMMAs rather than twice as many m64n32 ones, each
+  // warpgroup reading only its half of dS. FLASH_BWD_DEV_DQ_SPLIT_M=0 / 1 forces it.
+#ifdef FLASH_BWD_DEV_DQ_SPLIT_M
+  static constexpr bool kDqSplitQueries = bool(FLASH_BWD_DEV_DQ_SPLIT_M) && kBlockM_ == 128;
+#else
+  static constexpr bool kDqSplitQueries = kBlockM_ == 128;
+#endif
+  static constexpr int kDqWGsM = kDqSplitQueries ? 2 : 1;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
-                           GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<_64, Int<kHeadDim * kDqWGsM / 2>, Int<kBlockN>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<kDqWGsM>, Int<2 / kDqWGsM>, _1>>{}));
 
   // The MN-major views (Q^T, dO^T, K^T) are cut in two along the head dim for dQ (and for
   // dK/dV when the warpgroups split it), so the swizzle must fit half a head dim.
@@ -182,8 +200,24 @@ struct BwdKernel {
   static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesRow = kBlockM * sizeof(float);  // LSE2 or D of one query block
   static constexpr uint32_t kBytesDq = kBlockM * kHeadDim * sizeof(float);
-  // One dQ block in shared memory: fragment pair j of consumer thread t at float2 index j * threads + t.
-  static constexpr int kDqPairsPerThread = kBlockM * kHeadDim / 2 / kNumMmaThreads;
+  // One dQ block in shared memory (and in the float32 accumulator): the accumulator's elements
+  // in groups of kDqVec, group j of consumer thread t at group index j * threads + t, so that each
+  // store is one conflict-free vector store. Experiment FLASH_BWD_DEV_DQ_VEC=4: 16-byte stores
+  // (FA3's), half as many as 8-byte ones (ncu: the staging's STS.64 6 % of the consumers' stall
+  // samples, in the MIO queue). Measured (eighteenth session, x cuDNN at 1k / 8k, non-causal and
+  // causal): hdim 128 -1.4 / -1.7 / +2.0 / -3.0 %, hdim 64 -2.2 / -0.3 / -3.5 / +1.5 %: not taken.
+#ifdef FLASH_BWD_DEV_DQ_VEC
+  static constexpr int kDqVec = FLASH_BWD_DEV_DQ_VEC;
+#else
+  static constexpr int kDqVec = 2;
+#endif
+  static_assert(kDqVec == 2 || kDqVec == 4);
+  static constexpr int kDqAccPerThread = kBlockM * kHeadDim / kNumMmaThreads;
+  static_assert(kDqAccPerThread % kDqVec == 0);
+  // Where consumer thread t's accumulator element i sits in a dQ block (float offset).
+  CUTLASS_HOST_DEVICE static constexpr int dq_staged_offset(int i, int t) {
+    return (i / kDqVec) * (kNumMmaThreads * kDqVec) + t * kDqVec + i % kDqVec;
+  }
 
   // P^T and dS^T buffers (SS), or dS alone (RS).
   struct SmemSS {
@@ -597,19 +631,25 @@ struct BwdKernel {
     epilogue(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
   }
 
-  // dQ of one step to staging buffer step % kDqStages, in register order (conflict-free stores),
+  // dQ of one step to staging buffer step % kDqStages, in register order (dq_staged_offset),
   // for the reducer warp; first wait until it has read what that buffer held.
   template <typename TensorAcc>
   CUTLASS_DEVICE void stage_dq(SharedStorage& smem, TensorAcc const& tdQrdQ, int step, int mma_tidx) const {
-    static_assert(decltype(size(tdQrdQ))::value == 2 * kDqPairsPerThread);
+    static_assert(decltype(size(tdQrdQ))::value == kDqAccPerThread);
     int const buffer = step % kDqStages;
     if (step >= kDqStages) {
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + buffer);
     }
-    float2* const sdq = reinterpret_cast<float2*>(smem.dq.dq.data()) + buffer * (kBlockM * kHeadDim / 2);
+    float* const sdq = smem.dq.dq.data() + buffer * (kBlockM * kHeadDim);
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kDqPairsPerThread; ++j) {
-      sdq[j * kNumMmaThreads + mma_tidx] = make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
+    for (int j = 0; j < kDqAccPerThread / kDqVec; ++j) {
+      float* const dst = sdq + dq_staged_offset(j * kDqVec, mma_tidx);
+      if constexpr (kDqVec == 4) {
+        *reinterpret_cast<float4*>(dst) =
+            make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      } else {
+        *reinterpret_cast<float2*>(dst) = make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
+      }
     }
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);
@@ -726,11 +766,18 @@ struct BwdKernel {
       if constexpr (!kDvAfterDs) { wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV); }
 
       warpgroup_wait<kDvAfterDs ? 0 : 1>();  // dP^T ready (the dV GEMM may still run)
+      // dS^T = P^T (dP^T - D), with P^T in float32, or (kDsFrom16BitP: 128-query steps, which ran
+      // out of registers) its 16-bit copy made for the dV GEMM, so that the float32 P^T is dead
+      // by now.
+      Tensor tPrP_rc = make_tensor(tdVrP.data(), tSrS_rc.layout());  // same element order as tSrS
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         float const dsum = smem.dsum[stage][get<1>(tScS_rc(0, c))];
         CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < size<0>(tSrdP_rc); ++r) { tSrdP_rc(r, c) = tSrS_rc(r, c) * (tSrdP_rc(r, c) - dsum); }
+        for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
+          float const p = kDsFrom16BitP ? float(tPrP_rc(r, c)) : tSrS_rc(r, c);
+          tSrdP_rc(r, c) = p * (tSrdP_rc(r, c) - dsum);
+        }
       }
       Tensor tdKrdS = make_tensor<Element>(acc_layout_as_a_operand(tSrdP.layout()));
       convert_into(tSrdP, tdKrdS);

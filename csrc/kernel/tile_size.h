@@ -192,9 +192,14 @@ inline bool fwd_needs_tile_counter(int head_dim_rounded, bool local, int seqlen_
   }
 }
 
-// Backward: kBlockM = 64 query rows per step (flash_bwd_params.h), kBlockN keys per CTA. Two
-// consumer warpgroups split 128 keys for head dims up to 128; past that dK + dV need too many
-// registers, so 64 keys and the warpgroups split the head dim instead.
+// Backward: kBlockM query rows per step, kBlockN keys per CTA. Two consumer warpgroups split 128
+// keys for head dims up to 128; past that dK + dV need too many registers, so 64 keys and the
+// warpgroups split the head dim instead. Steps of 128 queries at head dims <= 64 (FA3's shape
+// there: S^T and dP^T as m64n128 WGMMAs, dQ split by queries between the warpgroups; it needs
+// dS^T from the 16-bit P^T and the dV GEMM after dS^T, see BwdKernel), 64 above. Measured at
+// hdim 64 against 64-query steps (3 rounds, x cuDNN, 1k / 8k, eighteenth session): non-causal
+// 0.989 / 0.998 -> 1.036 / 1.061, causal 1.023 / 1.000 -> 1.065 / 1.098.
+// FLASH_BWD_DEV_BLOCK_M forces the step (flash_bwd_params.h).
 // Q/dO stages: 2, but 1 past head dim 192, where two would leave no shared memory to stage dQ in
 // (measured at hdim 256: one stage + dQ through shared memory 1.5-1.7x faster than two stages +
 // dQ atomics). FLASH_BWD_DEV_STAGES overrides it (developer builds, tools/variants.py).
@@ -205,21 +210,29 @@ constexpr FwdTileShape bwd_tile() {
 #else
   constexpr int kStages = kHeadDim > 192 ? 1 : 2;
 #endif
-  return kHeadDim <= 128 ? FwdTileShape{kBwdBlockM, 128, kStages} : FwdTileShape{kBwdBlockM, 64, kStages};
+#ifdef FLASH_BWD_DEV_BLOCK_M
+  constexpr int kBlockM = FLASH_BWD_DEV_BLOCK_M;
+#else
+  constexpr int kBlockM = kHeadDim <= 64 ? 128 : 64;
+#endif
+  return kHeadDim <= 128 ? FwdTileShape{kBlockM, 128, kStages} : FwdTileShape{kBlockM, 64, kStages};
 }
 
 // Backward, RS path (head dims <= 128): whether the dV GEMM is issued after dS^T is in shared
 // memory rather than while dS^T is computed. Measured (3 rounds, x cuDNN at 512 / 2k / 8k), hdim
 // 64 non-causal: 0.96 / 0.94 / 0.94 -> 1.01 / 0.99 / 0.98 by default (again in another run:
 // 0.94 / 0.93 / 0.96 -> 0.98 / 0.98 / 1.01), but deterministic mode 0.81 / 0.79 / 0.87 ->
-// 0.77 / 0.71 / 0.80; hdim 64 causal and hdim 128 default: within 2 %. So deterministic mode
-// keeps the old order (one more kernel at hdim 64). FLASH_BWD_DEV_DV_AFTER_DS=0/1 forces it.
+// 0.77 / 0.71 / 0.80; hdim 64 causal and hdim 128 default: within 2 %. Those were 64-query steps;
+// hdim 64's 128-query steps take it in every mode (their registers need it, see bwd_tile). hdim
+// 128, default mode, measured again on today's kernel (eighteenth session, x cuDNN, 1k / 8k):
+// non-causal 1.012 / 1.025 -> 1.040 / 1.042, causal 1.019 / 1.034 -> 1.060 / 1.048; its
+// deterministic mode keeps the old order (not measured). FLASH_BWD_DEV_DV_AFTER_DS=0/1 forces it.
 template <int kHeadDim, bool kLocal, bool kDeterministic>
 constexpr bool bwd_dv_after_ds() {
 #ifdef FLASH_BWD_DEV_DV_AFTER_DS
   return kHeadDim <= 128 && FLASH_BWD_DEV_DV_AFTER_DS;
 #else
-  return kHeadDim <= 64 && !kLocal && !kDeterministic;
+  return bwd_tile<kHeadDim>().block_m == 128 || (kHeadDim <= 128 && !kDeterministic);
 #endif
 }
 

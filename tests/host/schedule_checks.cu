@@ -21,11 +21,13 @@ namespace {
 std::mt19937 rng(20261130);
 int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
 
-template <int kBlockN, bool kLocal>
+// kHeadDim: 64 (128-query steps, 128 keys), 128 (64 x 128) or 256 (64 x 64), as tile_size.h picks.
+template <int kHeadDim, bool kLocal>
 int check_dq_turns(int cases) {
-  using Kernel = flash::BwdKernel<(kBlockN == 128 ? 128 : 256), 64, kBlockN, (kBlockN == 128 ? 2 : 1),
-                                  cutlass::bfloat16_t, kLocal>;
+  constexpr auto kTile = flash::bwd_tile<kHeadDim>();
+  using Kernel = flash::BwdKernel<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages, cutlass::bfloat16_t, kLocal>;
   constexpr int kBlockM = Kernel::kBlockM;
+  constexpr int kBlockN = Kernel::kBlockN;
   int failures = 0;
   for (int c = 0; c < cases; ++c) {
     typename Kernel::Params params{};
@@ -66,7 +68,7 @@ int check_dq_turns(int cases) {
       }
     }
   }
-  std::printf("dq turns (kBlockN %d, %s): %d random shapes, %d failures\n", kBlockN,
+  std::printf("dq turns (%d x %d steps, %s): %d random shapes, %d failures\n", kBlockM, kBlockN,
               kLocal ? "causal/local" : "no mask", cases, failures);
   return failures;
 }
@@ -178,10 +180,12 @@ int check_tile_counters() {
 
 int main() {
   int failures = 0;
-  failures += check_dq_turns<128, true>(3000);
-  failures += check_dq_turns<128, false>(500);
   failures += check_dq_turns<64, true>(3000);
   failures += check_dq_turns<64, false>(500);
+  failures += check_dq_turns<128, true>(3000);
+  failures += check_dq_turns<128, false>(500);
+  failures += check_dq_turns<256, true>(3000);
+  failures += check_dq_turns<256, false>(500);
   failures += check_scheduler<true, true>(2000);
   failures += check_scheduler<true, false>(500);
   failures += check_scheduler<false, true>(500);
