@@ -915,9 +915,10 @@ struct BwdKernel {
 
   // Deterministic mode: the turn of key block n_block among those adding into dQ block m_block.
   // Non-causal: ascending key blocks. Causal/windowed: descending key blocks. There CTA n walks
-  // its query blocks upward from its diagonal, two blocks further on than CTA n - 1 (kBlockN =
-  // 2 kBlockM); in ascending order CTA n would wait on every block for CTA n - 1, which reaches
-  // it two steps later: a wavefront (measured 0.50-0.57x of cuDNN at hdim 128 causal 2k/8k). In
+  // its query blocks upward from its diagonal, kBlockN / kBlockM blocks further on than CTA n - 1
+  // (two at hdim 128, one at hdim 64); in ascending order CTA n would wait on every block for CTA
+  // n - 1, which reaches it that many steps later: a wavefront (measured 0.50-0.57x of cuDNN at
+  // hdim 128 causal 2k/8k). In
   // descending order each CTA waits for CTAs that got there first (measured 0.79-0.91x, within
   // 3-5 % of the non-deterministic kernel). Query block m's last key block holds key
   // (m + 1) * kBlockM - 1 + diag + right. Its CTAs wait on higher key blocks, so those launch
