@@ -1,5 +1,7 @@
 #!/bin/bash
-# Main (eighteenth session), after adopting 128-query steps at hdim 64.
+# Main (eighteenth session), after adopting 128-query steps at hdim 64. The record of a run: the
+# FLASH_BWD_DEV_DQ_VEC knob (variants x4, xb, y4) was removed after it measured -3 to +2 %, so
+# those variants no longer change anything (the code they measured: commit 1962b54).
 # 1. dQ staged with 16-byte stores (FLASH_BWD_DEV_DQ_VEC=4, FA3's STS.128) instead of 8-byte ones:
 #    ncu (hdim 128 causal 8k) put 6 % of the consumers' stall samples on the staging's STS.64,
 #    as MIO-queue stalls; half as many store instructions. Prediction: +0.5-2 % at hdim 128,

@@ -200,23 +200,15 @@ struct BwdKernel {
   static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesRow = kBlockM * sizeof(float);  // LSE2 or D of one query block
   static constexpr uint32_t kBytesDq = kBlockM * kHeadDim * sizeof(float);
-  // One dQ block in shared memory (and in the float32 accumulator): the accumulator's elements
-  // in groups of kDqVec, group j of consumer thread t at group index j * threads + t, so that each
-  // store is one conflict-free vector store. Experiment FLASH_BWD_DEV_DQ_VEC=4: 16-byte stores
-  // (FA3's), half as many as 8-byte ones (ncu: the staging's STS.64 6 % of the consumers' stall
-  // samples, in the MIO queue). Measured (eighteenth session, x cuDNN at 1k / 8k, non-causal and
-  // causal): hdim 128 -1.4 / -1.7 / +2.0 / -3.0 %, hdim 64 -2.2 / -0.3 / -3.5 / +1.5 %: not taken.
-#ifdef FLASH_BWD_DEV_DQ_VEC
-  static constexpr int kDqVec = FLASH_BWD_DEV_DQ_VEC;
-#else
-  static constexpr int kDqVec = 2;
-#endif
-  static_assert(kDqVec == 2 || kDqVec == 4);
+  // One dQ block in shared memory (and in the float32 accumulator): the accumulator's elements in
+  // pairs, pair j of consumer thread t at pair index j * threads + t, so that each store is one
+  // conflict-free 8-byte store. (16-byte stores, FA3's, measured -3 to +2 % in the eighteenth
+  // session: not taken.)
   static constexpr int kDqAccPerThread = kBlockM * kHeadDim / kNumMmaThreads;
-  static_assert(kDqAccPerThread % kDqVec == 0);
+  static_assert(kDqAccPerThread % 2 == 0);
   // Where consumer thread t's accumulator element i sits in a dQ block (float offset).
   CUTLASS_HOST_DEVICE static constexpr int dq_staged_offset(int i, int t) {
-    return (i / kDqVec) * (kNumMmaThreads * kDqVec) + t * kDqVec + i % kDqVec;
+    return (i / 2) * (kNumMmaThreads * 2) + t * 2 + i % 2;
   }
 
   // P^T and dS^T buffers (SS), or dS alone (RS).
@@ -642,14 +634,9 @@ struct BwdKernel {
     }
     float* const sdq = smem.dq.dq.data() + buffer * (kBlockM * kHeadDim);
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kDqAccPerThread / kDqVec; ++j) {
-      float* const dst = sdq + dq_staged_offset(j * kDqVec, mma_tidx);
-      if constexpr (kDqVec == 4) {
-        *reinterpret_cast<float4*>(dst) =
-            make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
-      } else {
-        *reinterpret_cast<float2*>(dst) = make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
-      }
+    for (int j = 0; j < kDqAccPerThread / 2; ++j) {
+      *reinterpret_cast<float2*>(sdq + dq_staged_offset(2 * j, mma_tidx)) =
+          make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
     }
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);

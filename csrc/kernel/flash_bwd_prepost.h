@@ -144,21 +144,14 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   float const* block = p.dq_accum_ptr +
       ((int64_t(batch) * p.heads_q + head) * p.seqlen_q_padded + int64_t(m_block) * kBlockM) * kHeadDim;
-  float acc[kAcc];
+  float2 acc[kAcc / 2];
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < kAcc; i += Kernel::kDqVec) {
-    float const* src = block + Kernel::dq_staged_offset(i, threadIdx.x);
-    if constexpr (Kernel::kDqVec == 4) {
-      float4 const v = *reinterpret_cast<float4 const*>(src);
-      acc[i] = v.x, acc[i + 1] = v.y, acc[i + 2] = v.z, acc[i + 3] = v.w;
-    } else {
-      float2 const v = *reinterpret_cast<float2 const*>(src);
-      acc[i] = v.x, acc[i + 1] = v.y;
-    }
+  for (int j = 0; j < kAcc / 2; ++j) {
+    acc[j] = *reinterpret_cast<float2 const*>(block + Kernel::dq_staged_offset(2 * j, threadIdx.x));
   }
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < kAcc / 2; ++j) {
-    Element pair[2] = {Element(acc[2 * j] * p.softmax_scale), Element(acc[2 * j + 1] * p.softmax_scale)};
+    Element pair[2] = {Element(acc[j].x * p.softmax_scale), Element(acc[j].y * p.softmax_scale)};
     *reinterpret_cast<uint32_t*>(&tile[get<0>(coord(2 * j)) * kPitch + get<1>(coord(2 * j))]) =
         *reinterpret_cast<uint32_t*>(pair);
   }
