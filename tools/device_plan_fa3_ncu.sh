@@ -16,7 +16,7 @@ HDIMS=${HDIMS:-64,128} bash tools/device_run.sh bash -c '
   [ -z "$SKIP_BREAKDOWN$NCU_SOURCE" ] && ( timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 128 --seqlens 8192
     timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 128 --seqlens 8192 --causal
     timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 64 --seqlens 8192 --causal ) > $OUT/breakdown.log 2>&1
-  grep -E "^hdim|in all|^ +[0-9.]+ us" $OUT/breakdown.log | cut -c1-150
+  [ -f $OUT/breakdown.log ] && grep -E "^hdim|in all|^ +[0-9.]+ us" $OUT/breakdown.log | cut -c1-150
   if [ -n "$NCU_SOURCE" ]; then
     IFS="|" read -ra cases <<< "${NCU_CASES:---hdim 128 --seqlen 8192|--hdim 64 --seqlen 8192 --causal}"
     i=0
