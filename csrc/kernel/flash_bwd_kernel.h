@@ -118,6 +118,31 @@ struct BwdKernel {
   // is computed (tile_size.h, bwd_dv_after_ds, says where).
   static constexpr bool kDvAfterDs = kDvAfterDs_;
   static_assert(kRS || !kDvAfterDs);
+  // Experiment (FLASH_BWD_DEV_DV_SPLIT=1): with kDvAfterDs, the dV GEMM's first half of K blocks
+  // (queries) is issued before the dP^T wait, the second after dS^T, so that the first half's exps
+  // must precede the wait (ptxas otherwise hoists the wait above all of them: 0-3 of 32 MUFUs
+  // before it, against ~15 in FA3's loop).
+#if defined(FLASH_BWD_DEV_DV_SPLIT) && FLASH_BWD_DEV_DV_SPLIT
+  static constexpr bool kDvSplit = kDvAfterDs;
+#else
+  static constexpr bool kDvSplit = false;
+#endif
+  // Experiment (FLASH_BWD_DEV_STATS_EARLY=1 / 2): the RS path reads the LSE before the S^T wait
+  // (2: and D before the dP^T wait) instead of next to their first use.
+#ifdef FLASH_BWD_DEV_STATS_EARLY
+  static constexpr int kStatsEarly = FLASH_BWD_DEV_STATS_EARLY;
+#else
+  static constexpr int kStatsEarly = 0;
+#endif
+  // Experiment (FLASH_BWD_DEV_DQ_PER_WG=1, RS path): each consumer warpgroup stages its own half of
+  // the dQ block with its own full / empty barrier pair shared with the reducer warp (160 threads,
+  // one buffer), and the reducer adds each half as soon as it is there: the warpgroups no longer
+  // meet at the staging buffer.
+#if defined(FLASH_BWD_DEV_DQ_PER_WG) && FLASH_BWD_DEV_DQ_PER_WG
+  static constexpr bool kDqPerWG = kRS;
+#else
+  static constexpr bool kDqPerWG = false;
+#endif
   // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
   // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
   // B); FLASH_BWD_DEV_DS_FROM_16BIT_P=0 / 1 forces it.
@@ -208,7 +233,11 @@ struct BwdKernel {
   static_assert(kDqAccPerThread % 2 == 0);
   // Where consumer thread t's accumulator element i sits in a dQ block (float offset).
   CUTLASS_HOST_DEVICE static constexpr int dq_staged_offset(int i, int t) {
-    return (i / 2) * (kNumMmaThreads * 2) + t * 2 + i % 2;
+    if constexpr (kDqPerWG) {  // warpgroup w's half first, each half in its threads' pair order
+      return (t / 128) * (kBlockM * kHeadDim / 2) + (i / 2) * (128 * 2) + (t % 128) * 2 + i % 2;
+    } else {
+      return (i / 2) * (kNumMmaThreads * 2) + t * 2 + i % 2;
+    }
   }
 
   // P^T and dS^T buffers (SS), or dS alone (RS).
@@ -249,10 +278,13 @@ struct BwdKernel {
   // Two dQ staging buffers where they fit, else one; FLASH_BWD_DEV_DQ_STAGES overrides.
 #ifdef FLASH_BWD_DEV_DQ_STAGES
   static constexpr int kDqStages = FLASH_BWD_DEV_DQ_STAGES;
+#elif defined(FLASH_BWD_DEV_DQ_PER_WG) && FLASH_BWD_DEV_DQ_PER_WG
+  static constexpr int kDqStages = kRS ? 1 : (sizeof(Storage<2>) <= kSmemLimit ? 2 : 1);  // ids for one pair per WG
 #else
   static constexpr int kDqStages = sizeof(Storage<2>) <= kSmemLimit ? 2 : 1;
 #endif
   static_assert(kDqStages == 1 || kDqStages == 2);
+  static_assert(!kDqPerWG || kDqStages == 1, "per-warpgroup dQ staging uses the barrier ids of two buffers");
   using SharedStorage = Storage<kDqStages>;
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= kSmemLimit,
@@ -628,6 +660,19 @@ struct BwdKernel {
   template <typename TensorAcc>
   CUTLASS_DEVICE void stage_dq(SharedStorage& smem, TensorAcc const& tdQrdQ, int step, int mma_tidx) const {
     static_assert(decltype(size(tdQrdQ))::value == kDqAccPerThread);
+    if constexpr (kDqPerWG) {
+      int const wg = mma_tidx / 128;
+      if (step >= 1) { cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg); }
+      float* const sdq = smem.dq.dq.data();
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kDqAccPerThread / 2; ++j) {
+        *reinterpret_cast<float2*>(sdq + dq_staged_offset(2 * j, mma_tidx)) =
+            make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
+      }
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
+      return;
+    }
     int const buffer = step % kDqStages;
     if (step >= kDqStages) {
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + buffer);
@@ -716,6 +761,11 @@ struct BwdKernel {
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
+      float lse2_early[kCols];  // kStatsEarly only
+      if constexpr (kStatsEarly >= 1) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kCols; ++c) { lse2_early[c] = smem.lse2[stage][get<1>(tScS_rc(0, c))]; }
+      }
       warpgroup_wait<1>();  // S^T ready
       StepMask const step_mask(params, n0, m0);
       // Where the step decides at run time, the mask writes -inf into S^T in a loop of its own
@@ -738,7 +788,7 @@ struct BwdKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         int const query = get<1>(tScS_rc(0, c));
-        float const lse2 = smem.lse2[stage][query];
+        float const lse2 = kStatsEarly >= 1 ? lse2_early[c] : smem.lse2[stage][query];
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
@@ -750,16 +800,25 @@ struct BwdKernel {
       // while dS^T is written and the warpgroups meet before dQ.
       Tensor tdVrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
       convert_into(tSrS, tdVrP);
+      constexpr int kDvKBlocks = decltype(size<2>(tdVrP))::value;
       if constexpr (!kDvAfterDs) { wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV); }
+      if constexpr (kDvSplit) {
+        wgmma_async_k_range<0, kDvKBlocks / 2, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
+      }
+      float dsum_early[kCols];  // kStatsEarly >= 2 only
+      if constexpr (kStatsEarly >= 2) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kCols; ++c) { dsum_early[c] = smem.dsum[stage][get<1>(tScS_rc(0, c))]; }
+      }
 
-      warpgroup_wait<kDvAfterDs ? 0 : 1>();  // dP^T ready (the dV GEMM may still run)
+      warpgroup_wait<(kDvAfterDs && !kDvSplit) ? 0 : 1>();  // dP^T ready (the dV GEMM, or its first half, may still run)
       // dS^T = P^T (dP^T - D), with P^T in float32, or (kDsFrom16BitP: 128-query steps, which ran
       // out of registers) its 16-bit copy made for the dV GEMM, so that the float32 P^T is dead
       // by now.
       Tensor tPrP_rc = make_tensor(tdVrP.data(), tSrS_rc.layout());  // same element order as tSrS
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        float const dsum = smem.dsum[stage][get<1>(tScS_rc(0, c))];
+        float const dsum = kStatsEarly >= 2 ? dsum_early[c] : smem.dsum[stage][get<1>(tScS_rc(0, c))];
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
           float const p = kDsFrom16BitP ? float(tPrP_rc(r, c)) : tSrS_rc(r, c);
@@ -773,7 +832,12 @@ struct BwdKernel {
       Tensor tdSrdS = make_tensor(tdKrdS.data(), tSrdP.layout());  // the same registers, C layout
       copy(smem_copy_ds, smem_thr_copy_ds.retile_S(tdSrdS), tdSsdSt(_, _, _, buf));
       cutlass::arch::fence_view_async_shared();
-      if constexpr (kDvAfterDs) { wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV); }
+      if constexpr (kDvSplit) {
+        wgmma_async_k_range<kDvKBlocks / 2, kDvKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage),
+                                                                            tdVrdV);
+      } else if constexpr (kDvAfterDs) {
+        wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
+      }
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
 
       // dQ first, then dK, so that dQ is staged while dK still runs. With dK first, staging began
@@ -829,6 +893,10 @@ struct BwdKernel {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
+      if constexpr (kDqPerWG) {
+        reduce_dq_per_wg(params, smem, leader, global_step, head, m_block, n_block, batch);
+        continue;
+      }
       int const buffer = global_step % kDqStages;
       // The consumers may fill this step's buffer: step - kDqStages, its last reader, has read it
       // (the wait_group.read after the previous step). Signalled when the step is known to exist,
@@ -863,6 +931,51 @@ struct BwdKernel {
       }
       __syncwarp();
     }
+  }
+
+  // kDqPerWG: the reducer's share of one step. Each warpgroup's half of the block goes to the
+  // accumulator as soon as that warpgroup has staged it; its buffer half is released once read.
+  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, int global_step,
+                                       int head, int m_block, int n_block, int batch) const {
+    constexpr int kHalf = kBlockM * kHeadDim / 2;
+    int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
+    float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
+    // The previous step's reads of both halves are complete (wait_group.read below): release them,
+    // both at once, so that neither warpgroup waits for the other's staging.
+    if (global_step >= 1) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int wg = 0; wg < 2; ++wg) {
+        cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg);
+      }
+    }
+    int* semaphore = nullptr;
+    CUTLASS_PRAGMA_UNROLL
+    for (int wg = 0; wg < 2; ++wg) {
+      cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
+      if (leader) {
+        if (wg == 0 && params.dq_semaphore != nullptr) {
+          semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
+          int const turn = dq_turn(m_block, n_block, params);
+          while (load_acquire(semaphore) != turn) {}
+          asm volatile("fence.proxy.async.global;" ::: "memory");
+        }
+        uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.dq.dq.data() + wg * kHalf);
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                     :: "l"(gdq + wg * kHalf), "r"(sdq), "n"(kBytesDq / 2) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+      __syncwarp();
+    }
+    if (leader) {
+      if (semaphore != nullptr) {
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the additions are done
+        __threadfence();
+        atomicAdd(semaphore, 1);
+      } else {
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // both halves read
+      }
+    }
+    __syncwarp();
   }
 
   // The steps' query blocks and query-head offsets, one step at a time: a tile's steps visit its

@@ -64,6 +64,37 @@ CUTLASS_DEVICE void wgmma_async(TiledMma& tiled_mma, TA const& tCrA, TB const& t
   if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
 }
 
+// Fence, issue and commit K blocks [kBegin, kEnd) of one warpgroup GEMM as a commit group of its
+// own, so that one GEMM can be issued in two parts (the first before its remaining A registers
+// exist). kZeroInit applies to the range's first K block.
+template <int kBegin, int kEnd, bool kZeroInit, typename TiledMma, typename TA, typename TB, typename TC>
+CUTLASS_DEVICE void wgmma_async_k_range(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  static_assert(0 <= kBegin && kBegin < kEnd && kEnd <= decltype(size<2>(tCrA))::value);
+  constexpr bool kARegs = !cute::is_same_v<typename TA::value_type, GMMA::DescriptorIterator::value_type>;
+  // Only the range's A registers are fenced: the rest may still be computed after the issue.
+  auto fence_a = [&]() {
+    if constexpr (kARegs) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = kBegin; k < kEnd; ++k) {
+        auto a_k = const_cast<TA&>(tCrA)(_, _, k);
+        warpgroup_fence_operand(a_k);
+      }
+    }
+  };
+  fence_a();
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = kBegin; k < kEnd; ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(tCrC);
+  fence_a();
+}
+
 // The first thread of tidx's warpgroup (tidx counted from the first consumer), warp-uniform: a
 // shuffle from lane 0 tells the compiler that every lane holds the same value. WGMMA's shared-memory
 // descriptors depend on the warpgroup only, so a TiledMMA spanning several warpgroups, sliced at
