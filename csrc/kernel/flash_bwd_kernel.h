@@ -19,9 +19,10 @@
 // - kBlockN == 64 (head dims 192, 256, "SS"): the warpgroups split the queries for S^T/dP^T and
 //   the head dim for dK/dV, so P^T and dS^T go through shared memory.
 // dQ: each step's dQ block goes to shared memory in the accumulator's register order (kDqStages
-// buffers), and warp 1 of the producer warpgroup adds it to the float32 accumulator with one bulk
-// reduce-add (cp.reduce.async.bulk); the accumulator therefore holds each 64-row block in that
-// order, which the dQ postprocess kernel (flash_bwd_prepost.h) undoes.
+// buffers; with kDqPerWG one buffer, each warpgroup staging its half under its own barriers), and
+// warp 1 of the producer warpgroup adds it to the float32 accumulator with bulk reduce-adds
+// (cp.reduce.async.bulk; one per block, or per half); the accumulator therefore holds each block
+// in that order (dq_staged_offset), which the dQ postprocess kernel (flash_bwd_prepost.h) undoes.
 #pragma once
 
 #include "kernel/config.h"
@@ -118,30 +119,47 @@ struct BwdKernel {
   // is computed (tile_size.h, bwd_dv_after_ds, says where).
   static constexpr bool kDvAfterDs = kDvAfterDs_;
   static_assert(kRS || !kDvAfterDs);
-  // Experiment (FLASH_BWD_DEV_DV_SPLIT=1): with kDvAfterDs, the dV GEMM's first half of K blocks
-  // (queries) is issued before the dP^T wait, the second after dS^T, so that the first half's exps
-  // must precede the wait (ptxas otherwise hoists the wait above all of them: 0-3 of 32 MUFUs
-  // before it, against ~15 in FA3's loop).
-#if defined(FLASH_BWD_DEV_DV_SPLIT) && FLASH_BWD_DEV_DV_SPLIT
-  static constexpr bool kDvSplit = kDvAfterDs;
+  // RS path: each consumer warpgroup stages its own half of the dQ block (FA3's scheme), with a
+  // full / empty barrier pair of its own shared with the reducer warp (160 threads, one buffer),
+  // and the reducer adds each half as soon as it is there: the warpgroups no longer meet at the
+  // staging buffer (one 288-thread barrier pair and two buffers before). Measured (nineteenth
+  // session, 3 rounds, x cuDNN; non-causal, then causal): hdim 64, 1k / 8k: 1.049 / 1.061, 1.070
+  // / 1.136 -> 1.065 / 1.072, 1.084 / 1.139; hdim 128 (with kDvSplit, alone it was -6 to +4 %):
+  // see kDvSplit; hdim 96 with kDvSplit within 1 % either way, not taken.
+  // FLASH_BWD_DEV_DQ_PER_WG=0 / 1 forces it.
+#ifdef FLASH_BWD_DEV_DQ_PER_WG
+  static constexpr bool kDqPerWG = kRS && bool(FLASH_BWD_DEV_DQ_PER_WG);
 #else
-  static constexpr bool kDvSplit = false;
+  static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
-  // Experiment (FLASH_BWD_DEV_STATS_EARLY=1 / 2): the RS path reads the LSE before the S^T wait
+  // With kDvAfterDs, the dV GEMM's first half of K blocks (queries) is issued before the dP^T
+  // wait and the second after dS^T, so that the first half's exps precede that wait (local SASS,
+  // hdim 128: 22 of 32 MUFUs before it; in one piece ptxas hoisted the wait above all but 1 of
+  // them, so the exps did not overlap the dP^T GEMM; FA3's loop has ~15 before it). Measured
+  // with kDqPerWG at hdim 128 (nineteenth session, 3 rounds, x cuDNN; non-causal, then causal):
+  // 1k / 8k 1.058 / 1.038, 1.069 / 1.069 -> 1.074 / 1.051, 1.096 / 1.094; in a second run 2k /
+  // 16k 1.064 / 1.013, 1.072 / 1.046 -> 1.076 / 1.055, 1.093 / 1.083. Alone (without kDqPerWG)
+  // -1 to -2 % at hdim 128, -2 to -8 % at hdim 64 (where 61 of 64 MUFUs moved before the wait):
+  // hdim 128 only. FLASH_BWD_DEV_DV_SPLIT=0 / 1 forces it; FLASH_BWD_DEV_DV_SPLIT_BLOCKS=k issues
+  // k of the kBlockM / 16 K blocks before the wait instead of half of them.
+#ifdef FLASH_BWD_DEV_DV_SPLIT
+  static constexpr bool kDvSplit = kDvAfterDs && bool(FLASH_BWD_DEV_DV_SPLIT);
+#else
+  static constexpr bool kDvSplit = kDvAfterDs && kHeadDim == 128;
+#endif
+#ifdef FLASH_BWD_DEV_DV_SPLIT_BLOCKS
+  static constexpr int kDvFirstKBlocks = FLASH_BWD_DEV_DV_SPLIT_BLOCKS;
+#else
+  static constexpr int kDvFirstKBlocks = kBlockM / 16 / 2;
+#endif
+  static_assert(!kDvSplit || (kDvFirstKBlocks > 0 && kDvFirstKBlocks < kBlockM / 16));
+  // Experiment, measured -1 to -3 % (nineteenth session, hdim 128 with kDvSplit; the older kernel
+  // lost 1-7 % in the eighteenth): FLASH_BWD_DEV_STATS_EARLY=1 reads the LSE before the S^T wait
   // (2: and D before the dP^T wait) instead of next to their first use.
 #ifdef FLASH_BWD_DEV_STATS_EARLY
   static constexpr int kStatsEarly = FLASH_BWD_DEV_STATS_EARLY;
 #else
   static constexpr int kStatsEarly = 0;
-#endif
-  // Experiment (FLASH_BWD_DEV_DQ_PER_WG=1, RS path): each consumer warpgroup stages its own half of
-  // the dQ block with its own full / empty barrier pair shared with the reducer warp (160 threads,
-  // one buffer), and the reducer adds each half as soon as it is there: the warpgroups no longer
-  // meet at the staging buffer.
-#if defined(FLASH_BWD_DEV_DQ_PER_WG) && FLASH_BWD_DEV_DQ_PER_WG
-  static constexpr bool kDqPerWG = kRS;
-#else
-  static constexpr bool kDqPerWG = false;
 #endif
   // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
   // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
@@ -226,7 +244,8 @@ struct BwdKernel {
   static constexpr uint32_t kBytesRow = kBlockM * sizeof(float);  // LSE2 or D of one query block
   static constexpr uint32_t kBytesDq = kBlockM * kHeadDim * sizeof(float);
   // One dQ block in shared memory (and in the float32 accumulator): the accumulator's elements in
-  // pairs, pair j of consumer thread t at pair index j * threads + t, so that each store is one
+  // pairs, pair j of consumer thread t at pair index j * threads + t (kDqPerWG: warpgroup w's half
+  // of the block first, pair j of its thread u at j * 128 + u within it), so that each store is one
   // conflict-free 8-byte store. (16-byte stores, FA3's, measured -3 to +2 % in the eighteenth
   // session: not taken.)
   static constexpr int kDqAccPerThread = kBlockM * kHeadDim / kNumMmaThreads;
@@ -276,12 +295,11 @@ struct BwdKernel {
   };
   static constexpr int kSmemLimit = 227 * 1024;
   // Two dQ staging buffers where they fit, else one; FLASH_BWD_DEV_DQ_STAGES overrides.
+  // (kDqPerWG: one buffer, whose two halves take the barrier ids of two buffers.)
 #ifdef FLASH_BWD_DEV_DQ_STAGES
   static constexpr int kDqStages = FLASH_BWD_DEV_DQ_STAGES;
-#elif defined(FLASH_BWD_DEV_DQ_PER_WG) && FLASH_BWD_DEV_DQ_PER_WG
-  static constexpr int kDqStages = kRS ? 1 : (sizeof(Storage<2>) <= kSmemLimit ? 2 : 1);  // ids for one pair per WG
 #else
-  static constexpr int kDqStages = sizeof(Storage<2>) <= kSmemLimit ? 2 : 1;
+  static constexpr int kDqStages = kDqPerWG ? 1 : (sizeof(Storage<2>) <= kSmemLimit ? 2 : 1);
 #endif
   static_assert(kDqStages == 1 || kDqStages == 2);
   static_assert(!kDqPerWG || kDqStages == 1, "per-warpgroup dQ staging uses the barrier ids of two buffers");
@@ -656,26 +674,16 @@ struct BwdKernel {
   }
 
   // dQ of one step to staging buffer step % kDqStages, in register order (dq_staged_offset),
-  // for the reducer warp; first wait until it has read what that buffer held.
+  // for the reducer warp; first wait until it has read what that buffer held. kDqPerWG: one
+  // buffer, each warpgroup writing its own half under its own barrier pair (128 + 32 threads).
   template <typename TensorAcc>
   CUTLASS_DEVICE void stage_dq(SharedStorage& smem, TensorAcc const& tdQrdQ, int step, int mma_tidx) const {
     static_assert(decltype(size(tdQrdQ))::value == kDqAccPerThread);
-    if constexpr (kDqPerWG) {
-      int const wg = mma_tidx / 128;
-      if (step >= 1) { cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg); }
-      float* const sdq = smem.dq.dq.data();
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kDqAccPerThread / 2; ++j) {
-        *reinterpret_cast<float2*>(sdq + dq_staged_offset(2 * j, mma_tidx)) =
-            make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
-      }
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
-      return;
-    }
     int const buffer = step % kDqStages;
+    int const pair = kDqPerWG ? mma_tidx / 128 : buffer;  // which empty / full barriers
+    constexpr int kThreads = (kDqPerWG ? 128 : kNumMmaThreads) + 32;
     if (step >= kDqStages) {
-      cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + buffer);
+      cutlass::arch::NamedBarrier::sync(kThreads, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + pair);
     }
     float* const sdq = smem.dq.dq.data() + buffer * (kBlockM * kHeadDim);
     CUTLASS_PRAGMA_UNROLL
@@ -684,7 +692,7 @@ struct BwdKernel {
           make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
     }
     cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);
+    cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<int>(BwdNamedBarrier::kDqFull0) + pair);
   }
 
   // RS variant (kBlockN == 128): warpgroup w owns keys [64 w, 64 w + 64) for S^T, dP^T, dV, dK.
@@ -797,13 +805,14 @@ struct BwdKernel {
         }
       }
       // dV += P^T . dO with P^T from registers; it runs while dS^T is computed, or (kDvAfterDs)
-      // while dS^T is written and the warpgroups meet before dQ.
+      // while dS^T is written and the warpgroups meet before dQ, or (kDvSplit) its first
+      // kDvFirstKBlocks K blocks while dS^T is computed and the rest from there.
       Tensor tdVrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
       convert_into(tSrS, tdVrP);
       constexpr int kDvKBlocks = decltype(size<2>(tdVrP))::value;
       if constexpr (!kDvAfterDs) { wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV); }
       if constexpr (kDvSplit) {
-        wgmma_async_k_range<0, kDvKBlocks / 2, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
+        wgmma_async_k_range<0, kDvFirstKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
       }
       float dsum_early[kCols];  // kStatsEarly >= 2 only
       if constexpr (kStatsEarly >= 2) {
@@ -833,7 +842,7 @@ struct BwdKernel {
       copy(smem_copy_ds, smem_thr_copy_ds.retile_S(tdSrdS), tdSsdSt(_, _, _, buf));
       cutlass::arch::fence_view_async_shared();
       if constexpr (kDvSplit) {
-        wgmma_async_k_range<kDvKBlocks / 2, kDvKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage),
+        wgmma_async_k_range<kDvFirstKBlocks, kDvKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage),
                                                                             tdVrdV);
       } else if constexpr (kDvAfterDs) {
         wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
@@ -934,46 +943,50 @@ struct BwdKernel {
   }
 
   // kDqPerWG: the reducer's share of one step. Each warpgroup's half of the block goes to the
-  // accumulator as soon as that warpgroup has staged it; its buffer half is released once read.
+  // accumulator as soon as that warpgroup has staged it. Deterministic mode waits for both halves
+  // before it takes the block's turn, so that the turn is held no longer than with one buffer.
   CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, int global_step,
                                        int head, int m_block, int n_block, int batch) const {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
     int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
     float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
-    // The previous step's reads of both halves are complete (wait_group.read below): release them,
-    // both at once, so that neither warpgroup waits for the other's staging.
+    auto reduce_half = [&](int wg) {
+      uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.dq.dq.data() + wg * kHalf);
+      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                   :: "l"(gdq + wg * kHalf), "r"(sdq), "n"(kBytesDq / 2) : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    };
+    auto full = [](int wg) { return static_cast<int>(BwdNamedBarrier::kDqFull0) + wg; };
+    // The previous step's reads of both halves are complete (the wait below): release both at
+    // once, so that neither warpgroup waits for the other's staging.
     if (global_step >= 1) {
       CUTLASS_PRAGMA_UNROLL
       for (int wg = 0; wg < 2; ++wg) {
         cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg);
       }
     }
-    int* semaphore = nullptr;
-    CUTLASS_PRAGMA_UNROLL
-    for (int wg = 0; wg < 2; ++wg) {
-      cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
+    if (params.dq_semaphore != nullptr) {
+      cutlass::arch::NamedBarrier::sync(128 + 32, full(0));
+      cutlass::arch::NamedBarrier::sync(128 + 32, full(1));
       if (leader) {
-        if (wg == 0 && params.dq_semaphore != nullptr) {
-          semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
-          int const turn = dq_turn(m_block, n_block, params);
-          while (load_acquire(semaphore) != turn) {}
-          asm volatile("fence.proxy.async.global;" ::: "memory");
-        }
-        uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.dq.dq.data() + wg * kHalf);
-        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
-                     :: "l"(gdq + wg * kHalf), "r"(sdq), "n"(kBytesDq / 2) : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-      }
-      __syncwarp();
-    }
-    if (leader) {
-      if (semaphore != nullptr) {
+        int* const semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
+        int const turn = dq_turn(m_block, n_block, params);
+        while (load_acquire(semaphore) != turn) {}
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        reduce_half(0);
+        reduce_half(1);
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the additions are done
         __threadfence();
         atomicAdd(semaphore, 1);
-      } else {
-        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // both halves read
       }
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int wg = 0; wg < 2; ++wg) {
+        cutlass::arch::NamedBarrier::sync(128 + 32, full(wg));
+        if (leader) { reduce_half(wg); }
+        __syncwarp();
+      }
+      if (leader) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }  // both halves read
     }
     __syncwarp();
   }
