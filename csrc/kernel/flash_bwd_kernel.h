@@ -124,36 +124,42 @@ struct BwdKernel {
   // and the reducer adds each half as soon as it is there: the warpgroups no longer meet at the
   // staging buffer (one 288-thread barrier pair and two buffers before). Measured (nineteenth
   // session, 3 rounds, x cuDNN; non-causal, then causal): hdim 64, 1k / 8k: 1.049 / 1.061, 1.070
-  // / 1.136 -> 1.065 / 1.072, 1.084 / 1.139; hdim 128 (with kDvSplit, alone it was -6 to +4 %):
-  // see kDvSplit; hdim 96 with kDvSplit within 1 % either way, not taken.
+  // / 1.136 -> 1.065 / 1.072, 1.084 / 1.139 (without kDvSplit); hdim 128: see kDvSplit (alone,
+  // -6 to +4 %); hdim 96 (with kDvSplit) within 1 % either way, not taken.
   // FLASH_BWD_DEV_DQ_PER_WG=0 / 1 forces it.
 #ifdef FLASH_BWD_DEV_DQ_PER_WG
   static constexpr bool kDqPerWG = kRS && bool(FLASH_BWD_DEV_DQ_PER_WG);
 #else
   static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
-  // With kDvAfterDs, the dV GEMM's first half of K blocks (queries) is issued before the dP^T
-  // wait and the second after dS^T, so that the first half's exps precede that wait (local SASS,
-  // hdim 128: 22 of 32 MUFUs before it; in one piece ptxas hoisted the wait above all but 1 of
-  // them, so the exps did not overlap the dP^T GEMM; FA3's loop has ~15 before it). Measured
-  // with kDqPerWG at hdim 128 (nineteenth session, 3 rounds, x cuDNN; non-causal, then causal):
-  // 1k / 8k 1.058 / 1.038, 1.069 / 1.069 -> 1.074 / 1.051, 1.096 / 1.094; in a second run 2k /
-  // 16k 1.064 / 1.013, 1.072 / 1.046 -> 1.076 / 1.055, 1.093 / 1.083. Alone (without kDqPerWG)
-  // -1 to -2 % at hdim 128, -2 to -8 % at hdim 64 (where 61 of 64 MUFUs moved before the wait):
-  // hdim 128 only. FLASH_BWD_DEV_DV_SPLIT=0 / 1 forces it; FLASH_BWD_DEV_DV_SPLIT_BLOCKS=k issues
-  // k of the kBlockM / 16 K blocks before the wait instead of half of them.
+  // With kDvAfterDs, the dV GEMM's first kDvFirstKBlocks K blocks (16 queries each) are issued
+  // before the dP^T wait and the rest after dS^T, so that their exps precede that wait. In one
+  // piece, ptxas hoisted the wait above all but 1 of the 32 MUFUs (hdim 128; 8 of 64 at hdim 64),
+  // so the exps did not overlap the dP^T GEMM (FA3's loop has ~15 of 32 before it). Measured with
+  // kDqPerWG (nineteenth session, 3 rounds, x cuDNN; non-causal 1k / 8k, then causal 1k / 8k):
+  // - hdim 128, half the K blocks first (22 MUFUs before the wait): 1.058 / 1.038, 1.069 / 1.069
+  //   -> 1.074 / 1.051, 1.096 / 1.094 (2k / 16k in another run: 1.064 / 1.013, 1.072 / 1.046 ->
+  //   1.076 / 1.055, 1.093 / 1.083); without kDqPerWG it lost 1-2 %.
+  // - hdim 128, 1 / 2 / 3 K blocks first: 1.067 / 1.063, 1.076 / 1.106; 1.066 / 1.048, 1.081 /
+  //   1.093; 1.054 / 1.040, 1.061 / 1.090.
+  // - hdim 64, 0 / 1 / 2 of 8 K blocks first: 1.075 / 1.047, 1.105 / 1.108; 1.081 / 1.060, 1.119
+  //   / 1.141; 1.080 / 1.068, 1.112 / 1.122 (deterministic 0.879 / 1.015, 1.042 / 1.084; 0.887 /
+  //   1.017, 1.049 / 1.114; 0.895 / 1.027, 1.063 / 1.130). Half (61 MUFUs before the wait) lost
+  //   2-8 % without kDqPerWG and was even with it.
+  // So one K block at head dims 64 and 128; hdim 96 (with kDqPerWG, half): within 1 %, not taken.
+  // FLASH_BWD_DEV_DV_SPLIT=0 / 1 forces it, FLASH_BWD_DEV_DV_SPLIT_BLOCKS=k the K blocks first.
 #ifdef FLASH_BWD_DEV_DV_SPLIT
   static constexpr bool kDvSplit = kDvAfterDs && bool(FLASH_BWD_DEV_DV_SPLIT);
 #else
-  static constexpr bool kDvSplit = kDvAfterDs && kHeadDim == 128;
+  static constexpr bool kDvSplit = kDvAfterDs && kHeadDim != 96;
 #endif
 #ifdef FLASH_BWD_DEV_DV_SPLIT_BLOCKS
   static constexpr int kDvFirstKBlocks = FLASH_BWD_DEV_DV_SPLIT_BLOCKS;
 #else
-  static constexpr int kDvFirstKBlocks = kBlockM / 16 / 2;
+  static constexpr int kDvFirstKBlocks = 1;
 #endif
   static_assert(!kDvSplit || (kDvFirstKBlocks > 0 && kDvFirstKBlocks < kBlockM / 16));
-  // Experiment, measured -1 to -3 % (nineteenth session, hdim 128 with kDvSplit; the older kernel
+  // Experiment, measured -2 to 0 % (nineteenth session, hdim 128 with kDvSplit; the older kernel
   // lost 1-7 % in the eighteenth): FLASH_BWD_DEV_STATS_EARLY=1 reads the LSE before the S^T wait
   // (2: and D before the dP^T wait) instead of next to their first use.
 #ifdef FLASH_BWD_DEV_STATS_EARLY
