@@ -126,9 +126,9 @@ struct BwdKernel {
   // session, 3 rounds, x cuDNN; non-causal, then causal): hdim 64, 1k / 8k: 1.049 / 1.061, 1.070
   // / 1.136 -> 1.065 / 1.072, 1.084 / 1.139 (without kDvSplit); hdim 128: see kDvSplit (alone,
   // -6 to +4 %); hdim 96 (with kDvSplit) within 1 % either way, not taken.
-  // FLASH_BWD_DEV_DQ_PER_WG=0 / 1 forces it.
+  // FLASH_BWD_DEV_DQ_PER_WG=0 / 1 forces it (2: on the SS path too, an experiment).
 #ifdef FLASH_BWD_DEV_DQ_PER_WG
-  static constexpr bool kDqPerWG = kRS && bool(FLASH_BWD_DEV_DQ_PER_WG);
+  static constexpr bool kDqPerWG = (kRS || FLASH_BWD_DEV_DQ_PER_WG == 2) && bool(FLASH_BWD_DEV_DQ_PER_WG);
 #else
   static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
