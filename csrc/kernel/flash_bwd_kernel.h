@@ -161,7 +161,8 @@ struct BwdKernel {
   static_assert(!kDvSplit || (kDvFirstKBlocks > 0 && kDvFirstKBlocks < kBlockM / 16));
   // Experiment, measured -2 to 0 % (nineteenth session, hdim 128 with kDvSplit; the older kernel
   // lost 1-7 % in the eighteenth): FLASH_BWD_DEV_STATS_EARLY=1 reads the LSE before the S^T wait
-  // (2: and D before the dP^T wait) instead of next to their first use.
+  // instead of next to its first use; 2: D before the dP^T wait (FA3 reads it among the exps);
+  // 3: both.
 #ifdef FLASH_BWD_DEV_STATS_EARLY
   static constexpr int kStatsEarly = FLASH_BWD_DEV_STATS_EARLY;
 #else
@@ -254,14 +255,23 @@ struct BwdKernel {
   // of the block first, pair j of its thread u at j * 128 + u within it), so that each store is one
   // conflict-free 8-byte store. (16-byte stores, FA3's, measured -3 to +2 % in the eighteenth
   // session: not taken.)
+  // Experiment FLASH_BWD_DEV_DQ_VEC=4: groups of 4 elements, 16-byte stores (FA3's STS.128), on
+  // the per-warpgroup staging (with the shared staging they measured -3 to +2 %, eighteenth
+  // session).
+#ifdef FLASH_BWD_DEV_DQ_VEC
+  static constexpr int kDqVec = FLASH_BWD_DEV_DQ_VEC;
+#else
+  static constexpr int kDqVec = 2;
+#endif
+  static_assert(kDqVec == 2 || kDqVec == 4);
   static constexpr int kDqAccPerThread = kBlockM * kHeadDim / kNumMmaThreads;
-  static_assert(kDqAccPerThread % 2 == 0);
+  static_assert(kDqAccPerThread % kDqVec == 0);
   // Where consumer thread t's accumulator element i sits in a dQ block (float offset).
   CUTLASS_HOST_DEVICE static constexpr int dq_staged_offset(int i, int t) {
     if constexpr (kDqPerWG) {  // warpgroup w's half first, each half in its threads' pair order
-      return (t / 128) * (kBlockM * kHeadDim / 2) + (i / 2) * (128 * 2) + (t % 128) * 2 + i % 2;
+      return (t / 128) * (kBlockM * kHeadDim / 2) + (i / kDqVec) * (128 * kDqVec) + (t % 128) * kDqVec + i % kDqVec;
     } else {
-      return (i / 2) * (kNumMmaThreads * 2) + t * 2 + i % 2;
+      return (i / kDqVec) * (kNumMmaThreads * kDqVec) + t * kDqVec + i % kDqVec;
     }
   }
 
@@ -693,9 +703,14 @@ struct BwdKernel {
     }
     float* const sdq = smem.dq.dq.data() + buffer * (kBlockM * kHeadDim);
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kDqAccPerThread / 2; ++j) {
-      *reinterpret_cast<float2*>(sdq + dq_staged_offset(2 * j, mma_tidx)) =
-          make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
+    for (int j = 0; j < kDqAccPerThread / kDqVec; ++j) {
+      float* const dst = sdq + dq_staged_offset(j * kDqVec, mma_tidx);
+      if constexpr (kDqVec == 4) {
+        *reinterpret_cast<float4*>(dst) =
+            make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      } else {
+        *reinterpret_cast<float2*>(dst) = make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
+      }
     }
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<int>(BwdNamedBarrier::kDqFull0) + pair);
@@ -775,8 +790,8 @@ struct BwdKernel {
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
-      float lse2_early[kCols];  // kStatsEarly only
-      if constexpr (kStatsEarly >= 1) {
+      float lse2_early[kCols];  // kStatsEarly & 1 only
+      if constexpr (kStatsEarly & 1) {
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < kCols; ++c) { lse2_early[c] = smem.lse2[stage][get<1>(tScS_rc(0, c))]; }
       }
@@ -802,7 +817,7 @@ struct BwdKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         int const query = get<1>(tScS_rc(0, c));
-        float const lse2 = kStatsEarly >= 1 ? lse2_early[c] : smem.lse2[stage][query];
+        float const lse2 = (kStatsEarly & 1) ? lse2_early[c] : smem.lse2[stage][query];
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
@@ -820,8 +835,8 @@ struct BwdKernel {
       if constexpr (kDvSplit) {
         wgmma_async_k_range<0, kDvFirstKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
       }
-      float dsum_early[kCols];  // kStatsEarly >= 2 only
-      if constexpr (kStatsEarly >= 2) {
+      float dsum_early[kCols];  // kStatsEarly & 2 only
+      if constexpr (kStatsEarly & 2) {
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < kCols; ++c) { dsum_early[c] = smem.dsum[stage][get<1>(tScS_rc(0, c))]; }
       }
@@ -833,7 +848,7 @@ struct BwdKernel {
       Tensor tPrP_rc = make_tensor(tdVrP.data(), tSrS_rc.layout());  // same element order as tSrS
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        float const dsum = kStatsEarly >= 2 ? dsum_early[c] : smem.dsum[stage][get<1>(tScS_rc(0, c))];
+        float const dsum = (kStatsEarly & 2) ? dsum_early[c] : smem.dsum[stage][get<1>(tScS_rc(0, c))];
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
           float const p = kDsFrom16BitP ? float(tPrP_rc(r, c)) : tSrS_rc(r, c);
