@@ -171,11 +171,24 @@ struct BwdKernel {
   // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
   // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
   // B); FLASH_BWD_DEV_DS_FROM_16BIT_P=0 / 1 forces it.
+  // Experiment (FLASH_BWD_DEV_LATE_P16=1: non-causal kernels, 2: every kernel; with kDvAfterDs):
+  // the 16-bit P^T for the dV GEMM is made after dS^T (FA3's order; only the split's first K
+  // blocks before the dP^T wait), so that dS^T uses the float32 P^T without both copies held at
+  // once; it turns kDsFrom16BitP off. Local SASS, hdim 64 (nineteenth session): non-causal step
+  // loop 759 -> 609 instructions (the widening of the 16-bit P^T was ~150 of them; FA3's loop
+  // 709), no spills; causal loops spill (6-15 LDL per step), hence the two values. hdim 128's
+  // SASS is unchanged by it (ptxas already orders it so).
+#if defined(FLASH_BWD_DEV_LATE_P16) && FLASH_BWD_DEV_LATE_P16
+  static constexpr bool kLateP16 = kDvAfterDs && (FLASH_BWD_DEV_LATE_P16 == 2 || !kLocal_);
+#else
+  static constexpr bool kLateP16 = false;
+#endif
 #ifdef FLASH_BWD_DEV_DS_FROM_16BIT_P
   static constexpr bool kDsFrom16BitP = bool(FLASH_BWD_DEV_DS_FROM_16BIT_P);
 #else
-  static constexpr bool kDsFrom16BitP = kBlockM_ > 64;
+  static constexpr bool kDsFrom16BitP = kBlockM_ > 64 && !kLateP16;
 #endif
+  static_assert(!(kLateP16 && kDsFrom16BitP), "a late 16-bit P^T does not exist when dS^T is computed");
 
   // The two consumer warpgroups split the keys when there are 128 of them, else the other
   // dimension (queries for S^T/dP^T, head dim for dK/dV).
@@ -829,8 +842,13 @@ struct BwdKernel {
       // while dS^T is written and the warpgroups meet before dQ, or (kDvSplit) its first
       // kDvFirstKBlocks K blocks while dS^T is computed and the rest from there.
       Tensor tdVrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
-      convert_into(tSrS, tdVrP);
+      Tensor tSrS_a = make_tensor(tSrS.data(), acc_layout_as_a_operand(tSrS.layout()));  // kLateP16
       constexpr int kDvKBlocks = decltype(size<2>(tdVrP))::value;
+      if constexpr (!kLateP16) {
+        convert_into(tSrS, tdVrP);
+      } else if constexpr (kDvSplit) {
+        convert_k_blocks<0, kDvFirstKBlocks>(tSrS_a, tdVrP);
+      }
       if constexpr (!kDvAfterDs) { wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV); }
       if constexpr (kDvSplit) {
         wgmma_async_k_range<0, kDvFirstKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
@@ -855,6 +873,7 @@ struct BwdKernel {
           tSrdP_rc(r, c) = p * (tSrdP_rc(r, c) - dsum);
         }
       }
+      if constexpr (kLateP16) { convert_k_blocks<kDvSplit ? kDvFirstKBlocks : 0, kDvKBlocks>(tSrS_a, tdVrP); }
       Tensor tdKrdS = make_tensor<Element>(acc_layout_as_a_operand(tSrdP.layout()));
       convert_into(tSrdP, tdKrdS);
 

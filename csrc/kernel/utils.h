@@ -164,6 +164,29 @@ CUTLASS_DEVICE void convert_into(Tensor<EngineIn, LayoutIn> const& src, Tensor<E
       converter(*reinterpret_cast<cutlass::Array<From, kNumel> const*>(src.data()));
 }
 
+// Element type conversion of K blocks [kBegin, kEnd) of a float32 A-operand view
+// (acc_layout_as_a_operand) into the same blocks of a 16-bit one, a column pair at a time.
+template <int kBegin, int kEnd, typename EngineIn, typename LayoutIn, typename EngineOut, typename LayoutOut>
+CUTLASS_DEVICE void convert_k_blocks(Tensor<EngineIn, LayoutIn> const& src, Tensor<EngineOut, LayoutOut>& dst) {
+  using To = typename EngineOut::value_type;
+  static_assert(decltype(size<0, 0>(src))::value == 2, "mode 0.0 is the column pair");
+  cutlass::NumericArrayConverter<To, float, 2> converter;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = kBegin; k < kEnd; ++k) {
+    Tensor s = src(_, _, k);
+    Tensor d = dst(_, _, k);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(size(s))::value / 2; ++i) {
+      cutlass::Array<float, 2> in;
+      in[0] = s(2 * i);
+      in[1] = s(2 * i + 1);
+      cutlass::Array<To, 2> const out = converter(in);
+      d(2 * i) = out[0];
+      d(2 * i + 1) = out[1];
+    }
+  }
+}
+
 // Four consecutive lanes of a warp hold one accumulator row between them.
 template <typename Op>
 CUTLASS_DEVICE float quad_allreduce(float x, Op op) {
