@@ -159,10 +159,11 @@ struct BwdKernel {
   static constexpr int kDvFirstKBlocks = 1;
 #endif
   static_assert(!kDvSplit || (kDvFirstKBlocks > 0 && kDvFirstKBlocks < kBlockM / 16));
-  // Experiment, measured -2 to 0 % (nineteenth session, hdim 128 with kDvSplit; the older kernel
-  // lost 1-7 % in the eighteenth): FLASH_BWD_DEV_STATS_EARLY=1 reads the LSE before the S^T wait
-  // instead of next to its first use; 2: D before the dP^T wait (FA3 reads it among the exps);
-  // 3: both.
+  // Experiment: FLASH_BWD_DEV_STATS_EARLY=1 reads the LSE before the S^T wait instead of next to
+  // its first use (measured -2 to 0 % at hdim 128 with the split dV GEMM, nineteenth session;
+  // -1 to -7 % on the older kernel, eighteenth); 2: D before the dP^T wait (FA3 reads it among
+  // the exps; local SASS then has 14 of 32 MUFUs before that wait at hdim 128; measured 0 to +3 %
+  // at 1k / 8k, to be confirmed); 3: both.
 #ifdef FLASH_BWD_DEV_STATS_EARLY
   static constexpr int kStatsEarly = FLASH_BWD_DEV_STATS_EARLY;
 #else
@@ -264,13 +265,11 @@ struct BwdKernel {
   static constexpr uint32_t kBytesRow = kBlockM * sizeof(float);  // LSE2 or D of one query block
   static constexpr uint32_t kBytesDq = kBlockM * kHeadDim * sizeof(float);
   // One dQ block in shared memory (and in the float32 accumulator): the accumulator's elements in
-  // pairs, pair j of consumer thread t at pair index j * threads + t (kDqPerWG: warpgroup w's half
-  // of the block first, pair j of its thread u at j * 128 + u within it), so that each store is one
-  // conflict-free 8-byte store. (16-byte stores, FA3's, measured -3 to +2 % in the eighteenth
-  // session: not taken.)
-  // Experiment FLASH_BWD_DEV_DQ_VEC=4: groups of 4 elements, 16-byte stores (FA3's STS.128), on
-  // the per-warpgroup staging (with the shared staging they measured -3 to +2 %, eighteenth
-  // session).
+  // groups of kDqVec, group j of consumer thread t at group index j * threads + t (kDqPerWG:
+  // warpgroup w's half of the block first, group j of its thread u at j * 128 + u within it), so
+  // that each store is one conflict-free vector store: 8 bytes. Experiment FLASH_BWD_DEV_DQ_VEC=4:
+  // 16-byte stores (FA3's STS.128), measured -3 to +2 % with the shared staging (eighteenth
+  // session) and -2.5 to +3 % with the per-warpgroup one at hdim 128 (nineteenth): not taken.
 #ifdef FLASH_BWD_DEV_DQ_VEC
   static constexpr int kDqVec = FLASH_BWD_DEV_DQ_VEC;
 #else
@@ -930,8 +929,9 @@ struct BwdKernel {
   }
 
   // Warp 1 of the producer warpgroup: adds each step's dQ block from shared memory into
-  // the float32 accumulator with one bulk reduce-add. Deterministic mode takes the block's turn
-  // first and waits for the addition to complete before passing the turn on.
+  // the float32 accumulator with one bulk reduce-add (kDqPerWG: one per warpgroup half, in
+  // reduce_dq_per_wg). Deterministic mode takes the block's turn first and waits for the
+  // addition to complete before passing the turn on.
   // progress.steps + step is the CTA-wide step (buffers run on across tiles); the caller waits for
   // the last reductions.
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress, bool leader,
