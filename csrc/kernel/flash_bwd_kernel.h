@@ -162,7 +162,7 @@ struct BwdKernel {
   // Experiment: FLASH_BWD_DEV_STATS_EARLY=1 reads the LSE before the S^T wait instead of next to
   // its first use (measured -2 to 0 % at hdim 128 with the split dV GEMM, nineteenth session;
   // -1 to -7 % on the older kernel, eighteenth); 2: D before the dP^T wait (FA3 reads it among
-  // the exps; local SASS then has 14 of 32 MUFUs before that wait at hdim 128; measured 0 to +3 %
+  // the exps; local SASS then has 14 of 32 MUFUs before that wait at hdim 128; measured -0.2 to +3 %
   // at 1k / 8k, to be confirmed); 3: both.
 #ifdef FLASH_BWD_DEV_STATS_EARLY
   static constexpr int kStatsEarly = FLASH_BWD_DEV_STATS_EARLY;
