@@ -1,4 +1,6 @@
 #!/bin/bash
+# (Run in the nineteenth session, 2026-12-01; results in NOTES.md. Variant names without macros
+# are that day's defaults: dQ staging per warpgroup and the dV split came on after the first two.)
 # Backward experiments of the nineteenth session (macros in flash_bwd_kernel.h, default off; the
 # default kernels' SASS is unchanged by them), 3 rounds against cuDNN in one process:
 #   FLASH_BWD_DEV_DV_SPLIT=1     dV GEMM's first half issued before the dP^T wait (22 of 32 MUFUs

@@ -1,4 +1,6 @@
 #!/bin/bash
+# (Run in the nineteenth session, 2026-12-01; results in NOTES.md. Variant names without macros
+# are that day's defaults: dQ staging per warpgroup and the dV split came on after the first two.)
 # Confirmation of tools/device_plan_bwd_next.sh's winners before adopting them, 3 rounds against
 # cuDNN: hdim 128 at 2k / 16k (dQ per warpgroup, and with the split dV GEMM); hdim 64 with dQ per
 # warpgroup alone; hdim 96 with both. About 5 minutes.

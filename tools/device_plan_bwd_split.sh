@@ -1,4 +1,6 @@
 #!/bin/bash
+# (Run in the nineteenth session, 2026-12-01; results in NOTES.md. Variant names without macros
+# are that day's defaults: dQ staging per warpgroup and the dV split came on after the first two.)
 # Where to split the dV GEMM around the dP^T wait (FLASH_BWD_DEV_DV_SPLIT_BLOCKS: K blocks issued
 # before it), on top of the adopted dQ staging per warpgroup, 3 rounds against cuDNN:
 # hdim 128 (4 K blocks): 2 (default) / 1 / 3; hdim 64 (8 K blocks): no split (default) / 1 / 2,

@@ -1,4 +1,6 @@
 #!/bin/bash
+# (Run in the nineteenth session, 2026-12-01; results in NOTES.md. Variant names without macros
+# are that day's defaults: dQ staging per warpgroup and the dV split came on after the first two.)
 # hdim 128, on the adopted per-warpgroup dQ staging and dV split: 16-byte dQ staging stores
 # (FLASH_BWD_DEV_DQ_VEC=4, FA3's STS.128: 12 STS per step instead of 20) and D read before the dP^T
 # wait (FLASH_BWD_DEV_STATS_EARLY=2: local SASS 14 of 32 MUFUs before that wait, FA3's 14-16),
