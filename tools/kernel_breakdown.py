@@ -57,6 +57,20 @@ def main():
         else:
             ours = lambda: op.fwd(q, k, v, scale, args.causal)  # noqa: E731
         show("ours", kernel_times(ours, args.iters))
+        if args.bwd:
+            # The same backward through autograd, as benchmarks/benchmark_attn.py times it, and the
+            # do_bench median of both ways (the grid read 4 % less than the bwd op alone once).
+            from triton.testing import do_bench
+
+            from flash_attn_hopper import flash_attn_func
+            qa, ka, va = (x.detach().requires_grad_() for x in (q, k, v))
+            oa = flash_attn_func(qa, ka, va, causal=args.causal)
+            oa = oa[0] if isinstance(oa, tuple) else oa
+            ours_ag = lambda: torch.autograd.grad(oa, (qa, ka, va), dout, retain_graph=True)  # noqa: E731
+            show("ours (autograd)", kernel_times(ours_ag, args.iters))
+            for label, fn in (("bwd op", ours), ("autograd", ours_ag)):
+                ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+                print(f"  ours {label}: {ms * 1e3:9.1f} us (do_bench median)")
         qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
             ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
