@@ -159,6 +159,14 @@ struct BwdKernel {
   static constexpr int kDvFirstKBlocks = 1;
 #endif
   static_assert(!kDvSplit || (kDvFirstKBlocks > 0 && kDvFirstKBlocks < kBlockM / 16));
+  // Experiment (SS path): FLASH_BWD_DEV_SS_P_EARLY=1 writes P^T to shared memory before the dP^T
+  // wait (the exps then precede it: a store does not move across the wait; local SASS at hdim
+  // 256 had 3 of 16 MUFUs before it).
+#if defined(FLASH_BWD_DEV_SS_P_EARLY) && FLASH_BWD_DEV_SS_P_EARLY
+  static constexpr bool kSsPEarly = !kRS;
+#else
+  static constexpr bool kSsPEarly = false;
+#endif
   // Experiment: FLASH_BWD_DEV_STATS_EARLY=1 reads the LSE before the S^T wait instead of next to
   // its first use (measured -2 to 0 % at hdim 128 with the split dV GEMM, nineteenth session;
   // -1 to -7 % on the older kernel, eighteenth); 2: D before the dP^T wait (FA3 reads it among
@@ -658,6 +666,13 @@ struct BwdKernel {
           tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
+      // P^T and dS^T to shared memory: the next GEMMs read them from both warpgroups. kSsPEarly: P^T
+      // before the dP^T wait, so that the exps must precede it.
+      Tensor tPrP = make_tensor<Element>(tSrS.layout());
+      if constexpr (kSsPEarly) {
+        convert_into(tSrS, tPrP);
+        copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrP), tPsPt(_, _, _, buf));
+      }
       warpgroup_wait<0>();  // dP^T ready
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
@@ -665,12 +680,10 @@ struct BwdKernel {
         for (int c = 0; c < kCols; ++c) { tSrdP_rc(r, c) = tSrS_rc(r, c) * (tSrdP_rc(r, c) - dsum[c]); }  // dS^T
       }
 
-      // P^T and dS^T to shared memory: the next GEMMs read them from both warpgroups.
-      Tensor tPrP = make_tensor<Element>(tSrS.layout());
       Tensor tPrdS = make_tensor<Element>(tSrdP.layout());
-      convert_into(tSrS, tPrP);
+      if constexpr (!kSsPEarly) { convert_into(tSrS, tPrP); }
       convert_into(tSrdP, tPrdS);
-      copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrP), tPsPt(_, _, _, buf));
+      if constexpr (!kSsPEarly) { copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrP), tPsPt(_, _, _, buf)); }
       copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrdS), tPsdSt(_, _, _, buf));
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
