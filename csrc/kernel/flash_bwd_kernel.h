@@ -969,23 +969,13 @@ struct BwdKernel {
       }
       int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
       float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
-      uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.dq.dq.data() + buffer * (kBlockM * kHeadDim));
+      float const* const sdq = smem.dq.dq.data() + buffer * (kBlockM * kHeadDim);
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);
       if (leader) {
-        int* semaphore = nullptr;
-        if (params.dq_semaphore != nullptr) {
-          semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
-          int const turn = dq_turn(m_block, n_block, params);
-          while (load_acquire(semaphore) != turn) {}
-          asm volatile("fence.proxy.async.global;" ::: "memory");
-        }
-        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
-                     :: "l"(gdq), "r"(sdq), "r"(kBytesDq) : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        int* const semaphore = params.dq_semaphore != nullptr ? take_dq_turn(params, row_base, m_block, n_block) : nullptr;
+        bulk_reduce_add<kBytesDq>(gdq, sdq);
         if (semaphore != nullptr) {
-          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the additions are done
-          __threadfence();
-          atomicAdd(semaphore, 1);
+          pass_dq_turn(semaphore);
         } else {
           // All but the newest kDqStages - 1 reductions have read their buffers.
           asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(kDqStages - 1) : "memory");
@@ -993,6 +983,32 @@ struct BwdKernel {
       }
       __syncwarp();
     }
+  }
+
+  // One bulk reduce-add of kBytes from shared memory into the float32 accumulator, committed as a
+  // bulk group of its own.
+  template <uint32_t kBytes>
+  CUTLASS_DEVICE static void bulk_reduce_add(float* gdq, float const* sdq) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                 :: "l"(gdq), "r"(cute::cast_smem_ptr_to_uint(sdq)), "n"(kBytes) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+
+  // Deterministic mode: wait until dQ block m_block's counter reaches this key block's turn (the
+  // reduce-adds after it then see the earlier blocks' additions); returns the counter.
+  CUTLASS_DEVICE static int* take_dq_turn(Params const& params, int64_t row_base, int m_block, int n_block) {
+    int* const semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
+    int const turn = dq_turn(m_block, n_block, params);
+    while (load_acquire(semaphore) != turn) {}
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    return semaphore;
+  }
+
+  // Deterministic mode: once this step's reduce-adds are complete, pass the turn on.
+  CUTLASS_DEVICE static void pass_dq_turn(int* semaphore) {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the additions are done
+    __threadfence();
+    atomicAdd(semaphore, 1);
   }
 
   // kDqPerWG: the reducer's share of one step. Each warpgroup's half of the block goes to the
@@ -1003,12 +1019,7 @@ struct BwdKernel {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
     int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
     float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
-    auto reduce_half = [&](int wg) {
-      uint32_t const sdq = cute::cast_smem_ptr_to_uint(smem.dq.dq.data() + wg * kHalf);
-      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
-                   :: "l"(gdq + wg * kHalf), "r"(sdq), "n"(kBytesDq / 2) : "memory");
-      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    };
+    auto reduce_half = [&](int wg) { bulk_reduce_add<kBytesDq / 2>(gdq + wg * kHalf, smem.dq.dq.data() + wg * kHalf); };
     auto full = [](int wg) { return static_cast<int>(BwdNamedBarrier::kDqFull0) + wg; };
     // The previous step's reads of both halves are complete (the wait below): release both at
     // once, so that neither warpgroup waits for the other's staging.
@@ -1022,15 +1033,10 @@ struct BwdKernel {
       cutlass::arch::NamedBarrier::sync(128 + 32, full(0));
       cutlass::arch::NamedBarrier::sync(128 + 32, full(1));
       if (leader) {
-        int* const semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
-        int const turn = dq_turn(m_block, n_block, params);
-        while (load_acquire(semaphore) != turn) {}
-        asm volatile("fence.proxy.async.global;" ::: "memory");
+        int* const semaphore = take_dq_turn(params, row_base, m_block, n_block);
         reduce_half(0);
         reduce_half(1);
-        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the additions are done
-        __threadfence();
-        atomicAdd(semaphore, 1);
+        pass_dq_turn(semaphore);
       }
     } else {
       CUTLASS_PRAGMA_UNROLL
