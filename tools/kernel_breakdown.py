@@ -64,8 +64,7 @@ def main():
 
             from flash_attn_hopper import flash_attn_func
             qa, ka, va = (x.detach().requires_grad_() for x in (q, k, v))
-            oa = flash_attn_func(qa, ka, va, causal=args.causal)
-            oa = oa[0] if isinstance(oa, tuple) else oa
+            oa = flash_attn_func(qa, ka, va, causal=args.causal)  # out alone (return_attn_probs=False)
             ours_ag = lambda: torch.autograd.grad(oa, (qa, ka, va), dout, retain_graph=True)  # noqa: E731
             show("ours (autograd)", kernel_times(ours_ag, args.iters))
             for label, fn in (("bwd op", ours), ("autograd", ours_ag)):
