@@ -153,10 +153,12 @@ struct BwdKernel {
 #else
   static constexpr bool kDvSplit = kDvAfterDs && kHeadDim != 96;
 #endif
+  // Causal / local kernels at hdim 64 issue two K blocks first: with kLateP16 their step loops
+  // then do not spill (see kLateP16).
 #ifdef FLASH_BWD_DEV_DV_SPLIT_BLOCKS
   static constexpr int kDvFirstKBlocks = FLASH_BWD_DEV_DV_SPLIT_BLOCKS;
 #else
-  static constexpr int kDvFirstKBlocks = 1;
+  static constexpr int kDvFirstKBlocks = (kHeadDim == 64 && kLocal_) ? 2 : 1;
 #endif
   static_assert(!kDvSplit || (kDvFirstKBlocks > 0 && kDvFirstKBlocks < kBlockM / 16));
   // Experiment (SS path): FLASH_BWD_DEV_SS_P_EARLY=1 writes P^T to shared memory before the dP^T
@@ -180,17 +182,23 @@ struct BwdKernel {
   // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
   // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
   // B); FLASH_BWD_DEV_DS_FROM_16BIT_P=0 / 1 forces it.
-  // Experiment (FLASH_BWD_DEV_LATE_P16=1: non-causal kernels, 2: every kernel; with kDvAfterDs):
-  // the 16-bit P^T for the dV GEMM is made after dS^T (FA3's order; only the split's first K
-  // blocks before the dP^T wait), so that dS^T uses the float32 P^T without both copies held at
-  // once; it turns kDsFrom16BitP off. Local SASS, hdim 64 (nineteenth session): non-causal step
-  // loop 759 -> 609 instructions (the widening of the 16-bit P^T was ~150 of them; FA3's loop
-  // 709), no spills; causal loops spill (6-15 LDL per step), hence the two values. hdim 128's
-  // SASS is unchanged by it (ptxas already orders it so).
-#if defined(FLASH_BWD_DEV_LATE_P16) && FLASH_BWD_DEV_LATE_P16
-  static constexpr bool kLateP16 = kDvAfterDs && (FLASH_BWD_DEV_LATE_P16 == 2 || !kLocal_);
+  // kLateP16 (hdim 64): the 16-bit P^T for the dV GEMM is made after dS^T (FA3's order; only
+  // the split's first K blocks before the dP^T wait), so that dS^T uses the float32 P^T (one
+  // rounding less) without both copies held at once; it turns kDsFrom16BitP off. Local SASS
+  // (nineteenth session): non-causal step loop 759 -> 609 instructions (the widening of the
+  // 16-bit P^T was ~150 of them; FA3's loop 709), no spills; the causal loops spilled 6-15 LDL
+  // per step with one K block of the dV GEMM first and none with two (1041 / 629 instructions
+  // per masked / unmasked step, against 1208 / 774). Measured (twentieth session, 3 rounds, x
+  // cuDNN; non-causal 1k / 8k, then causal 1k / 8k): 1.076 / 1.054, 1.119 / 1.126 -> 1.131 /
+  // 1.141 (non-causal, one K block first), 1.133 / 1.143 (causal, two); with one K block first
+  // the causal kernels read 1.049 / 1.103. Deterministic: 0.910 / 0.999, 1.049 / 1.058 -> 0.936
+  // / 1.050, 1.086 / 1.136 (two K blocks first everywhere). hdim 128's SASS is unchanged by it
+  // (ptxas already orders it so). FLASH_BWD_DEV_LATE_P16=0 / 1 (non-causal kernels) / 2 (every
+  // kernel) forces it.
+#ifdef FLASH_BWD_DEV_LATE_P16
+  static constexpr bool kLateP16 = kDvAfterDs && FLASH_BWD_DEV_LATE_P16 && (FLASH_BWD_DEV_LATE_P16 == 2 || !kLocal_);
 #else
-  static constexpr bool kLateP16 = false;
+  static constexpr bool kLateP16 = kDvAfterDs && kHeadDim == 64;
 #endif
 #ifdef FLASH_BWD_DEV_DS_FROM_16BIT_P
   static constexpr bool kDsFrom16BitP = bool(FLASH_BWD_DEV_DS_FROM_16BIT_P);
