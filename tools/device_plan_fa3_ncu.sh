@@ -9,10 +9,17 @@
 # NCU_SOURCE=1: instead, ncu's source counters of each main kernel (hdim 128 non-causal 8k and
 # hdim 64 causal 8k; NCU_CASES="args|args" to choose), the stall samples per SASS line and per
 # opcode (tools/ncu_source_top.py) in $OUT/src_<provider>_<case>.txt. ~6 minutes cold.
+# POWER_ARGS="args|args": first, tools/power_probe.py with each argument list (sustained TFLOP/s,
+# SM clock and power of ours, cuDNN and FA3; ~30 s each).
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
 source tools/fa3_env.sh
 HDIMS=${HDIMS:-64,128} bash tools/device_run.sh bash -c '
   fa3_wait
+  if [ -n "$POWER_ARGS" ]; then  # tools/power_probe.py runs, e.g. "--hdim 128 --seqlen 8192|... --fwd"
+    IFS="|" read -ra pcases <<< "$POWER_ARGS"
+    for c in "${pcases[@]}"; do timeout 90 python3 tools/power_probe.py $c; done > $OUT/power.log 2>&1
+    cat $OUT/power.log
+  fi
   [ -z "$SKIP_BREAKDOWN$NCU_SOURCE" ] && ( timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 128 --seqlens 8192
     timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 128 --seqlens 8192 --causal
     timeout 60 python3 tools/kernel_breakdown.py --bwd --hdim 64 --seqlens 8192 --causal ) > $OUT/breakdown.log 2>&1
