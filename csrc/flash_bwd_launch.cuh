@@ -76,7 +76,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
         "flash_attn_hopper: the dynamic backward kernel needs the binding's tile counter and the default mode");
   }
   {  // preprocess: resident CTAs (as many as fit, found once per instantiation) over the row units
-    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim, Kernel::kStatsV4 ? Kernel::kBlockM / 4 : 0>;
+    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim>;
     static int const per_sm = [prep] {
       int n = 0;
       check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, prep, kPrepWarps * 32, 0),

@@ -179,24 +179,6 @@ struct BwdKernel {
 #else
   static constexpr int kStatsEarly = 0;
 #endif
-  // Experiment (FLASH_BWD_DEV_STATS_V4=1; RS path, 128-query steps, so hdim 64): the LSE2 and D
-  // of each query block are stored permuted (the preprocess, flash_bwd_prepost.h), so that the 32
-  // values a thread needs (its S^T columns 2t + {0,1} + 8j, t = lane % 4) are contiguous, and the
-  // producer puts the four runs (t = 0..3) kStatsRun floats apart in shared memory, which keeps
-  // the four addresses of a warp's load in different banks. The consumers then read them with 8
-  // + 8 LDS.128 per step instead of 16 + 16 LDS.64. ncu, hdim 64 causal 8k (twentieth session):
-  // ours 34.1 M LDS and 133 M shared-load wavefronts against FA3's 8.5 M / 30 M, its tensor pipe
-  // busy 64 % of the cycles against our 58 %. Scalar reads (FA3's shuffles) would cost 64 SHFL.
-  // (=2: non-causal kernels only; local SASS at hdim 64: non-causal step loops 609 / 600 -> 604 /
-  // 586 instructions, no spills; causal ones 1041 / 629 -> 860 / 620 but 4-6 LDL per step.)
-#if defined(FLASH_BWD_DEV_STATS_V4) && FLASH_BWD_DEV_STATS_V4
-  static constexpr bool kStatsV4 = kRS && kBlockM_ == 128 && (FLASH_BWD_DEV_STATS_V4 == 1 || !kLocal_);
-#else
-  static constexpr bool kStatsV4 = false;
-#endif
-  static constexpr int kStatsRun = kStatsV4 ? kBlockM_ / 4 + 4 : 0;  // floats from one run to the next
-  static constexpr int kStatsSmem = kStatsV4 ? 4 * kStatsRun : kBlockM_;
-  static_assert(!kStatsV4 || kStatsEarly == 0, "the early stats reads index shared memory by query");
   // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
   // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
   // B); FLASH_BWD_DEV_DS_FROM_16BIT_P=0 / 1 forces it.
@@ -347,8 +329,8 @@ struct BwdKernel {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> v;
     std::conditional_t<kRS, SmemRS, SmemSS> pds;
     SmemDq<kDqBuffers> dq;
-    alignas(16) float lse2[kStages][kStatsSmem];
-    alignas(16) float dsum[kStages][kStatsSmem];
+    alignas(16) float lse2[kStages][kBlockM];
+    alignas(16) float dsum[kStages][kBlockM];
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) cutlass::arch::ClusterBarrier barrier_kv_empty;  // persistent: consumers done with K, V
     std::conditional_t<kDynamic, TileRing, NoRing> ring;
@@ -580,43 +562,17 @@ struct BwdKernel {
       pipeline.producer_acquire(state);
       uint64_t* const full = reinterpret_cast<uint64_t*>(pipeline.producer_get_barrier(state));
       copy(params.tma_q.with(*pipeline.producer_get_barrier(state)), tQgQ, tQsQ(_, state.index()));
-      load_stats(params.lse_log2 + row, full, smem.lse2[state.index()]);
+      SM90_BULK_COPY_G2S::copy(params.lse_log2 + row, full, smem.lse2[state.index()], kBytesRow);
       if constexpr (kSplitQdO) {  // the two pipelines advance together: one state serves both
         pipeline_do.producer_acquire(state);
         uint64_t* const full_do = reinterpret_cast<uint64_t*>(pipeline_do.producer_get_barrier(state));
         copy(params.tma_do.with(*pipeline_do.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
-        load_stats(params.dsum + row, full_do, smem.dsum[state.index()]);
+        SM90_BULK_COPY_G2S::copy(params.dsum + row, full_do, smem.dsum[state.index()], kBytesRow);
       } else {
         copy(params.tma_do.with(*pipeline.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
-        load_stats(params.dsum + row, full, smem.dsum[state.index()]);
+        SM90_BULK_COPY_G2S::copy(params.dsum + row, full, smem.dsum[state.index()], kBytesRow);
       }
       ++state;
-    }
-  }
-
-  // One query block's LSE2 or D into shared memory: one bulk copy, or (kStatsV4) its four
-  // permuted runs, each to its padded place.
-  CUTLASS_DEVICE static void load_stats(float const* src, uint64_t* full, float* dst) {
-    if constexpr (kStatsV4) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int t = 0; t < 4; ++t) {
-        SM90_BULK_COPY_G2S::copy(src + t * (kBlockM / 4), full, dst + t * kStatsRun, kBytesRow / 4);
-      }
-    } else {
-      SM90_BULK_COPY_G2S::copy(src, full, dst, kBytesRow);
-    }
-  }
-
-  // This thread's LSE2 or D for its S^T column c (query `query`), c a constant once the caller's
-  // loop is unrolled: kStatsV4 reads its own run with 16-byte loads (the four reads of one
-  // 16-byte group are one load after CSE).
-  CUTLASS_DEVICE static float stat_at(float const* stage_stats, int c, int query) {
-    if constexpr (kStatsV4) {
-      float4 const v = reinterpret_cast<float4 const*>(stage_stats + (threadIdx.x % 4) * kStatsRun)[c / 4];
-      int const k = c % 4;
-      return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-    } else {
-      return stage_stats[query];
     }
   }
 
@@ -894,7 +850,7 @@ struct BwdKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         int const query = get<1>(tScS_rc(0, c));
-        float const lse2 = (kStatsEarly & 1) ? lse2_early[c] : stat_at(smem.lse2[stage], c, query);
+        float const lse2 = (kStatsEarly & 1) ? lse2_early[c] : smem.lse2[stage][query];
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
@@ -930,7 +886,7 @@ struct BwdKernel {
       Tensor tPrP_rc = make_tensor(tdVrP.data(), tSrS_rc.layout());  // same element order as tSrS
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        float const dsum = (kStatsEarly & 2) ? dsum_early[c] : stat_at(smem.dsum[stage], c, get<1>(tScS_rc(0, c)));
+        float const dsum = (kStatsEarly & 2) ? dsum_early[c] : smem.dsum[stage][get<1>(tScS_rc(0, c))];
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
           float const p = kDsFrom16BitP ? float(tPrP_rc(r, c)) : tSrS_rc(r, c);

@@ -42,10 +42,7 @@ constexpr int prep_rows_per_cta() {
 // accumulator here as well (instead of the binding's fill) measured within 1 % of this: not done.
 // Block 0 also zeroes the persistent causal kernel's tile counter (BwdParams::tile_counter), which
 // the main kernel, launched next on the stream, draws from.
-// kStatsRunOf > 0 (the main kernel's kStatsV4 experiment): within each block of 4 * kStatsRunOf
-// queries, query q's LSE2 and D go to run (q % 8) / 2 at 2 * (q / 8) + q % 2, the order in which
-// consumer thread t = lane % 4 holds its S^T columns.
-template <typename Element, int kHeadDim, int kStatsRunOf = 0>
+template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kPrepWarps * 32)
     flash_bwd_preprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p, int units_per_head, int64_t units) {
   constexpr int kGroup = prep_lanes_per_row<kHeadDim>();
@@ -95,13 +92,8 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
           float const lse = p.lse_ptr[u.bh * p.seqlen_q + i];
           lse2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
         }
-        int pos = i;
-        if constexpr (kStatsRunOf > 0) {
-          int const q = i % (4 * kStatsRunOf);
-          pos = i - q + ((q % 8) / 2) * kStatsRunOf + 2 * (q / 8) + q % 2;
-        }
-        p.dsum_ptr[u.bh * p.seqlen_q_padded + pos] = dot;
-        p.lse_log2_ptr[u.bh * p.seqlen_q_padded + pos] = lse2;
+        p.dsum_ptr[u.bh * p.seqlen_q_padded + i] = dot;
+        p.lse_log2_ptr[u.bh * p.seqlen_q_padded + i] = lse2;
       }
     }
   };
