@@ -849,7 +849,7 @@ struct BwdKernel {
       warpgroup_wait<1>();  // S^T ready
       StepMask const step_mask(params, n0, m0);
       constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
-      uint32_t mask_row[kRows];  // kMaskForm 2: base + key row - the thread's first query, per row
+      [[maybe_unused]] uint32_t mask_row[kRows];  // kMaskForm 2: base + key row - the thread's first query, per row
       if constexpr (kMaskForm == 2) {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
