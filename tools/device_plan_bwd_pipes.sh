@@ -6,7 +6,8 @@
 # conflicts), L1 and L2 throughput, L2 reduction sectors, instructions; ours and FA3 side by side
 # at hdim 128 non-causal 8k and hdim 64 causal 8k (NCU_CASES="args|args" to choose). Metric names
 # are checked against `ncu --query-metrics` first, so a missing one is left out, not fatal. Then
-# tools/power_probe.py at hdim 64 (POWER_ARGS). ~5 minutes cold.
+# tools/power_probe.py at hdim 64 causal and non-causal 8k (POWER_ARGS="args|args" to choose,
+# POWER_ARGS= to skip). ~5 minutes cold.
 #   run: bash tools/device_plan_bwd_pipes.sh        (carry .whl and .peers)
 export OUT=${OUT:-/tmp/flash_attn_hopper_out}
 source tools/fa3_env.sh

@@ -57,11 +57,15 @@ def main():
     fns = {}
     from flash_attn_hopper import flash_attn_func
     qa, ka, va = (x.detach().requires_grad_() for x in (q, k, v))
-    if args.fwd:
-        fns["ours"] = lambda: flash_attn_func(qa, ka, va, causal=args.causal)  # noqa: E731
-    else:
-        oa = flash_attn_func(qa, ka, va, causal=args.causal)
-        fns["ours"] = lambda: torch.autograd.grad(oa, (qa, ka, va), dout, retain_graph=True)  # noqa: E731
+    try:
+        if args.fwd:
+            flash_attn_func(qa, ka, va, causal=args.causal)
+            fns["ours"] = lambda: flash_attn_func(qa, ka, va, causal=args.causal)  # noqa: E731
+        else:
+            oa = flash_attn_func(qa, ka, va, causal=args.causal)
+            fns["ours"] = lambda: torch.autograd.grad(oa, (qa, ka, va), dout, retain_graph=True)  # noqa: E731
+    except RuntimeError as e:  # e.g. a build without this head dim: the peers still run
+        print(f"ours: left out ({str(e)[:160]})")
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
     backend = torch.nn.attention.SDPBackend.CUDNN_ATTENTION
     if args.fwd:
