@@ -11,7 +11,8 @@
 # (FLASH_BWD_DEV_SS_P_EARLY=1: local SASS 16 of 16 MUFUs before it, against 3; no loop spills);
 # prediction +1-3 %. About 8 minutes.
 # Measured in the twentieth session and adopted: the default is now n1's kernels where not
-# causal and n3's where causal, so n0 here reads today's default (LATE_P16=0 gives the old one).
+# causal and n3's where causal, so n0 here reads today's default (the nineteenth session's kernels:
+# FLASH_BWD_DEV_LATE_P16=0,FLASH_BWD_DEV_DV_SPLIT_BLOCKS=1).
 #   run: bash tools/device_plan_bwd_late_p16.sh      (carry .whl)
 bash tools/device_variants_only.sh \
   "@300 --bwd --rounds 3 --seqlens 1024,8192 --deterministic --hdim 64 --variant n0 \
