@@ -221,7 +221,7 @@ constexpr FwdTileShape bwd_tile() {
 // The backward tile of one (head dim, mask) kernel: bwd_tile's, except (experiment
 // FLASH_BWD_DEV_M80=1) 80-query steps at hdim 128 non-causal, FA3's shape there: S^T / dP^T as
 // m64n80 WGMMAs, 25 % more work per step for the same per-step waits, dQ computed transposed
-// (BwdKernel::kDqSwapAB). The eighth session's port (601 instructions per step) lost 1-6 %.
+// (BwdKernel::kDqSwapAB). The eighth session's port (601 instructions per step) lost 1.5-6 %.
 template <int kHeadDim, bool kLocal>
 constexpr FwdTileShape bwd_tile_for() {
   constexpr FwdTileShape tile = bwd_tile<kHeadDim>();
