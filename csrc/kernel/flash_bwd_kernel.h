@@ -259,6 +259,19 @@ struct BwdKernel {
   static constexpr bool kDqSplitQueries = kBlockM_ == 128;
 #endif
   static constexpr int kDqWGsM = kDqSplitQueries ? 2 : 1;
+  // Experiment (FLASH_BWD_DEV_DS_KMAJOR=1, RS path): dS stored keys-contiguous (queries x keys,
+  // FA3's layout) with transposing stmatrix, instead of dS^T queries-contiguous. A warp's four
+  // stmatrix of a step then land 16 query rows apart, whole swizzle periods, so their addresses
+  // are one base plus constants; with dS^T they sit 16 queries apart inside a 128-byte row and
+  // every step recomputed four swizzled 64-bit addresses (~25 instructions and register pairs at
+  // hdim 128; the compiler rematerializes them in the loop even when they are computed once
+  // before it). dQ then reads dS K-major.
+#if defined(FLASH_BWD_DEV_DS_KMAJOR) && FLASH_BWD_DEV_DS_KMAJOR
+  static constexpr bool kDsKMajor = kRS;
+#else
+  static constexpr bool kDsKMajor = false;
+#endif
+  static constexpr GMMA::Major kDsMajor = kDsKMajor ? GMMA::Major::K : GMMA::Major::MN;
   // 80-query steps (tile_size.h, bwd_tile_for): no m64 tiling of 80 queries, so dQ is computed
   // transposed, dQ^T = K^T . dS^T (head dim, queries), the warpgroups splitting the head dim: A =
   // K^T, B = dS, both MN-major in shared memory (FA3's dQ_swapAB).
@@ -267,11 +280,11 @@ struct BwdKernel {
   using TiledMmadQ = std::conditional_t<
       kDqSwapAB,
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
-                                                   GMMA::Major::MN, GMMA::Major::MN>(),
+                                                   GMMA::Major::MN, kDsMajor>(),
                               Layout<Shape<_2, _1, _1>>{})),
       decltype(make_tiled_mma(
           GMMA::ss_op_selector<Element, Element, float,
-                               Shape<_64, Int<kHeadDim * kDqWGsM / 2>, Int<kBlockN>>, GMMA::Major::MN,
+                               Shape<_64, Int<kHeadDim * kDqWGsM / 2>, Int<kBlockN>>, kDsMajor,
                                GMMA::Major::MN>(),
           Layout<Shape<Int<kDqWGsM>, Int<2 / kDqWGsM>, _1>>{}))>;
   // The dQ accumulator tile: (queries, head dim), or (head dim, queries) when transposed.
@@ -291,6 +304,12 @@ struct BwdKernel {
   using SmemLayoutPdSt = decltype(tile_to_shape(SmemAtomPdS{}, Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
   using SmemLayoutdS = decltype(composition(
       SmemLayoutPdSt{}, make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, _2>{}, Step<_2, _1, _3>{})));
+  // kDsKMajor: dS (queries, keys, 2), keys contiguous, and its (keys, queries, 2) view for stmatrix.
+  using SmemAtomdSK = decltype(smem_atom_k_major<Element, kBlockN>());
+  using SmemLayoutdSK = decltype(tile_to_shape(SmemAtomdSK{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  using SmemLayoutdStK = decltype(composition(
+      SmemLayoutdSK{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  static_assert(cosize_v<SmemLayoutdSK> == cosize_v<SmemLayoutPdSt>);
 
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seqlen, d, heads, batch)
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
@@ -612,8 +631,10 @@ struct BwdKernel {
                             make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{}),        // sK (N, D)
                             make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{}),       // sKt (D, N)
                             make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutK{}),        // sV
-                            make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutPdSt{}),  // sdSt (N, M, 2)
-                            make_tensor(make_smem_ptr(smem.pds.dst.data()), SmemLayoutdS{}));   // sdS (M, N, 2)
+                            make_tensor(make_smem_ptr(smem.pds.dst.data()),
+                                        std::conditional_t<kDsKMajor, SmemLayoutdStK, SmemLayoutPdSt>{}),  // sdSt (N, M, 2)
+                            make_tensor(make_smem_ptr(smem.pds.dst.data()),
+                                        std::conditional_t<kDsKMajor, SmemLayoutdSK, SmemLayoutdS>{}));  // sdS (M, N, 2)
   }
 
   CUTLASS_DEVICE void consume(Params const& params, SharedStorage& smem, Pipeline& pipeline, Pipeline& pipeline_do,
@@ -816,9 +837,29 @@ struct BwdKernel {
     Tensor tScS0_rc = make_tensor(tScS0.data(), acc_layout_rowcol(tScS0.layout()));
 
     // dS^T to shared memory with stmatrix (rows = keys, 16-byte runs of queries).
-    auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+    auto smem_copy_ds = make_tiled_copy_C(
+        Copy_Atom<std::conditional_t<kDsKMajor, SM90_U16x8_STSM_T, SM90_U32x4_STSM_N>, Element>{}, mma_sdp);
     auto smem_thr_copy_ds = smem_copy_ds.get_thread_slice(mma_tidx);
     Tensor tdSsdSt = smem_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
+    // kDsKMajor: one stmatrix per (atom repeat, copy n, copy m); this thread's first row address
+    // in buffer 0, plus per-store offsets taken from thread 0's layout (whole swizzle periods apart,
+    // so the same for every thread), plus the buffer.
+    static_assert(decltype(rank<0>(tdSsdSt))::value == 2 || !kDsKMajor);
+    constexpr int kDsAtoms = kDsKMajor ? decltype(size<0, 1>(tdSsdSt))::value : 1;
+    constexpr int kDsCopyN = decltype(size<1>(tdSsdSt))::value;
+    constexpr int kDsCopies = kDsAtoms * kDsCopyN * decltype(size<2>(tdSsdSt))::value;
+    [[maybe_unused]] uint32_t ds_base = 0;
+    if constexpr (kDsKMajor) {
+      ds_base = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&tdSsdSt(make_coord(0, 0), 0, 0, 0)));
+    }
+    auto ds_offset = [&](auto i) {  // bytes from the store of copy 0 to store i (a constant)
+      constexpr int a = decltype(i)::value % kDsAtoms, n = (decltype(i)::value / kDsAtoms) % kDsCopyN;
+      constexpr int m = decltype(i)::value / (kDsAtoms * kDsCopyN);
+      Tensor t0 = smem_copy_ds.get_thread_slice(0).partition_D(sdSt);
+      int const off = int(t0.layout()(make_coord(make_coord(_0{}, Int<a>{}), Int<n>{}, Int<m>{}, _0{}))) -
+                      int(t0.layout()(make_coord(make_coord(_0{}, _0{}), _0{}, _0{}, _0{})));
+      return uint32_t(off * int(sizeof(Element)));
+    };
 
     int const n0 = n_block * kBlockN;
     if (num_steps > 0) {
@@ -949,7 +990,21 @@ struct BwdKernel {
 
       // dS^T (both warpgroups' keys) to shared memory for dQ = dS . K.
       Tensor tdSrdS = make_tensor(tdKrdS.data(), tSrdP.layout());  // the same registers, C layout
-      copy(smem_copy_ds, smem_thr_copy_ds.retile_S(tdSrdS), tdSsdSt(_, _, _, buf));
+      if constexpr (kDsKMajor) {
+        Tensor src = smem_thr_copy_ds.retile_S(tdSrdS);  // ((8 values, atoms), CPY_N, CPY_M)
+        uint32_t const buf_base = ds_base + uint32_t(buf) * uint32_t(kBlockN * kBlockM * sizeof(Element));
+        cute::for_each(cute::make_int_sequence<kDsCopies>{}, [&](auto i) {
+          constexpr int a = decltype(i)::value % kDsAtoms, n = (decltype(i)::value / kDsAtoms) % kDsCopyN;
+          constexpr int m = decltype(i)::value / (kDsAtoms * kDsCopyN);
+          Tensor words = recast<uint32_t>(src(make_coord(_, a), n, m));
+          static_assert(decltype(size(words))::value == 4);
+          asm volatile("stmatrix.sync.aligned.x4.trans.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                           buf_base + ds_offset(i)),
+                       "r"(words(0)), "r"(words(1)), "r"(words(2)), "r"(words(3)));
+        });
+      } else {
+        copy(smem_copy_ds, smem_thr_copy_ds.retile_S(tdSrdS), tdSsdSt(_, _, _, buf));
+      }
       cutlass::arch::fence_view_async_shared();
       if constexpr (kDvSplit) {
         wgmma_async_k_range<kDvFirstKBlocks, kDvKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage),
