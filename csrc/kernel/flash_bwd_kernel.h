@@ -310,6 +310,9 @@ struct BwdKernel {
   using SmemLayoutdStK = decltype(composition(
       SmemLayoutdSK{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
   static_assert(cosize_v<SmemLayoutdSK> == cosize_v<SmemLayoutPdSt>);
+  // The stores' constant offsets rest on whole 1 KB swizzle atoms (8 query rows of 64 keys): a
+  // warp's stores sit 16 query rows apart, and a buffer is kBlockM * 256 bytes.
+  static_assert(!kDsKMajor || std::is_same_v<SmemAtomdSK, GMMA::Layout_K_SW128_Atom<Element>>);
 
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seqlen, d, heads, batch)
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
