@@ -7,13 +7,18 @@
 #             masked step 552 -> 523)
 #   hdim 64:  non-causal 609 / 600 -> 561 / 552, causal masked / unmasked 1041 / 629 -> 774 / 580
 #   with 80-query steps at hdim 128 (FLASH_BWD_DEV_M80=1 + LATE_P16=1): 479 per 80 queries (6.0 per
-#             query; FA3 6.4, ours today 7.0), 4 LDL + 2 STL per step
+#             query; FA3 6.4, ours today 7.0), 4 LDL + 2 STL per step; without LATE_P16 568, no
+#             spills (g2)
+#   hdim 64 with FLASH_BWD_DEV_MASK_FORM=1 too (h2): causal masked steps 774 -> 712 (deterministic
+#             795 -> 733), the rest as h1
 # Prediction: +2-5 % at hdim 64 / 128 (more where the loop is issue-bound: hdim 64 causal).
 # variants.py checks each variant's gradients first. 3 rounds against cuDNN at 1k / 8k,
-# deterministic too. ~7 minutes (three sets).
+# deterministic too. ~8 minutes (three sets; run it with timeout_s 600).
 #   run: bash tools/device_plan_bwd_ds_kmajor.sh      (carry .whl)
 bash tools/device_variants_only.sh \
   "@200 --bwd --rounds 3 --seqlens 1024,8192 --deterministic --hdim 128 --variant c0 --variant c1:FLASH_BWD_DEV_DS_KMAJOR=1" \
-  "@200 --bwd --rounds 3 --seqlens 1024,8192 --deterministic --hdim 64 --variant h0 --variant h1:FLASH_BWD_DEV_DS_KMAJOR=1" \
-  "@150 --bwd --rounds 3 --seqlens 2048,8192 --causal 0 --hdim 128 --variant g0 \
-   --variant g1:FLASH_BWD_DEV_M80=1,FLASH_BWD_DEV_LATE_P16=1,FLASH_BWD_DEV_DS_KMAJOR=1"
+  "@240 --bwd --rounds 3 --seqlens 1024,8192 --deterministic --hdim 64 --variant h0 --variant h1:FLASH_BWD_DEV_DS_KMAJOR=1 \
+   --variant h2:FLASH_BWD_DEV_DS_KMAJOR=1,FLASH_BWD_DEV_MASK_FORM=1" \
+  "@180 --bwd --rounds 3 --seqlens 2048,8192 --causal 0 --hdim 128 --variant g0 \
+   --variant g1:FLASH_BWD_DEV_M80=1,FLASH_BWD_DEV_LATE_P16=1,FLASH_BWD_DEV_DS_KMAJOR=1 \
+   --variant g2:FLASH_BWD_DEV_M80=1,FLASH_BWD_DEV_DS_KMAJOR=1"
