@@ -855,11 +855,14 @@ struct BwdKernel {
     if constexpr (kDsKMajor) {
       ds_base = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&tdSsdSt(make_coord(0, 0), 0, 0, 0)));
     }
-    auto ds_offset = [&](auto i) {  // bytes from the store of copy 0 to store i (a constant)
-      constexpr int a = decltype(i)::value % kDsAtoms, n = (decltype(i)::value / kDsAtoms) % kDsCopyN;
-      constexpr int m = decltype(i)::value / (kDsAtoms * kDsCopyN);
+    // Store i's (atom repeat, copy n, copy m), and its byte offset from store 0 (a constant).
+    auto ds_store = [](auto i) {
+      constexpr int k = decltype(i)::value;
+      return make_coord(Int<k % kDsAtoms>{}, Int<(k / kDsAtoms) % kDsCopyN>{}, Int<k / (kDsAtoms * kDsCopyN)>{});
+    };
+    auto ds_offset = [&](auto store) {
       Tensor t0 = smem_copy_ds.get_thread_slice(0).partition_D(sdSt);
-      int const off = int(t0.layout()(make_coord(make_coord(_0{}, Int<a>{}), Int<n>{}, Int<m>{}, _0{}))) -
+      int const off = int(t0.layout()(make_coord(make_coord(_0{}, get<0>(store)), get<1>(store), get<2>(store), _0{}))) -
                       int(t0.layout()(make_coord(make_coord(_0{}, _0{}), _0{}, _0{}, _0{})));
       return uint32_t(off * int(sizeof(Element)));
     };
@@ -997,12 +1000,11 @@ struct BwdKernel {
         Tensor src = smem_thr_copy_ds.retile_S(tdSrdS);  // ((8 values, atoms), CPY_N, CPY_M)
         uint32_t const buf_base = ds_base + uint32_t(buf) * uint32_t(kBlockN * kBlockM * sizeof(Element));
         cute::for_each(cute::make_int_sequence<kDsCopies>{}, [&](auto i) {
-          constexpr int a = decltype(i)::value % kDsAtoms, n = (decltype(i)::value / kDsAtoms) % kDsCopyN;
-          constexpr int m = decltype(i)::value / (kDsAtoms * kDsCopyN);
-          Tensor words = recast<uint32_t>(src(make_coord(_, a), n, m));
+          auto const store = ds_store(i);
+          Tensor words = recast<uint32_t>(src(make_coord(_, get<0>(store)), get<1>(store), get<2>(store)));
           static_assert(decltype(size(words))::value == 4);
           asm volatile("stmatrix.sync.aligned.x4.trans.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                           buf_base + ds_offset(i)),
+                           buf_base + ds_offset(store)),
                        "r"(words(0)), "r"(words(1)), "r"(words(2)), "r"(words(3)));
         });
       } else {
