@@ -162,6 +162,22 @@ struct BwdKernel {
   static constexpr int kDvFirstKBlocks = (kHeadDim == 64 && kLocal_) ? 2 : 1;
 #endif
   static_assert(!kDvSplit || (kDvFirstKBlocks > 0 && kDvFirstKBlocks < kBlockM / 16));
+  // kDvSplit: where the rest of the dV GEMM is issued. 0: before the warpgroups meet for dQ; 1:
+  // after the meeting, behind dQ and dK; 2: between them. Moving it behind dQ lets dQ, whose
+  // staging the next step's S^T waits for, run first. (The dK GEMM moved the other way, before the
+  // meeting, lost 2.5-3.6 % at hdim 128 and 1-2 % at hdim 64: twenty-first session.) Measured
+  // (twenty-first session, 3 rounds, x cuDNN; non-causal 1k / 8k, then causal 1k / 8k):
+  // - hdim 128 (default mode; the deterministic kernel has no split): 0: 1.075 / 1.085, 1.083 /
+  //   1.134; 1: 1.036 / 1.086, 0.990 / 1.114; 2: 1.083 / 1.096, 1.072 / 1.154. 2 taken.
+  // - hdim 64: 0: 1.129 / 1.166, 1.101 / 1.165 (deterministic 0.930 / 1.052, 1.091 / 1.130); 1:
+  //   1.107 / 1.144, 1.189 / 1.189 (0.909 / 1.020, 1.095 / 1.164). 1 taken in causal / local
+  //   kernels only.
+  // FLASH_BWD_DEV_DV_LATE=0 / 1 / 2 forces it.
+#ifdef FLASH_BWD_DEV_DV_LATE
+  static constexpr int kDvLate = kDvSplit ? FLASH_BWD_DEV_DV_LATE : 0;
+#else
+  static constexpr int kDvLate = !kDvSplit ? 0 : kHeadDim == 128 ? 2 : (kHeadDim == 64 && kLocal_) ? 1 : 0;
+#endif
   // Experiment (SS path): FLASH_BWD_DEV_SS_P_EARLY=1 writes P^T to shared memory before the dP^T
   // wait (the exps then precede it: a store does not move across the wait; local SASS at hdim
   // 256 had 3 of 16 MUFUs before it).
@@ -259,17 +275,22 @@ struct BwdKernel {
   static constexpr bool kDqSplitQueries = kBlockM_ == 128;
 #endif
   static constexpr int kDqWGsM = kDqSplitQueries ? 2 : 1;
-  // Experiment (FLASH_BWD_DEV_DS_KMAJOR=1, RS path): dS stored keys-contiguous (queries x keys,
+  // RS path, hdim 128 (FLASH_BWD_DEV_DS_KMAJOR): dS stored keys-contiguous (queries x keys,
   // FA3's layout) with transposing stmatrix, instead of dS^T queries-contiguous. A warp's four
   // stmatrix of a step then land 16 query rows apart, whole swizzle periods, so their addresses
   // are one base plus constants; with dS^T they sit 16 queries apart inside a 128-byte row and
   // every step recomputed four swizzled 64-bit addresses (~25 instructions and register pairs at
   // hdim 128; the compiler rematerializes them in the loop even when they are computed once
   // before it). dQ then reads dS K-major.
-#if defined(FLASH_BWD_DEV_DS_KMAJOR) && FLASH_BWD_DEV_DS_KMAJOR
-  static constexpr bool kDsKMajor = kRS;
+  // Measured (twenty-first session, 3 rounds, x cuDNN; non-causal 1k / 8k, then causal 1k / 8k):
+  // hdim 128 1.060 / 1.078, 1.051 / 1.093 -> 1.069 / 1.085, 1.074 / 1.102 (deterministic 0.896 /
+  // 0.975, 0.944 / 0.994 -> 0.907 / 0.974, 0.948 / 1.033): taken at hdim 128. hdim 64 (step
+  // loops 609 -> 561 instructions) lost 2-3 % non-causal (1.144 / 1.147 -> 1.112 / 1.122) and
+  // moved causal by -1.6 to +1.7 %: not taken. FLASH_BWD_DEV_DS_KMAJOR=0 / 1 forces it.
+#ifdef FLASH_BWD_DEV_DS_KMAJOR
+  static constexpr bool kDsKMajor = kRS && bool(FLASH_BWD_DEV_DS_KMAJOR);
 #else
-  static constexpr bool kDsKMajor = false;
+  static constexpr bool kDsKMajor = kRS && kHeadDim == 128;
 #endif
   static constexpr GMMA::Major kDsMajor = kDsKMajor ? GMMA::Major::K : GMMA::Major::MN;
   // 80-query steps (tile_size.h, bwd_tile_for): no m64 tiling of 80 queries, so dQ is computed
@@ -1011,9 +1032,14 @@ struct BwdKernel {
         copy(smem_copy_ds, smem_thr_copy_ds.retile_S(tdSrdS), tdSsdSt(_, _, _, buf));
       }
       cutlass::arch::fence_view_async_shared();
+      auto dv_rest = [&] {  // kDvSplit: the dV GEMM's K blocks after the first kDvFirstKBlocks
+        if constexpr (kDvSplit) {
+          wgmma_async_k_range<kDvFirstKBlocks, kDvKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP,
+                                                                              tdVrdOt(_, _, _, stage), tdVrdV);
+        }
+      };
       if constexpr (kDvSplit) {
-        wgmma_async_k_range<kDvFirstKBlocks, kDvKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage),
-                                                                            tdVrdV);
+        if constexpr (kDvLate == 0) { dv_rest(); }
       } else if constexpr (kDvAfterDs) {
         wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
       }
@@ -1028,8 +1054,11 @@ struct BwdKernel {
       } else {
         wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, buf), tdQrB, tdQrdQ);
       }
+      if constexpr (kDvLate == 2) { dv_rest(); }
       wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-      warpgroup_wait<1>();  // dV and dQ done; dK reads Q's stage until the wait below
+      if constexpr (kDvLate == 1) { dv_rest(); }
+      warpgroup_wait<kDvLate ? 2 : 1>();  // dV (its first K blocks) and dQ done; dK (and the rest of dV) read
+                                          // Q's (dO's) stage until the wait below
       stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
       warpgroup_wait<0>();
       pipeline.consumer_release(state);
