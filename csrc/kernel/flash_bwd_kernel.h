@@ -178,6 +178,17 @@ struct BwdKernel {
 #else
   static constexpr int kDvLate = !kDvSplit ? 0 : kHeadDim == 128 ? 2 : (kHeadDim == 64 && kLocal_) ? 1 : 0;
 #endif
+  // Experiment (FLASH_BWD_DEV_ISSUE_BAR, RS path): the order in which the two warpgroups' GEMMs
+  // reach the tensor core, which runs them in issue order. Bit 1: both warpgroups issue S^T before
+  // either issues dP^T (a 256-thread barrier between), so that the second warpgroup's S^T no
+  // longer waits behind the first one's dP^T and its exps start 256 tensor clocks earlier (hdim
+  // 128). Bit 2: both issue dQ before either issues the rest of dV or dK, so that the second
+  // warpgroup's dQ (whose staging its next S^T waits for) no longer waits behind the first one's.
+#if defined(FLASH_BWD_DEV_ISSUE_BAR) && FLASH_BWD_DEV_ISSUE_BAR
+  static constexpr int kIssueBar = kRS ? FLASH_BWD_DEV_ISSUE_BAR : 0;
+#else
+  static constexpr int kIssueBar = 0;
+#endif
   // Experiment (SS path): FLASH_BWD_DEV_SS_P_EARLY=1 writes P^T to shared memory before the dP^T
   // wait (the exps then precede it: a store does not move across the wait; local SASS at hdim
   // 256 had 3 of 16 MUFUs before it).
@@ -919,6 +930,9 @@ struct BwdKernel {
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+      if constexpr (kIssueBar & 1) {
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kIssueOrder));
+      }
       wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
@@ -1053,6 +1067,9 @@ struct BwdKernel {
         wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA, tdQrB(_, _, _, buf), tdQrdQ);
       } else {
         wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, buf), tdQrB, tdQrdQ);
+      }
+      if constexpr (kIssueBar & 2) {
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kIssueOrder));
       }
       if constexpr (kDvLate == 2) { dv_rest(); }
       wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
