@@ -1074,8 +1074,9 @@ struct BwdKernel {
       if constexpr (kDvLate == 2) { dv_rest(); }
       wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
       if constexpr (kDvLate == 1) { dv_rest(); }
-      warpgroup_wait<kDvLate ? 2 : 1>();  // dV (its first K blocks) and dQ done; dK (and the rest of dV) read
-                                          // Q's (dO's) stage until the wait below
+      // dQ done, and every part of dV issued before it; dK (and with kDvLate the rest of dV) may
+      // still read Q's (dO's) stage until the wait below.
+      warpgroup_wait<kDvLate ? 2 : 1>();
       stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
       warpgroup_wait<0>();
       pipeline.consumer_release(state);
