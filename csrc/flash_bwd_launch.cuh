@@ -109,7 +109,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
 
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
-  constexpr FwdTileShape tile = bwd_tile_for<kHeadDim, kLocal>();
+  constexpr FwdTileShape tile = bwd_tile<kHeadDim>();
   // The default and the deterministic mode share one kernel unless a policy tells them apart.
   using Default = BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal,
                             bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/false>(),

@@ -13,10 +13,6 @@ namespace flash {
 #ifdef FLASH_BWD_DEV_BLOCK_M
 constexpr int kBwdPadM = FLASH_BWD_DEV_BLOCK_M;
 constexpr int kBwdMinBlockM = FLASH_BWD_DEV_BLOCK_M;
-#elif defined(FLASH_BWD_DEV_M80) && FLASH_BWD_DEV_M80
-// Experiment: 80-query steps at hdim 128 non-causal (kernel/tile_size.h, bwd_tile_for).
-constexpr int kBwdPadM = 640;  // a multiple of 64, 80 and 128
-constexpr int kBwdMinBlockM = 64;
 #else
 constexpr int kBwdPadM = 128;
 constexpr int kBwdMinBlockM = 64;

@@ -82,9 +82,8 @@ struct BwdKernel {
                 "setmaxnreg.inc would wait forever for registers the CTA does not hold");
   // 128 query rows per step (tile_size.h, bwd_tile): RS head dims <= 64 only, where S^T and dP^T
   // of 64 keys x 128 queries still leave registers for dK and dV.
-  static_assert(kBlockM == 64 || (kBlockM == 128 && kBlockN_ == 128 && kHeadDim_ <= 64) ||
-                    (kBlockM == 80 && kBlockN_ == 128 && kHeadDim_ == 128 && !kLocal_),
-                "64 query rows per step (128 only for head dims <= 64, 80 for the hdim 128 non-causal experiment)");
+  static_assert(kBlockM == 64 || (kBlockM == 128 && kBlockN_ == 128 && kHeadDim_ <= 64),
+                "64 query rows per step (128 only for head dims <= 64)");
   static_assert(kBlockN == 64 || kBlockN == 128);
   static constexpr bool kRS = kBlockN == 128;
   // Persistent (tile_size.h, bwd_persistent, says where), non-causal: one CTA per SM
@@ -304,23 +303,12 @@ struct BwdKernel {
   static constexpr bool kDsKMajor = kRS && kHeadDim == 128;
 #endif
   static constexpr GMMA::Major kDsMajor = kDsKMajor ? GMMA::Major::K : GMMA::Major::MN;
-  // 80-query steps (tile_size.h, bwd_tile_for): no m64 tiling of 80 queries, so dQ is computed
-  // transposed, dQ^T = K^T . dS^T (head dim, queries), the warpgroups splitting the head dim: A =
-  // K^T, B = dS, both MN-major in shared memory (FA3's dQ_swapAB).
-  static constexpr bool kDqSwapAB = kBlockM_ % 64 != 0;
-  static_assert(!kDqSwapAB || kHeadDim == 128, "transposed dQ: two warpgroups of 64 head-dim rows");
-  using TiledMmadQ = std::conditional_t<
-      kDqSwapAB,
-      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
-                                                   GMMA::Major::MN, kDsMajor>(),
-                              Layout<Shape<_2, _1, _1>>{})),
-      decltype(make_tiled_mma(
-          GMMA::ss_op_selector<Element, Element, float,
-                               Shape<_64, Int<kHeadDim * kDqWGsM / 2>, Int<kBlockN>>, kDsMajor,
-                               GMMA::Major::MN>(),
-          Layout<Shape<Int<kDqWGsM>, Int<2 / kDqWGsM>, _1>>{}))>;
-  // The dQ accumulator tile: (queries, head dim), or (head dim, queries) when transposed.
-  using DqTileShape = std::conditional_t<kDqSwapAB, Shape<Int<kHeadDim>, Int<kBlockM>>, Shape<Int<kBlockM>, Int<kHeadDim>>>;
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim * kDqWGsM / 2>, Int<kBlockN>>, kDsMajor,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<kDqWGsM>, Int<2 / kDqWGsM>, _1>>{}));
+  // The dQ accumulator tile: (queries, head dim).
+  using DqTileShape = Shape<Int<kBlockM>, Int<kHeadDim>>;
 
   // The MN-major views (Q^T, dO^T, K^T) are cut in two along the head dim for dQ (and for
   // dK/dV when the warpgroups split it), so the swizzle must fit half a head dim.
@@ -854,9 +842,9 @@ struct BwdKernel {
     Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
     Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);  // (..., stages)
     Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
-    // dQ's operands: A = dS (..., 2 buffers), B = K^T; transposed (kDqSwapAB), A = K^T, B = dS.
-    Tensor tdQrA = wg_dq.partition_fragment_A(pick<kDqSwapAB>(sKt, sdS));
-    Tensor tdQrB = wg_dq.partition_fragment_B(pick<kDqSwapAB>(sdS, sKt));
+    // dQ's operands: A = dS (..., 2 buffers), B = K^T.
+    Tensor tdQrA = wg_dq.partition_fragment_A(sdS);
+    Tensor tdQrB = wg_dq.partition_fragment_B(sKt);
 
     Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
     Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -1063,11 +1051,7 @@ struct BwdKernel {
       // only after every GEMM of the step: the same speed by default, but deterministic mode (its
       // reducer waits for each block's addition) was 4-9 % slower at hdim 128 non-causal.
       Tensor tdQrdQ = partition_fragment_C(mma_dq, DqTileShape{});
-      if constexpr (kDqSwapAB) {
-        wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA, tdQrB(_, _, _, buf), tdQrdQ);
-      } else {
-        wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, buf), tdQrB, tdQrdQ);
-      }
+      wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, buf), tdQrB, tdQrdQ);
       if constexpr (kIssueBar & 2) {
         cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kIssueOrder));
       }

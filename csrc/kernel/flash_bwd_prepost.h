@@ -151,14 +151,9 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
   }
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < kAcc / 2; ++j) {
-    if constexpr (Kernel::kDqSwapAB) {  // (head dim, query) coordinates: the pair spans two queries
-      tile[get<1>(coord(2 * j)) * kPitch + get<0>(coord(2 * j))] = Element(acc[j].x * p.softmax_scale);
-      tile[get<1>(coord(2 * j + 1)) * kPitch + get<0>(coord(2 * j + 1))] = Element(acc[j].y * p.softmax_scale);
-    } else {
-      Element pair[2] = {Element(acc[j].x * p.softmax_scale), Element(acc[j].y * p.softmax_scale)};
-      *reinterpret_cast<uint32_t*>(&tile[get<0>(coord(2 * j)) * kPitch + get<1>(coord(2 * j))]) =
-          *reinterpret_cast<uint32_t*>(pair);
-    }
+    Element pair[2] = {Element(acc[j].x * p.softmax_scale), Element(acc[j].y * p.softmax_scale)};
+    *reinterpret_cast<uint32_t*>(&tile[get<0>(coord(2 * j)) * kPitch + get<1>(coord(2 * j))]) =
+        *reinterpret_cast<uint32_t*>(pair);
   }
   __syncthreads();
   auto* dq = static_cast<Element*>(p.dq_ptr) + batch * p.dq_batch_stride + head * p.dq_head_stride;

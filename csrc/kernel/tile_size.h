@@ -218,19 +218,6 @@ constexpr FwdTileShape bwd_tile() {
   return kHeadDim <= 128 ? FwdTileShape{kBlockM, 128, kStages} : FwdTileShape{kBlockM, 64, kStages};
 }
 
-// The backward tile of one (head dim, mask) kernel: bwd_tile's, except (experiment
-// FLASH_BWD_DEV_M80=1) 80-query steps at hdim 128 non-causal, FA3's shape there: S^T / dP^T as
-// m64n80 WGMMAs, 25 % more work per step for the same per-step waits, dQ computed transposed
-// (BwdKernel::kDqSwapAB). The eighth session's port (601 instructions per step) lost 1.5-6 %.
-template <int kHeadDim, bool kLocal>
-constexpr FwdTileShape bwd_tile_for() {
-  constexpr FwdTileShape tile = bwd_tile<kHeadDim>();
-#if defined(FLASH_BWD_DEV_M80) && FLASH_BWD_DEV_M80 && !defined(FLASH_BWD_DEV_BLOCK_M)
-  if constexpr (kHeadDim == 128 && !kLocal) { return FwdTileShape{80, tile.block_n, tile.stages}; }
-#endif
-  return tile;
-}
-
 // Backward, RS path (head dims <= 128): whether the dV GEMM is issued after dS^T is in shared
 // memory rather than while dS^T is computed. Measured (3 rounds, x cuDNN at 512 / 2k / 8k), hdim
 // 64 non-causal: 0.96 / 0.94 / 0.94 -> 1.01 / 0.99 / 0.98 by default (again in another run:

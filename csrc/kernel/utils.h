@@ -38,16 +38,6 @@ constexpr auto smem_atom_k_major() {
   }
 }
 
-// a when kFirst, else b (operands whose roles swap at compile time).
-template <bool kFirst, typename A, typename B>
-CUTLASS_DEVICE decltype(auto) pick(A& a, B& b) {
-  if constexpr (kFirst) {
-    return (a);
-  } else {
-    return (b);
-  }
-}
-
 // Issue one warpgroup GEMM over all K blocks of the operands: C (+)= A * B.
 // The caller fences and commits; this only sets the accumulate flag per K block.
 template <bool kZeroInit, typename TiledMma, typename TA, typename TB, typename TC>
