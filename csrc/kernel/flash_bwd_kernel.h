@@ -188,24 +188,6 @@ struct BwdKernel {
 #else
   static constexpr int kIssueBar = 0;
 #endif
-  // Experiment (SS path): FLASH_BWD_DEV_SS_P_EARLY=1 writes P^T to shared memory before the dP^T
-  // wait (the exps then precede it: a store does not move across the wait; local SASS at hdim
-  // 256 had 3 of 16 MUFUs before it).
-#if defined(FLASH_BWD_DEV_SS_P_EARLY) && FLASH_BWD_DEV_SS_P_EARLY
-  static constexpr bool kSsPEarly = !kRS;
-#else
-  static constexpr bool kSsPEarly = false;
-#endif
-  // Experiment: FLASH_BWD_DEV_STATS_EARLY=1 reads the LSE before the S^T wait instead of next to
-  // its first use (measured -2 to 0 % at hdim 128 with the split dV GEMM, nineteenth session;
-  // -1 to -7 % on the older kernel, eighteenth); 2: D before the dP^T wait (FA3 reads it among
-  // the exps; local SASS then has 14 of 32 MUFUs before that wait at hdim 128; measured -0.2 to +3 %
-  // at 1k / 8k, to be confirmed); 3: both.
-#ifdef FLASH_BWD_DEV_STATS_EARLY
-  static constexpr int kStatsEarly = FLASH_BWD_DEV_STATS_EARLY;
-#else
-  static constexpr int kStatsEarly = 0;
-#endif
   // Experiment (FLASH_BWD_DEV_MASK_FORM, RS path): how a masked step's elements are tested. 0 (the
   // default): the step's loops test the coordinates as they are; 1: both loops call one lambda
   // that tests the coordinates (local SASS, hdim 64 causal: masked step loop 1041 -> 868
@@ -745,13 +727,6 @@ struct BwdKernel {
           tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
-      // P^T and dS^T to shared memory: the next GEMMs read them from both warpgroups. kSsPEarly: P^T
-      // before the dP^T wait, so that the exps must precede it.
-      Tensor tPrP = make_tensor<Element>(tSrS.layout());
-      if constexpr (kSsPEarly) {
-        convert_into(tSrS, tPrP);
-        copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrP), tPsPt(_, _, _, buf));
-      }
       warpgroup_wait<0>();  // dP^T ready
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
@@ -759,10 +734,12 @@ struct BwdKernel {
         for (int c = 0; c < kCols; ++c) { tSrdP_rc(r, c) = tSrS_rc(r, c) * (tSrdP_rc(r, c) - dsum[c]); }  // dS^T
       }
 
+      // P^T and dS^T to shared memory: the next GEMMs read them from both warpgroups.
+      Tensor tPrP = make_tensor<Element>(tSrS.layout());
       Tensor tPrdS = make_tensor<Element>(tSrdP.layout());
-      if constexpr (!kSsPEarly) { convert_into(tSrS, tPrP); }
+      convert_into(tSrS, tPrP);
       convert_into(tSrdP, tPrdS);
-      if constexpr (!kSsPEarly) { copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrP), tPsPt(_, _, _, buf)); }
+      copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrP), tPsPt(_, _, _, buf));
       copy(smem_copy_pds, smem_thr_copy_pds.retile_S(tPrdS), tPsdSt(_, _, _, buf));
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
@@ -925,11 +902,6 @@ struct BwdKernel {
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
-      float lse2_early[kCols];  // kStatsEarly & 1 only
-      if constexpr (kStatsEarly & 1) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kCols; ++c) { lse2_early[c] = smem.lse2[stage][get<1>(tScS_rc(0, c))]; }
-      }
       warpgroup_wait<1>();  // S^T ready
       StepMask const step_mask(params, n0, m0);
       constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
@@ -968,7 +940,7 @@ struct BwdKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         int const query = get<1>(tScS_rc(0, c));
-        float const lse2 = (kStatsEarly & 1) ? lse2_early[c] : smem.lse2[stage][query];
+        float const lse2 = smem.lse2[stage][query];
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
@@ -993,11 +965,6 @@ struct BwdKernel {
       if constexpr (kDvSplit) {
         wgmma_async_k_range<0, kDvFirstKBlocks, /*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
       }
-      float dsum_early[kCols];  // kStatsEarly & 2 only
-      if constexpr (kStatsEarly & 2) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kCols; ++c) { dsum_early[c] = smem.dsum[stage][get<1>(tScS_rc(0, c))]; }
-      }
 
       warpgroup_wait<(kDvAfterDs && !kDvSplit) ? 0 : 1>();  // dP^T ready (the dV GEMM, or its first half, may still run)
       // dS^T = P^T (dP^T - D), with P^T in float32, or (kDsFrom16BitP: 128-query steps, which ran
@@ -1006,7 +973,7 @@ struct BwdKernel {
       Tensor tPrP_rc = make_tensor(tdVrP.data(), tSrS_rc.layout());  // same element order as tSrS
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        float const dsum = (kStatsEarly & 2) ? dsum_early[c] : smem.dsum[stage][get<1>(tScS_rc(0, c))];
+        float const dsum = smem.dsum[stage][get<1>(tScS_rc(0, c))];
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
           float const p = kDsFrom16BitP ? float(tPrP_rc(r, c)) : tSrS_rc(r, c);
