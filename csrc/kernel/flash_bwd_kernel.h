@@ -188,6 +188,16 @@ struct BwdKernel {
 #else
   static constexpr int kIssueBar = 0;
 #endif
+  // Experiment (FLASH_BWD_DEV_DP_AFTER_S=1, RS path): dP^T issued once this warpgroup's S^T is
+  // done instead of right behind it. Both S^T then usually reach the tensor core before either
+  // dP^T (ISSUE_BAR bit 1's order without a barrier: the first warpgroup's dP^T queues behind the
+  // second one's S^T), and a warpgroup that starts late no longer delays the other.
+#if defined(FLASH_BWD_DEV_DP_AFTER_S) && FLASH_BWD_DEV_DP_AFTER_S
+  static constexpr bool kDpAfterS = kRS;
+#else
+  static constexpr bool kDpAfterS = false;
+#endif
+  static_assert(!(kDpAfterS && (kIssueBar & 1)), "two ways to order S^T and dP^T");
   // Experiment (FLASH_BWD_DEV_MASK_FORM, RS path): how a masked step's elements are tested. 0 (the
   // default): the step's loops test the coordinates as they are; 1: both loops call one lambda
   // that tests the coordinates (local SASS, hdim 64 causal: masked step loop 1041 -> 868
@@ -898,11 +908,12 @@ struct BwdKernel {
       if constexpr (kIssueBar & 1) {
         cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kIssueOrder));
       }
-      wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+      if constexpr (!kDpAfterS) { wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP); }
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
-      warpgroup_wait<1>();  // S^T ready
+      warpgroup_wait<kDpAfterS ? 0 : 1>();  // S^T ready
+      if constexpr (kDpAfterS) { wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP); }
       StepMask const step_mask(params, n0, m0);
       constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
       [[maybe_unused]] uint32_t mask_row[kRows];  // kMaskForm 2: base + key row - the thread's first query, per row
