@@ -342,25 +342,19 @@ struct BwdKernel {
   static constexpr uint32_t kBytesRow = kBlockM * sizeof(float);  // LSE2 or D of one query block
   static constexpr uint32_t kBytesDq = kBlockM * kHeadDim * sizeof(float);
   // One dQ block in shared memory (and in the float32 accumulator): the accumulator's elements in
-  // groups of kDqVec, group j of consumer thread t at group index j * threads + t (kDqPerWG:
-  // warpgroup w's half of the block first, group j of its thread u at j * 128 + u within it), so
-  // that each store is one conflict-free vector store: 8 bytes. Experiment FLASH_BWD_DEV_DQ_VEC=4:
-  // 16-byte stores (FA3's STS.128), measured -3 to +2 % with the shared staging (eighteenth
-  // session) and -2.5 to +3 % with the per-warpgroup one at hdim 128 (nineteenth): not taken.
-#ifdef FLASH_BWD_DEV_DQ_VEC
-  static constexpr int kDqVec = FLASH_BWD_DEV_DQ_VEC;
-#else
-  static constexpr int kDqVec = 2;
-#endif
-  static_assert(kDqVec == 2 || kDqVec == 4);
+  // pairs, pair j of consumer thread t at pair index j * threads + t (kDqPerWG: warpgroup w's half
+  // of the block first, pair j of its thread u at j * 128 + u within it), so that each store is one
+  // conflict-free 8-byte store. (16-byte stores, FA3's STS.128, measured -3 to +2 % with the shared
+  // staging in the eighteenth session and -2.5 to +3 % with the per-warpgroup one at hdim 128 in
+  // the nineteenth: not taken; the knob's code is at commit cc7457d.)
   static constexpr int kDqAccPerThread = kBlockM * kHeadDim / kNumMmaThreads;
-  static_assert(kDqAccPerThread % kDqVec == 0);
+  static_assert(kDqAccPerThread % 2 == 0);
   // Where consumer thread t's accumulator element i sits in a dQ block (float offset).
   CUTLASS_HOST_DEVICE static constexpr int dq_staged_offset(int i, int t) {
     if constexpr (kDqPerWG) {  // warpgroup w's half first, each half in its threads' pair order
-      return (t / 128) * (kBlockM * kHeadDim / 2) + (i / kDqVec) * (128 * kDqVec) + (t % 128) * kDqVec + i % kDqVec;
+      return (t / 128) * (kBlockM * kHeadDim / 2) + (i / 2) * (128 * 2) + (t % 128) * 2 + i % 2;
     } else {
-      return (i / kDqVec) * (kNumMmaThreads * kDqVec) + t * kDqVec + i % kDqVec;
+      return (i / 2) * (kNumMmaThreads * 2) + t * 2 + i % 2;
     }
   }
 
@@ -794,14 +788,9 @@ struct BwdKernel {
     }
     float* const sdq = smem.dq.dq.data() + buffer * (kBlockM * kHeadDim);
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kDqAccPerThread / kDqVec; ++j) {
-      float* const dst = sdq + dq_staged_offset(j * kDqVec, mma_tidx);
-      if constexpr (kDqVec == 4) {
-        *reinterpret_cast<float4*>(dst) =
-            make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
-      } else {
-        *reinterpret_cast<float2*>(dst) = make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
-      }
+    for (int j = 0; j < kDqAccPerThread / 2; ++j) {
+      *reinterpret_cast<float2*>(sdq + dq_staged_offset(2 * j, mma_tidx)) =
+          make_float2(tdQrdQ(2 * j), tdQrdQ(2 * j + 1));
     }
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<int>(BwdNamedBarrier::kDqFull0) + pair);
