@@ -22,15 +22,24 @@ def kernel_times(fn, iters):
             fn()
         torch.cuda.synchronize()
     totals = defaultdict(float)
+    first, last = float("inf"), 0.0
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             totals[evt.name] += evt.device_time / iters  # microseconds
+            first, last = min(first, evt.time_range.start), max(last, evt.time_range.end)
+    # The device's span per call, from the first kernel's start to the last one's end: the kernels
+    # plus the gaps between them (launches, a memset's turnaround), which the totals leave out.
+    totals[SPAN] = (last - first) / iters if last > first else 0.0
     return totals
 
 
+SPAN = "(span)"
+
+
 def show(label, totals):
+    span = totals.pop(SPAN, 0.0)
     total = sum(totals.values())
-    print(f"  {label}: {total:9.1f} us in all")
+    print(f"  {label}: {total:9.1f} us in all, {span:9.1f} us device span per call (gaps included)")
     for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"    {t:9.1f} us {100 * t / total:5.1f} %  {name[:110]}")
 
@@ -79,6 +88,12 @@ def main():
             else:
                 peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)  # noqa: E731
             show("cudnn", kernel_times(peer, args.iters))
+            if not args.bwd:  # what the benchmark sees: the calls back to back, host included
+                from triton.testing import do_bench
+
+                for label, fn in (("ours", ours), ("cudnn", peer)):
+                    ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+                    print(f"  {label} fwd: {ms * 1e3:9.1f} us (do_bench median)")
         try:
             from flash_attn_interface import flash_attn_func as fa3_func
         except ImportError:
