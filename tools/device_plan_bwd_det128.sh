@@ -1,4 +1,6 @@
 #!/bin/bash
+# MEASURED (twenty-second session): x1-det 0.910 / 0.976, 0.970 / 1.033 against 0.897 / 0.980,
+# 0.946 / 1.023 (+0.9 % on average, inside the spread): not taken.
 # hdim 128 deterministic backward in the dV-after-dS order, with today's split (the dV GEMM's
 # first K block before the dP^T wait) and per-warpgroup dQ staging: x1 (FLASH_BWD_DEV_DV_AFTER_DS=1)
 # against x0 (the default: the deterministic kernel issues the dV GEMM before dS^T). Measured

@@ -177,41 +177,6 @@ struct BwdKernel {
 #else
   static constexpr int kDvLate = !kDvSplit ? 0 : kHeadDim == 128 ? 2 : (kHeadDim == 64 && kLocal_) ? 1 : 0;
 #endif
-  // Experiment (FLASH_BWD_DEV_ISSUE_BAR, RS path): the order in which the two warpgroups' GEMMs
-  // reach the tensor core, which runs them in issue order. Bit 1: both warpgroups issue S^T before
-  // either issues dP^T (a 256-thread barrier between), so that the second warpgroup's S^T no
-  // longer waits behind the first one's dP^T and its exps start 256 tensor clocks earlier (hdim
-  // 128). Bit 2: both issue dQ before either issues the rest of dV or dK, so that the second
-  // warpgroup's dQ (whose staging its next S^T waits for) no longer waits behind the first one's.
-#if defined(FLASH_BWD_DEV_ISSUE_BAR) && FLASH_BWD_DEV_ISSUE_BAR
-  static constexpr int kIssueBar = kRS ? FLASH_BWD_DEV_ISSUE_BAR : 0;
-#else
-  static constexpr int kIssueBar = 0;
-#endif
-  // Experiment (FLASH_BWD_DEV_DP_AFTER_S=1, RS path): dP^T issued once this warpgroup's S^T is
-  // done instead of right behind it. Both S^T then usually reach the tensor core before either
-  // dP^T (ISSUE_BAR bit 1's order without a barrier: the first warpgroup's dP^T queues behind the
-  // second one's S^T), and a warpgroup that starts late no longer delays the other.
-#if defined(FLASH_BWD_DEV_DP_AFTER_S) && FLASH_BWD_DEV_DP_AFTER_S
-  static constexpr bool kDpAfterS = kRS;
-#else
-  static constexpr bool kDpAfterS = false;
-#endif
-  static_assert(!(kDpAfterS && (kIssueBar & 1)), "two ways to order S^T and dP^T");
-  // Experiment (FLASH_BWD_DEV_MASK_FORM, RS path): how a masked step's elements are tested. 0 (the
-  // default): the step's loops test the coordinates as they are; 1: both loops call one lambda
-  // that tests the coordinates (local SASS, hdim 64 causal: masked step loop 1041 -> 868
-  // instructions, LOP3 237 -> 125, in both causal kernels, no spills; 849 -> 786 in the other);
-  // 2: one run-time value per row of this thread (window base + key row - first query) minus a
-  // compile-time offset per column (the persistent kernel's loop as 1; the other spills 10 LDL
-  // per masked step). FA3's masked loop runs 780 against 673 unmasked, ours 1041 against 629
-  // (twentieth session, local SASS of both): the column coordinates are ORed bit fields, which
-  // fold into the comparison only in some orders.
-#ifdef FLASH_BWD_DEV_MASK_FORM
-  static constexpr int kMaskForm = FLASH_BWD_DEV_MASK_FORM;
-#else
-  static constexpr int kMaskForm = 0;
-#endif
   // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
   // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
   // B); FLASH_BWD_DEV_DS_FROM_16BIT_P=0 / 1 forces it.
@@ -830,10 +795,6 @@ struct BwdKernel {
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
     Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
     constexpr int kCols = decltype(size<1>(tScS_rc))::value;
-    // Thread 0's coordinates (constants once folded): every thread's columns are its first
-    // column plus thread 0's offsets (kMaskForm 2).
-    Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-    Tensor tScS0_rc = make_tensor(tScS0.data(), acc_layout_rowcol(tScS0.layout()));
 
     // dS^T to shared memory with stmatrix (rows = keys, 16-byte runs of queries).
     auto smem_copy_ds = make_tiled_copy_C(
@@ -894,31 +855,12 @@ struct BwdKernel {
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-      if constexpr (kIssueBar & 1) {
-        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kIssueOrder));
-      }
-      if constexpr (!kDpAfterS) { wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP); }
+      wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
-      warpgroup_wait<kDpAfterS ? 0 : 1>();  // S^T ready
-      if constexpr (kDpAfterS) { wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP); }
+      warpgroup_wait<1>();  // S^T ready
       StepMask const step_mask(params, n0, m0);
-      constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
-      [[maybe_unused]] uint32_t mask_row[kRows];  // kMaskForm 2: base + key row - the thread's first query, per row
-      if constexpr (kMaskForm == 2) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          mask_row[r] = step_mask.base + uint32_t(get<0>(tScS_rc(r, 0)) - get<1>(tScS_rc(0, 0)));
-        }
-      }
-      auto hidden = [&](int r, int c) {
-        if constexpr (kMaskForm == 2) {
-          return mask_row[r] - uint32_t(get<1>(tScS0_rc(0, c)) - get<1>(tScS0_rc(0, 0))) > step_mask.width;
-        } else {
-          return step_mask.hides(get<0>(tScS_rc(r, c)), get<1>(tScS_rc(0, c)));
-        }
-      };
       // Where the step decides at run time, the mask writes -inf into S^T in a loop of its own
       // under a uniform branch, so that unmasked steps skip it (-inf * scale - lse2 is -inf: lse2
       // is +inf, never -inf, for rows that see nothing). A select per element fused into the exp
@@ -931,8 +873,7 @@ struct BwdKernel {
           for (int c = 0; c < kCols; ++c) {
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < size<0>(tSrS_rc); ++r) {
-              bool const hide = kMaskForm == 0 ? step_mask.hides(get<0>(tScS_rc(r, c)), get<1>(tScS_rc(0, c))) : hidden(r, c);
-              if (hide) { tSrS_rc(r, c) = -INFINITY; }
+              if (step_mask.hides(get<0>(tScS_rc(r, c)), get<1>(tScS_rc(0, c)))) { tSrS_rc(r, c) = -INFINITY; }
             }
           }
         }
@@ -944,9 +885,7 @@ struct BwdKernel {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
-          if (!kPrepass && mask_on && (kMaskForm == 0 ? step_mask.hides(get<0>(tScS_rc(r, c)), query) : hidden(r, c))) {
-            s = -INFINITY;
-          }
+          if (!kPrepass && mask_on && step_mask.hides(get<0>(tScS_rc(r, c)), query)) { s = -INFINITY; }
           tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
@@ -1019,9 +958,6 @@ struct BwdKernel {
       // reducer waits for each block's addition) was 4-9 % slower at hdim 128 non-causal.
       Tensor tdQrdQ = partition_fragment_C(mma_dq, DqTileShape{});
       wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, buf), tdQrB, tdQrdQ);
-      if constexpr (kIssueBar & 2) {
-        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kIssueOrder));
-      }
       if constexpr (kDvLate == 2) { dv_rest(); }
       wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
       if constexpr (kDvLate == 1) { dv_rest(); }

@@ -21,7 +21,6 @@ constexpr int kFwdVoteHwBarrier = 1;
 
 enum class BwdNamedBarrier : int {
   kPdSReady = 1,  // all consumer warpgroups wrote their part of P^T and dS^T to shared memory
-  kIssueOrder = 2,  // experiment (FLASH_BWD_DEV_ISSUE_BAR): every consumer warpgroup issued a GEMM
   // dQ staging buffer b (+ b): the consumers wrote a dQ block to it / the reducer warp has read it.
   // 256 consumer threads + the 32 of the reducer warp. With the backward's kDqPerWG, one buffer
   // and pair w (+ w) for consumer warpgroup w's half of it: 128 + 32 threads.
