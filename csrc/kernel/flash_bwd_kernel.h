@@ -177,16 +177,6 @@ struct BwdKernel {
 #else
   static constexpr int kDvLate = !kDvSplit ? 0 : kHeadDim == 128 ? 2 : (kHeadDim == 64 && kLocal_) ? 1 : 0;
 #endif
-  // Experiment (FLASH_BWD_DEV_EXP_EMU=N): one in N of P^T's exponentials by polynomial on the FMA
-  // pipe (exp2_fma) instead of MUFU; 0: none. ncu put 9 % of the step loop's stall samples on
-  // MUFU (MIO throttle and wait) at hdim 128, FA3's under 2 % (twentieth session).
-#ifdef FLASH_BWD_DEV_EXP_EMU
-  static constexpr int kExpEmu = FLASH_BWD_DEV_EXP_EMU;
-#else
-  static constexpr int kExpEmu = 0;
-#endif
-  // Element (r, c) of a thread's P^T is exponentiated by exp2_fma (kExpEmu), else by MUFU.
-  static constexpr bool exp_on_fma(int r, int c, int rows) { return kExpEmu > 0 && (c * rows + r) % kExpEmu == kExpEmu - 1; }
   // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
   // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
   // B); FLASH_BWD_DEV_DS_FROM_16BIT_P=0 / 1 forces it.
@@ -703,7 +693,7 @@ struct BwdKernel {
         for (int c = 0; c < kCols; ++c) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2[c];
           if (needs_mask && step_mask.hides(get<0>(tScS_rc(r, c)), get<1>(tScS_rc(r, c)))) { s = -INFINITY; }
-          tSrS_rc(r, c) = exp_on_fma(r, c, size<0>(tSrS_rc)) ? exp2_fma(s) : exp2f(s);  // P^T
+          tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
       warpgroup_wait<0>();  // dP^T ready
@@ -896,7 +886,7 @@ struct BwdKernel {
         for (int r = 0; r < size<0>(tSrS_rc); ++r) {
           float s = tSrS_rc(r, c) * params.softmax_scale_log2 - lse2;
           if (!kPrepass && mask_on && step_mask.hides(get<0>(tScS_rc(r, c)), query)) { s = -INFINITY; }
-          tSrS_rc(r, c) = exp_on_fma(r, c, size<0>(tSrS_rc)) ? exp2_fma(s) : exp2f(s);  // P^T
+          tSrS_rc(r, c) = exp2f(s);  // P^T
         }
       }
       // dV += P^T . dO with P^T from registers; it runs while dS^T is computed, or (kDvAfterDs)

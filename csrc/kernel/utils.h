@@ -25,24 +25,6 @@ constexpr int launch_register_pool(int threads_per_cta, int ctas_per_sm) {
 static_assert(launch_register_pool(384, 1) == 168 * 384 && launch_register_pool(512, 1) == 128 * 512 &&
               launch_register_pool(256, 2) == 128 * 256);
 
-// 2^x on the FMA and integer pipes instead of the special-function unit (MUFU): x rounded to the
-// nearest integer j with the 1.5 * 2^23 shift (j lands in the sum's low mantissa bits), 2^(x - j)
-// by a degree-3 polynomial on [-0.5, 0.5] (relative error 7.5e-5, fitted for the least maximum
-// relative error), and j added to the result's exponent field. Below -125 it returns 0, as
-// ex2.approx.ftz does for -inf (masked elements, rows that see nothing). Nine instructions
-// against one MUFU; for a fraction of a loop's exponentials where the MUFU queue is the wait.
-__device__ __forceinline__ float exp2_fma(float x) {
-  constexpr float kShift = 12582912.f;  // 1.5 * 2^23
-  float const xc = fmaxf(x, -125.f);
-  float const t = xc + kShift;
-  float const r = xc - (t - kShift);
-  float p = fmaf(0.05517166f, r, 0.24261112f);
-  p = fmaf(p, r, 0.69326099f);
-  p = fmaf(p, r, 0.99992807f);
-  float const y = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-  return x < -125.f ? 0.f : y;
-}
-
 // K-major shared-memory atom with the widest swizzle that kContiguous elements per row allow
 // (any tile extent along that dimension must be a multiple of the atom's width).
 template <typename Element, int kContiguous>
