@@ -29,15 +29,12 @@ def kernel_times(fn, iters):
             first, last = min(first, evt.time_range.start), max(last, evt.time_range.end)
     # The device's span per call, from the first kernel's start to the last one's end: the kernels
     # plus the gaps between them (launches, a memset's turnaround), which the totals leave out.
-    totals[SPAN] = (last - first) / iters if last > first else 0.0
-    return totals
+    span = (last - first) / iters if last > first else 0.0
+    return totals, span
 
 
-SPAN = "(span)"
-
-
-def show(label, totals):
-    span = totals.pop(SPAN, 0.0)
+def show(label, times):
+    totals, span = times
     total = sum(totals.values())
     print(f"  {label}: {total:9.1f} us in all, {span:9.1f} us device span per call (gaps included)")
     for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
@@ -53,6 +50,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
     import flash_attn_hopper._C  # noqa: F401
+    from triton.testing import do_bench
     op = torch.ops.flash_attn_hopper
     d = args.hdim
     for s in (int(x) for x in args.seqlens.split(",")):
@@ -69,8 +67,6 @@ def main():
         if args.bwd:
             # The same backward through autograd, as benchmarks/benchmark_attn.py times it, and the
             # do_bench median of both ways (the grid read 4 % less than the bwd op alone once).
-            from triton.testing import do_bench
-
             from flash_attn_hopper import flash_attn_func
             qa, ka, va = (x.detach().requires_grad_() for x in (q, k, v))
             oa = flash_attn_func(qa, ka, va, causal=args.causal)  # out alone (return_attn_probs=False)
@@ -89,8 +85,6 @@ def main():
                 peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)  # noqa: E731
             show("cudnn", kernel_times(peer, args.iters))
             if not args.bwd:  # what the benchmark sees: the calls back to back, host included
-                from triton.testing import do_bench
-
                 for label, fn in (("ours", ours), ("cudnn", peer)):
                     ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
                     print(f"  {label} fwd: {ms * 1e3:9.1f} us (do_bench median)")
