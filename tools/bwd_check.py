@@ -14,6 +14,22 @@ import torch
 from fwd_check import reference
 
 
+def poison_bwd_allocations(b, sq, sk, hq, hk, d, dtype):
+    """Fill the blocks the binding's next allocations will get (dq, dk, dv, then the workspaces:
+    LSE2, D, the float32 dQ accumulator, the fused dQ's counters) with NaN / garbage, so that
+    rows a kernel forgets to write, or an accumulator it assumes zeroed, show (as
+    tests/sdpa_reference.py, poison_allocations)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    sq_pad = (sq + 127) // 128 * 128
+    d_pad = next(x for x in (64, 96, 128, 192, 256) if x >= d)
+    blocks = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in (
+        ((b, sq, hq, d), dtype), ((b, sk, hk, d), dtype), ((b, sk, hk, d), dtype),
+        ((b, hq, sq_pad), torch.float32), ((b, hq, sq_pad), torch.float32), ((b, hq, sq_pad, d_pad), torch.float32))]
+    blocks.append(torch.full((b, hq, sq_pad // 64, 2), -7, dtype=torch.int32, device="cuda"))
+    del blocks
+
+
 def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False, op=None, deterministic=False):
     """op: an op namespace with fwd and bwd (default torch.ops.flash_attn_hopper)."""
     if op is None:
@@ -26,6 +42,7 @@ def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False, 
     dout = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(d)
     out, lse = op.fwd(q, k, v, scale, causal, window[0], window[1], top_left)
+    poison_bwd_allocations(b, sq, sk, hq, hk, d, dtype)
     dq, dk, dv = op.bwd(dout, q, k, v, out, lse, scale, causal, window[0], window[1], top_left, deterministic)
     torch.cuda.synchronize()
     grads = {}
