@@ -288,7 +288,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   // Workspaces; the preprocess kernel fills lse_log2 and dsum, the main kernel adds into dq_accum.
   at::Tensor lse_log2 = at::empty({batch, heads_q, seqlen_q_padded}, f32);
   at::Tensor dsum = at::empty({batch, heads_q, seqlen_q_padded}, f32);
+  // With the fused dQ (tile_size.h, bwd_fused_dq) per-block counters (filled by the preprocess
+  // kernel) tell the main kernel which key block finishes each dQ block, and it writes dq.
+  Window const window = make_window(pb, causal, window_size_left, window_size_right, top_left);
+  bool const fused_dq = flash::bwd_fused_dq_for(head_dim_rounded, window.is_local, deterministic);
   at::Tensor dq_accum = at::zeros({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
+  at::Tensor dq_sync;
+  if (fused_dq) {
+    dq_sync = at::empty({batch, heads_q, seqlen_q_padded / flash::kBwdMinBlockM, 2}, q.options().dtype(at::kInt));
+  }
   // Deterministic mode: one counter per dQ block orders the key blocks' additions into it.
   at::Tensor dq_semaphore;
   if (deterministic) {
@@ -299,8 +307,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   at::Tensor const ot = tma_ready(out);
   at::Tensor const lse = softmax_lse.contiguous();
   flash::BwdParams params{};
-  fill_common(params, pb, qt, kt, vt, softmax_scale,
-              make_window(pb, causal, window_size_left, window_size_right, top_left));
+  fill_common(params, pb, qt, kt, vt, softmax_scale, window);
   params.do_ptr = dot.data_ptr();
   params.do_batch_stride = dot.stride(0);
   params.do_row_stride = dot.stride(1);
@@ -320,6 +327,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   params.lse_log2_ptr = lse_log2.data_ptr<float>();
   params.dsum_ptr = dsum.data_ptr<float>();
   params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
+  params.dq_sync_ptr = fused_dq ? dq_sync.data_ptr<int>() : nullptr;
   at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles (zeroed by the preprocess)
   if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));

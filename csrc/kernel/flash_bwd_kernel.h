@@ -37,6 +37,7 @@
 
 #include "kernel/mask.h"  // floor_div
 #include "kernel/named_barriers.h"
+#include "kernel/tile_size.h"  // bwd_fused_dq
 #include "kernel/utils.h"
 
 namespace flash {
@@ -132,6 +133,23 @@ struct BwdKernel {
 #else
   static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
+  // dQ finished in this kernel (tile_size.h, bwd_fused_dq; default mode, i.e. Params::dq_sync set):
+  // an experiment, off by default. The reducer warp counts each step's additions into its dQ block
+  // (BwdParams::dq_sync_ptr) once they are complete, kDqCountDelay steps later; the CTA whose count
+  // completes a block copies it into shared memory (conversion buffer) and hands it to warps 2
+  // and 3 of the producer warpgroup, which write it to dq scaled, in the input dtype: no
+  // postprocess kernel. Measured (twenty-third session, hdim 128 / 64 non-causal, x cuDNN at 512
+  // / 8k): 0.43-0.51 / 0.32-0.37 against 1.07 / 1.07 (hdim 64 1.15 / 1.16), correct but 3x slower.
+  // Diagnosis: without the counts (and so without conversions, dq wrong) 1.19 / 1.10, i.e. the
+  // postprocess is worth +10 % at 512 and +2 % at 8k; counting with a red (no result, no jobs)
+  // 1.15 / 1.07; an atomic whose result is kept (it spills to local memory at 24 registers, so the
+  // lane waits for the round trip, behind the reduce-adds in L2) plus the job hand-off, conversions
+  // skipped, 0.63 / 0.47. Fences (release, proxy) and the count's delay (1, 4, 8 steps) made no
+  // difference; nor did counting in another lane than the one issuing the reduce-adds, nor a
+  // first-arrival store in place of the zero fill (which needed a claim per step). So no round
+  // trip to L2 may sit on the reducer's path: NOTES.md, twenty-third session, has the next design.
+  static constexpr bool kFusedDq = bwd_fused_dq<kHeadDim, kLocal_>();
+  static_assert(!kFusedDq || kDqPerWG, "the fused dQ path runs on the per-warpgroup staging");
   // With kDvAfterDs, the dV GEMM's first kDvFirstKBlocks K blocks (16 queries each) are issued
   // before the dP^T wait and the rest after dS^T, so that their exps precede that wait. In one
   // piece, ptxas hoisted the wait above all but 1 of the 32 MUFUs (hdim 128; 8 of 64 at hdim 64),
@@ -336,6 +354,13 @@ struct BwdKernel {
     alignas(1024) cute::array_aligned<float, kBuffers * kBlockM * kHeadDim> dq;
   };
   struct NoRing {};
+  struct NoConv {};
+  struct ConvBuffer {  // kFusedDq: a finished dQ block on its way from the reducer to the converter warps
+    alignas(128) cute::array_aligned<float, kBlockM * kHeadDim> acc;  // the accumulator's layout
+    alignas(16) cutlass::arch::ClusterTransactionBarrier full;        // block copied in (1 arrival + bytes)
+    alignas(16) cutlass::arch::ClusterBarrier empty;                  // converted (one arrival per converter warp)
+    int job;  // the block's index in dq_sync, or -1: no more blocks
+  };
   struct TileRing {  // kDynamic: tile ids from the producer to the consumers and the dQ reducer
     int ids[2];
     alignas(16) cutlass::arch::ClusterBarrier full[2];   // id written (1 arrival: the producer)
@@ -356,6 +381,7 @@ struct BwdKernel {
     std::conditional_t<kDynamic, TileRing, NoRing> ring;
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
     alignas(16) typename Pipeline::SharedStorage pipeline_do;  // kSplitQdO: dO and D (Q and LSE in pipeline_qdo)
+    std::conditional_t<kFusedDq, ConvBuffer, NoConv> conv;  // last: the other members keep their offsets
   };
   static constexpr int kSmemLimit = 227 * 1024;
   // Two dQ staging buffers where they fit, else one; FLASH_BWD_DEV_DQ_STAGES overrides.
@@ -398,6 +424,11 @@ struct BwdKernel {
     int diag_offset;
     int window_left;
     int window_right;
+    // kFusedDq: the dQ blocks' completion counters and key-block counts (non-null: default mode,
+    // dQ finished here) and dq itself, (batch, seqlen_q, heads_q, head_dim), unit last stride.
+    int* dq_sync;
+    Element* dq;
+    int64_t dq_row_stride, dq_head_stride, dq_batch_stride;
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
@@ -418,6 +449,10 @@ struct BwdKernel {
           smem.ring.full[slot].init(1);
           smem.ring.empty[slot].init(kNumMmaThreads + 32);
         }
+      }
+      if constexpr (kFusedDq) {
+        smem.conv.full.init(1);
+        smem.conv.empty.init(2);
       }
     }
     typename Pipeline::Params pipeline_params;
@@ -444,11 +479,30 @@ struct BwdKernel {
       }
       if (warp_idx_in_wg == 1) {
         bool const leader = cute::elect_one_sync();
+        DqFinish finish;
         for_each_tile</*kDraws=*/false>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
-          reduce_dq(params, smem, progress, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
-                    tile.batch);
+          reduce_dq(params, smem, progress, leader, finish, tile.range, tile.num_steps, tile.n_block,
+                    tile.head_kv, tile.batch);
         });
         if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+        if constexpr (kFusedDq) {
+          __syncwarp();
+          if (is_dq_counter() && params.dq_sync != nullptr) {
+            check_dq_count(params, smem, finish);
+            for (int i = 0; i < kDqCountDelay; ++i) {  // oldest first; complete: the wait_group above
+              int const block = finish.pending[(finish.slot + i) % kDqCountDelay];
+              if (block >= 0) {
+                count_dq(params, finish, block);
+                check_dq_count(params, smem, finish);
+              }
+            }
+            post_dq_job(smem, finish, -1, nullptr);  // the converter warps stop
+          }
+          __syncwarp();
+        }
+      }
+      if constexpr (kFusedDq) {
+        if (warp_idx_in_wg >= 2 && params.dq_sync != nullptr) { convert_dq(params, smem, threadIdx.x - 64); }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
@@ -474,6 +528,24 @@ struct BwdKernel {
     int steps = 0;     // steps of the CTA's earlier tiles
     int kv_loads = 0;  // K/V blocks loaded for them (tiles without steps load none)
   };
+  // kFusedDq: a step's additions are counted kDqCountDelay steps after they were issued, so that
+  // waiting for their completion costs nothing (8 measured the same as 4). The reducer warp's
+  // state across steps and tiles: those steps' blocks, the count in flight, the jobs handed to the
+  // converter warps so far.
+  static constexpr int kDqCountDelay = 4;
+  struct DqFinishFused {
+    int pending[kDqCountDelay];  // blocks of the last steps, their additions issued, not yet counted
+    int slot = 0;                // the oldest of them
+    int counted = -1;       // the block whose count was issued last, not yet checked
+    int counted_old = 0;    // that count's result: the additions counted before this CTA's
+    int counted_total = 0;  // and the block's key-block count
+    int jobs = 0;
+    CUTLASS_DEVICE DqFinishFused() {
+      for (int i = 0; i < kDqCountDelay; ++i) { pending[i] = -1; }
+    }
+  };
+  struct DqFinishNone {};
+  using DqFinish = std::conditional_t<kFusedDq, DqFinishFused, DqFinishNone>;
 
   // The CTA's tiles in order: its blockIdx one; (kPersistent, non-causal) tiles blockIdx.x,
   // + gridDim.x, ... of the (key blocks, KV heads, batch) grid, key blocks fastest; (kDynamic)
@@ -1004,15 +1076,15 @@ struct BwdKernel {
   // progress.steps + step is the CTA-wide step (buffers run on across tiles); the caller waits for
   // the last reductions.
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress, bool leader,
-                                BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
-                                int head_kv, int batch) const {
+                                DqFinish& finish, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
+                                int num_steps, int n_block, int head_kv, int batch) const {
     Walk walk(params, range, n_block);
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
       if constexpr (kDqPerWG) {
-        reduce_dq_per_wg(params, smem, leader, global_step, head, m_block, n_block, batch);
+        reduce_dq_per_wg(params, smem, leader, finish, global_step, head, m_block, n_block, batch);
         continue;
       }
       int const buffer = global_step % kDqStages;
@@ -1067,11 +1139,102 @@ struct BwdKernel {
     atomicAdd(semaphore, 1);
   }
 
+  // kFusedDq, the counting lane, once this CTA's additions into dQ block `block` are complete:
+  // count them (a release, so that they are visible to whoever sees the count). The result is
+  // looked at a step later (check_dq_count); in practice it spills at 24 registers, and the lane
+  // waits for the round trip here (what makes this path 3x slower, see kFusedDq).
+  CUTLASS_DEVICE static void count_dq(Params const& params, DqFinish& finish, int block) {
+    int* const sync = params.dq_sync + 2 * int64_t(block);
+    int old;
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(sync) : "memory");
+    finish.counted_old = old;
+    finish.counted_total = sync[1];
+    finish.counted = block;
+  }
+
+  // kFusedDq: the reducer warp's lane that counts completed additions and posts conversion jobs
+  // (not the leader, lane 0 of the fully active warp, which issues the bulk reduce-adds).
+  CUTLASS_DEVICE static bool is_dq_counter() { return threadIdx.x % 32 == 31; }
+
+  // kFusedDq: if the count issued last completed its block, hand the block to the converter warps.
+  CUTLASS_DEVICE void check_dq_count(Params const& params, SharedStorage& smem, DqFinish& finish) const {
+    if (finish.counted >= 0 && finish.counted_old + 1 == finish.counted_total) {
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");           // every key block's additions
+      asm volatile("fence.proxy.async.global;" ::: "memory");    // ... before the bulk copy reads them
+      post_dq_job(smem, finish, finish.counted, params.dq_accum + int64_t(finish.counted) * (kBlockM * kHeadDim));
+    }
+    finish.counted = -1;
+  }
+
+  // kFusedDq: once the converter warps are done with the previous block, copy dQ block `block`
+  // (kBytesDq from gdq) into the conversion buffer for them; block -1 (gdq unused) stops them.
+  CUTLASS_DEVICE static void post_dq_job(SharedStorage& smem, DqFinish& finish, int block, float const* gdq) {
+    if (finish.jobs > 0) { smem.conv.empty.wait((finish.jobs - 1) & 1); }
+    smem.conv.job = block;
+    if (block >= 0) {
+      smem.conv.full.arrive_and_expect_tx(kBytesDq);
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+          :: "r"(cute::cast_smem_ptr_to_uint(smem.conv.acc.data())), "l"(gdq), "n"(kBytesDq),
+             "r"(cute::cast_smem_ptr_to_uint(&smem.conv.full))
+          : "memory");
+    } else {
+      smem.conv.full.arrive();
+    }
+    ++finish.jobs;
+  }
+
+  // kFusedDq, warps 2 and 3 of the producer warpgroup (thread c of 64): each finished dQ block from
+  // the conversion buffer into dq, times softmax_scale, in the input dtype. The buffer holds the
+  // block in its staged order (dq_staged_offset: warpgroup w's half, then pair j of its thread u
+  // at 2 * (128 * j + u)); thread c reads pairs c, c + 64, ... (contiguous per warp) and writes
+  // each one where the dQ GEMM's m64nN accumulator fragment puts it: lane / 4 + 8 * (j % 2) rows
+  // and 2 * (lane % 4) + 8 * (j / 2) columns into warp u / 32's 16 rows, plus the warpgroup's
+  // part of the tile (rows with kDqSplitQueries, else columns). Index arithmetic only: a cute
+  // partition of the tile for a run-time thread made ptxas spill in the consumers' step loop.
+  CUTLASS_DEVICE void convert_dq(Params const& params, SharedStorage& smem, int c) const {
+    constexpr int kPairs = kBlockM * kHeadDim / 2;
+    constexpr int kWgN = kHeadDim * kDqWGsM / 2;  // columns of one warpgroup's dQ GEMM
+    int const m_blocks = params.seqlen_q_padded / kBlockM;
+    float2 const* const acc = reinterpret_cast<float2 const*>(smem.conv.acc.data());
+    for (int job = 0;; ++job) {
+      smem.conv.full.wait(job & 1);
+      int const block = smem.conv.job;
+      if (block < 0) { break; }
+      int const bh = block / m_blocks;
+      int const rows = params.seqlen_q - (block - bh * m_blocks) * kBlockM;  // rows of the block that exist
+      Element* const dq = params.dq + int64_t(bh / params.heads_q) * params.dq_batch_stride +
+                          int64_t(bh % params.heads_q) * params.dq_head_stride +
+                          int64_t(block - bh * m_blocks) * kBlockM * params.dq_row_stride;
+#pragma unroll 4
+      for (int pair = c; pair < kPairs; pair += 64) {
+        int const w = pair / (kPairs / 2), j = (pair % (kPairs / 2)) / 128, u = pair % 128;
+        int const lane = u % 32;
+        int row = (u / 32) * 16 + lane / 4 + 8 * (j % 2);
+        int col = 2 * (lane % 4) + 8 * (j / 2);
+        if constexpr (kDqSplitQueries) {
+          row += 64 * w;
+        } else {
+          col += kWgN * w;
+        }
+        float2 const v = acc[pair];
+        if (row < rows && col < params.head_dim) {  // head dims are multiples of 8
+          Element out[2] = {Element(v.x * params.softmax_scale), Element(v.y * params.softmax_scale)};
+          *reinterpret_cast<uint32_t*>(dq + int64_t(row) * params.dq_row_stride + col) =
+              *reinterpret_cast<uint32_t*>(out);
+        }
+      }
+      __syncwarp();
+      if (c % 32 == 0) { smem.conv.empty.arrive(); }
+    }
+  }
+
   // kDqPerWG: the reducer's share of one step. Each warpgroup's half of the block goes to the
   // accumulator as soon as that warpgroup has staged it. Deterministic mode waits for both halves
   // before it takes the block's turn, so that the turn is held no longer than with one buffer.
-  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, int global_step,
-                                       int head, int m_block, int n_block, int batch) const {
+  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, DqFinish& finish,
+                                       int global_step, int head, int m_block, int n_block, int batch) const {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
     int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
     float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
@@ -1083,6 +1246,37 @@ struct BwdKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int wg = 0; wg < 2; ++wg) {
         cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg);
+      }
+    }
+    if constexpr (kFusedDq) {
+      if (params.dq_sync != nullptr) {
+        cutlass::arch::NamedBarrier::sync(128 + 32, full(0));
+        if (leader) {
+          reduce_half(0);
+        }
+        // The count issued at the previous step, then the count of the additions issued
+        // kDqCountDelay steps ago, once the leader has seen them complete. Another lane counts
+        // (in case its release fence waits for the issuing thread's bulk operations; counting in
+        // the leader measured the same).
+        int const oldest = finish.pending[finish.slot];
+        if (is_dq_counter()) { check_dq_count(params, smem, finish); }
+        if (oldest >= 0) {
+          if (leader) {  // the steps after it hold the newest 2 * (kDqCountDelay - 1) groups
+            asm volatile("cp.async.bulk.wait_group %0;" :: "n"(2 * (kDqCountDelay - 1)) : "memory");
+          }
+          __syncwarp();
+          if (is_dq_counter()) { count_dq(params, finish, oldest); }
+        }
+        __syncwarp();
+        cutlass::arch::NamedBarrier::sync(128 + 32, full(1));
+        if (leader) {
+          reduce_half(1);
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // both halves read
+        }
+        finish.pending[finish.slot] = int(row_base / kBlockM) + m_block;
+        finish.slot = finish.slot + 1 == kDqCountDelay ? 0 : finish.slot + 1;
+        __syncwarp();
+        return;
       }
     }
     if (params.dq_semaphore != nullptr) {
@@ -1136,6 +1330,15 @@ struct BwdKernel {
 #if !defined(FLASH_BWD_DEV_ROTATE) || FLASH_BWD_DEV_ROTATE
     if constexpr (!kLocal) {
       if (params.dq_semaphore == nullptr) { index = n_block % range.count(); }
+      if constexpr (kFusedDq) {
+        // Start points spread over the whole range, so that each key block is the last to reach
+        // about as many dQ blocks as any other (with CTA n at block n, CTA 0 would finish, and
+        // convert, half of them).
+        if (params.dq_sync != nullptr) {
+          int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
+          index = int(int64_t(n_block) * range.count() / n_blocks);
+        }
+      }
     }
 #endif
     return range.m_block_min + index;
