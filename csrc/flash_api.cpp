@@ -288,14 +288,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   // Workspaces; the preprocess kernel fills lse_log2 and dsum, the main kernel adds into dq_accum.
   at::Tensor lse_log2 = at::empty({batch, heads_q, seqlen_q_padded}, f32);
   at::Tensor dsum = at::empty({batch, heads_q, seqlen_q_padded}, f32);
-  // With the fused dQ (tile_size.h, bwd_fused_dq) per-block counters (filled by the preprocess
-  // kernel) tell the main kernel which key block finishes each dQ block, and it writes dq.
+  // With the fused dQ (tile_size.h, bwd_fused_dq) the main kernel writes dq itself, keeping track
+  // of finished (KV head, batch) groups in dq_sync (set by the preprocess kernel).
   Window const window = make_window(pb, causal, window_size_left, window_size_right, top_left);
   bool const fused_dq = flash::bwd_fused_dq_for(head_dim_rounded, window.is_local, deterministic);
   at::Tensor dq_accum = at::zeros({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
   at::Tensor dq_sync;
   if (fused_dq) {
-    dq_sync = at::empty({batch, heads_q, seqlen_q_padded / flash::kBwdMinBlockM, 2}, q.options().dtype(at::kInt));
+    dq_sync = at::empty({4 + 2 * batch * heads_kv}, q.options().dtype(at::kInt));
   }
   // Deterministic mode: one counter per dQ block orders the key blocks' additions into it.
   at::Tensor dq_semaphore;

@@ -85,8 +85,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
     throw std::runtime_error("flash_attn_hopper: dQ counters passed to a backward kernel that does not finish dQ");
   }
   {  // preprocess: resident CTAs (as many as fit, found once per instantiation) over the row units
-    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim, Kernel::kBlockM, Kernel::kBlockN, Kernel::kLocal,
-                                             Kernel::kFusedDq>;
+    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim, Kernel::kFusedDq>;
     static int const per_sm = [prep] {
       int n = 0;
       check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, prep, kPrepWarps * 32, 0),

@@ -40,9 +40,8 @@ struct BwdParams {
   // An int the persistent causal/local kernel draws its tiles from (tile_size.h,
   // bwd_needs_tile_counter), zeroed by the preprocess kernel launched before it; nullptr otherwise.
   int* tile_counter = nullptr;
-  // Default mode with dQ finished inside the main kernel (kernel/tile_size.h, bwd_fused_dq): two
-  // ints per dQ block of the kernel's step (sized for kBwdMinBlockM): key blocks whose additions
-  // are complete, and the block's key-block count. The preprocess kernel fills them; no
+  // Default mode with dQ finished inside the main kernel (kernel/tile_size.h, bwd_fused_dq):
+  // 4 + 2 * batch * heads_kv ints (BwdKernel::DqSync), set by the preprocess kernel; no
   // postprocess kernel runs. nullptr otherwise.
   int* dq_sync_ptr = nullptr;
 

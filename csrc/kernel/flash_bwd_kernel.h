@@ -134,20 +134,17 @@ struct BwdKernel {
   static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
   // dQ finished in this kernel (tile_size.h, bwd_fused_dq; default mode, i.e. Params::dq_sync set):
-  // an experiment, off by default. The reducer warp counts each step's additions into its dQ block
-  // (BwdParams::dq_sync_ptr) once they are complete, kDqCountDelay steps later; the CTA whose count
-  // completes a block copies it into shared memory (conversion buffer) and hands it to warps 2
-  // and 3 of the producer warpgroup, which write it to dq scaled, in the input dtype: no
-  // postprocess kernel. Measured (twenty-third session, hdim 128 / 64 non-causal, x cuDNN at 512
-  // / 8k): 0.43-0.51 / 0.32-0.37 against 1.07 / 1.07 (hdim 64 1.15 / 1.16), correct but 3x slower.
-  // Diagnosis: without the counts (and so without conversions, dq wrong) 1.19 / 1.10, i.e. the
-  // postprocess is worth +10 % at 512 and +2 % at 8k; counting with a red (no result, no jobs)
-  // 1.15 / 1.07; an atomic whose result is kept (it spills to local memory at 24 registers, so the
-  // lane waits for the round trip, behind the reduce-adds in L2) plus the job hand-off, conversions
-  // skipped, 0.63 / 0.47. Fences (release, proxy) and the count's delay (1, 4, 8 steps) made no
-  // difference; nor did counting in another lane than the one issuing the reduce-adds, nor a
-  // first-arrival store in place of the zero fill (which needed a claim per step). So no round
-  // trip to L2 may sit on the reducer's path: NOTES.md, twenty-third session, has the next design.
+  // an experiment, off by default. Once a later step shows a tile's additions complete, the
+  // reducer warp's leader hands the tile's (KV head, batch) group to converter thread 0 (a
+  // mailbox in shared memory), which counts it, one atomic per tile; the CTA that counts a
+  // group's last key block publishes the group in a global list (BwdParams::dq_sync_ptr), whose dQ
+  // blocks the converter warps (warps 2 and 3 of the producer warpgroup) of every CTA take one by
+  // one, copy into shared memory (conversion buffer) and write to dq scaled, in the input dtype:
+  // no postprocess kernel. Nothing waits for another CTA's progress: a converter leaves once its
+  // CTA's tiles are done and nothing is left to take (what a CTA publishes, its own converters
+  // take last). Measured (twenty-third session): counting every step's additions per dQ block,
+  // 3x slower; counting each tile in the reducer, 0.94x at 8k and 0.4x at 512. The mailbox form
+  // is not measured yet (tools/device_plan_bwd_fused_dq.sh).
   static constexpr bool kFusedDq = bwd_fused_dq<kHeadDim, kLocal_>();
   static_assert(!kFusedDq || kDqPerWG, "the fused dQ path runs on the per-warpgroup staging");
   // With kDvAfterDs, the dV GEMM's first kDvFirstKBlocks K blocks (16 queries each) are issued
@@ -355,11 +352,18 @@ struct BwdKernel {
   };
   struct NoRing {};
   struct NoConv {};
-  struct ConvBuffer {  // kFusedDq: a finished dQ block on its way from the reducer to the converter warps
+  struct ConvBuffer {  // kFusedDq: a finished dQ block on its way to dq
     alignas(128) cute::array_aligned<float, kBlockM * kHeadDim> acc;  // the accumulator's layout
     alignas(16) cutlass::arch::ClusterTransactionBarrier full;        // block copied in (1 arrival + bytes)
-    alignas(16) cutlass::arch::ClusterBarrier empty;                  // converted (one arrival per converter warp)
-    int job;  // the block's index in dq_sync, or -1: no more blocks
+    int block;                  // its index in the accumulator, or -1: the converter warps stop
+    int mailbox[4];             // groups whose tile's additions are complete, to be counted
+    volatile int mail_head;     // written by the reducer warp's leader
+    volatile int mail_tail;     // written by converter thread 0
+    volatile int reducer_done;  // the reducer warp has posted the CTA's last tile
+  };
+  struct NoPending {};
+  struct DqPending {
+    int group = -1;  // the group of the reducer's last tile, its additions not yet known complete
   };
   struct TileRing {  // kDynamic: tile ids from the producer to the consumers and the dQ reducer
     int ids[2];
@@ -424,8 +428,8 @@ struct BwdKernel {
     int diag_offset;
     int window_left;
     int window_right;
-    // kFusedDq: the dQ blocks' completion counters and key-block counts (non-null: default mode,
-    // dQ finished here) and dq itself, (batch, seqlen_q, heads_q, head_dim), unit last stride.
+    // kFusedDq: the groups' counters and list (non-null: default mode, dQ finished here;
+    // BwdParams::dq_sync_ptr) and dq itself, (batch, seqlen_q, heads_q, head_dim), unit last stride.
     int* dq_sync;
     Element* dq;
     int64_t dq_row_stride, dq_head_stride, dq_batch_stride;
@@ -452,7 +456,9 @@ struct BwdKernel {
       }
       if constexpr (kFusedDq) {
         smem.conv.full.init(1);
-        smem.conv.empty.init(2);
+        smem.conv.reducer_done = 0;
+        smem.conv.mail_head = 0;
+        smem.conv.mail_tail = 0;
       }
     }
     typename Pipeline::Params pipeline_params;
@@ -479,26 +485,27 @@ struct BwdKernel {
       }
       if (warp_idx_in_wg == 1) {
         bool const leader = cute::elect_one_sync();
-        DqFinish finish;
+        std::conditional_t<kFusedDq, DqPending, NoPending> pending;
         for_each_tile</*kDraws=*/false>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
-          reduce_dq(params, smem, progress, leader, finish, tile.range, tile.num_steps, tile.n_block,
+          reduce_dq(params, smem, progress, leader, pending, tile.range, tile.num_steps, tile.n_block,
                     tile.head_kv, tile.batch);
+          if constexpr (kFusedDq) {
+            if (params.dq_sync != nullptr && leader) {
+              if (pending.group >= 0) {  // a tile without steps came in between: no step posted it
+                asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+                post_dq_tile(smem, pending.group);
+              }
+              pending.group = tile.batch * params.heads_kv + tile.head_kv;
+            }
+          }
         });
         if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
         if constexpr (kFusedDq) {
-          __syncwarp();
-          if (is_dq_counter() && params.dq_sync != nullptr) {
-            check_dq_count(params, smem, finish);
-            for (int i = 0; i < kDqCountDelay; ++i) {  // oldest first; complete: the wait_group above
-              int const block = finish.pending[(finish.slot + i) % kDqCountDelay];
-              if (block >= 0) {
-                count_dq(params, finish, block);
-                check_dq_count(params, smem, finish);
-              }
-            }
-            post_dq_job(smem, finish, -1, nullptr);  // the converter warps stop
+          if (params.dq_sync != nullptr && leader) {
+            if (pending.group >= 0) { post_dq_tile(smem, pending.group); }
+            __threadfence_block();
+            smem.conv.reducer_done = 1;  // after its last post
           }
-          __syncwarp();
         }
       }
       if constexpr (kFusedDq) {
@@ -528,25 +535,6 @@ struct BwdKernel {
     int steps = 0;     // steps of the CTA's earlier tiles
     int kv_loads = 0;  // K/V blocks loaded for them (tiles without steps load none)
   };
-  // kFusedDq: a step's additions are counted kDqCountDelay steps after they were issued, so that
-  // waiting for their completion costs nothing (8 measured the same as 4). The reducer warp's
-  // state across steps and tiles: those steps' blocks, the count in flight, the jobs handed to the
-  // converter warps so far.
-  static constexpr int kDqCountDelay = 4;
-  struct DqFinishFused {
-    int pending[kDqCountDelay];  // blocks of the last steps, their additions issued, not yet counted
-    int slot = 0;                // the oldest of them
-    int counted = -1;       // the block whose count was issued last, not yet checked
-    int counted_old = 0;    // that count's result: the additions counted before this CTA's
-    int counted_total = 0;  // and the block's key-block count
-    int jobs = 0;
-    CUTLASS_DEVICE DqFinishFused() {
-      for (int i = 0; i < kDqCountDelay; ++i) { pending[i] = -1; }
-    }
-  };
-  struct DqFinishNone {};
-  using DqFinish = std::conditional_t<kFusedDq, DqFinishFused, DqFinishNone>;
-
   // The CTA's tiles in order: its blockIdx one; (kPersistent, non-causal) tiles blockIdx.x,
   // + gridDim.x, ... of the (key blocks, KV heads, batch) grid, key blocks fastest; (kDynamic)
   // tile ids blockIdx.x, then from the counter, decoded by tile_coords. kDraws: the producer
@@ -1075,8 +1063,9 @@ struct BwdKernel {
   // addition to complete before passing the turn on.
   // progress.steps + step is the CTA-wide step (buffers run on across tiles); the caller waits for
   // the last reductions.
+  template <typename Pending>
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress, bool leader,
-                                DqFinish& finish, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
+                                Pending& pending, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
                                 int num_steps, int n_block, int head_kv, int batch) const {
     Walk walk(params, range, n_block);
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
@@ -1084,7 +1073,7 @@ struct BwdKernel {
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
       if constexpr (kDqPerWG) {
-        reduce_dq_per_wg(params, smem, leader, finish, global_step, head, m_block, n_block, batch);
+        reduce_dq_per_wg(params, smem, leader, pending, global_step, head, m_block, n_block, batch);
         continue;
       }
       int const buffer = global_step % kDqStages;
@@ -1139,74 +1128,116 @@ struct BwdKernel {
     atomicAdd(semaphore, 1);
   }
 
-  // kFusedDq, the counting lane, once this CTA's additions into dQ block `block` are complete:
-  // count them (a release, so that they are visible to whoever sees the count). The result is
-  // looked at a step later (check_dq_count); in practice it spills at 24 registers, and the lane
-  // waits for the round trip here (what makes this path 3x slower, see kFusedDq).
-  CUTLASS_DEVICE static void count_dq(Params const& params, DqFinish& finish, int block) {
-    int* const sync = params.dq_sync + 2 * int64_t(block);
+  // kFusedDq: the global state in BwdParams::dq_sync_ptr (zeroed / set by the preprocess kernel):
+  // [0] groups published, [1] dQ blocks taken (the cursor), then per (KV head, batch) group its
+  // key blocks counted, then the list of published groups (-1 until written).
+  struct DqSync {
+    int* published;
+    int* cursor;
+    int* counted;  // [groups]
+    int* list;     // [groups]
+    CUTLASS_DEVICE DqSync(Params const& params, int groups)
+        : published(params.dq_sync), cursor(params.dq_sync + 1), counted(params.dq_sync + 4),
+          list(params.dq_sync + 4 + groups) {}
+  };
+
+  // kFusedDq, the reducer's leader: a tile of `group` whose additions it has seen complete goes to
+  // the converter warps' mailbox (they count it: the reducer never waits for a round trip to L2;
+  // counting here after each tile ran 2.4x slower at 512 keys, 0.94x at 8k).
+  CUTLASS_DEVICE static void post_dq_tile(SharedStorage& smem, int group) {
+    int const head = smem.conv.mail_head;
+    while (head - smem.conv.mail_tail == 4) {}
+    smem.conv.mailbox[head % 4] = group;
+    __threadfence_block();
+    smem.conv.mail_head = head + 1;
+  }
+
+  // kFusedDq, converter thread 0: count one tile for its group; the CTA that counts the group's last
+  // key block publishes the group. The tile's additions were seen complete by the reducer's leader,
+  // before the mailbox handed the group over.
+  CUTLASS_DEVICE static void count_dq_tile(Params const& params, DqSync const& sync, int group) {
+    int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
     int old;
     asm volatile("fence.proxy.async.global;" ::: "memory");
-    asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(sync) : "memory");
-    finish.counted_old = old;
-    finish.counted_total = sync[1];
-    finish.counted = block;
-  }
-
-  // kFusedDq: the reducer warp's lane that counts completed additions and posts conversion jobs
-  // (not the leader, lane 0 of the fully active warp, which issues the bulk reduce-adds).
-  CUTLASS_DEVICE static bool is_dq_counter() { return threadIdx.x % 32 == 31; }
-
-  // kFusedDq: if the count issued last completed its block, hand the block to the converter warps.
-  CUTLASS_DEVICE void check_dq_count(Params const& params, SharedStorage& smem, DqFinish& finish) const {
-    if (finish.counted >= 0 && finish.counted_old + 1 == finish.counted_total) {
-      asm volatile("fence.acq_rel.gpu;" ::: "memory");           // every key block's additions
-      asm volatile("fence.proxy.async.global;" ::: "memory");    // ... before the bulk copy reads them
-      post_dq_job(smem, finish, finish.counted, params.dq_accum + int64_t(finish.counted) * (kBlockM * kHeadDim));
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(sync.counted + group) : "memory");
+    if (old + 1 == n_blocks) {
+      int const slot = atomicAdd(sync.published, 1);
+      asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(sync.list + slot), "r"(group) : "memory");
     }
-    finish.counted = -1;
   }
 
-  // kFusedDq: once the converter warps are done with the previous block, copy dQ block `block`
-  // (kBytesDq from gdq) into the conversion buffer for them; block -1 (gdq unused) stops them.
-  CUTLASS_DEVICE static void post_dq_job(SharedStorage& smem, DqFinish& finish, int block, float const* gdq) {
-    if (finish.jobs > 0) { smem.conv.empty.wait((finish.jobs - 1) & 1); }
-    smem.conv.job = block;
-    if (block >= 0) {
-      smem.conv.full.arrive_and_expect_tx(kBytesDq);
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-          :: "r"(cute::cast_smem_ptr_to_uint(smem.conv.acc.data())), "l"(gdq), "n"(kBytesDq),
-             "r"(cute::cast_smem_ptr_to_uint(&smem.conv.full))
-          : "memory");
-    } else {
-      smem.conv.full.arrive();
-    }
-    ++finish.jobs;
-  }
-
-  // kFusedDq, warps 2 and 3 of the producer warpgroup (thread c of 64): each finished dQ block from
-  // the conversion buffer into dq, times softmax_scale, in the input dtype. The buffer holds the
-  // block in its staged order (dq_staged_offset: warpgroup w's half, then pair j of its thread u
-  // at 2 * (128 * j + u)); thread c reads pairs c, c + 64, ... (contiguous per warp) and writes
-  // each one where the dQ GEMM's m64nN accumulator fragment puts it: lane / 4 + 8 * (j % 2) rows
-  // and 2 * (lane % 4) + 8 * (j / 2) columns into warp u / 32's 16 rows, plus the warpgroup's
-  // part of the tile (rows with kDqSplitQueries, else columns). Index arithmetic only: a cute
-  // partition of the tile for a run-time thread made ptxas spill in the consumers' step loop.
+  // kFusedDq, warps 2 and 3 of the producer warpgroup (thread c of 64): take published dQ blocks
+  // one at a time (thread 0 moves the cursor, copies the block into the conversion buffer) and
+  // write each into dq, times softmax_scale, in the input dtype. The buffer holds the block in its
+  // staged order (dq_staged_offset: warpgroup w's half, then pair j of its thread u at
+  // 2 * (128 * j + u)); thread c reads pairs c, c + 64, ... (contiguous per warp) and writes each
+  // where the dQ GEMM's m64nN accumulator fragment puts it: lane / 4 + 8 * (j % 2) rows and
+  // 2 * (lane % 4) + 8 * (j / 2) columns into warp u / 32's 16 rows, plus the warpgroup's part of
+  // the tile (rows with kDqSplitQueries, else columns). Index arithmetic only: a cute partition of
+  // the tile for a run-time thread made ptxas spill in the consumers' step loop.
   CUTLASS_DEVICE void convert_dq(Params const& params, SharedStorage& smem, int c) const {
     constexpr int kPairs = kBlockM * kHeadDim / 2;
     constexpr int kWgN = kHeadDim * kDqWGsM / 2;  // columns of one warpgroup's dQ GEMM
-    int const m_blocks = params.seqlen_q_padded / kBlockM;
+    int const m_blocks_padded = params.seqlen_q_padded / kBlockM;
+    int const m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+    int const per_group = params.q_heads_per_kv_head * m_blocks;
+    int const groups = params.heads_kv * int(get<3>(params.shape_q));
     float2 const* const acc = reinterpret_cast<float2 const*>(smem.conv.acc.data());
     for (int job = 0;; ++job) {
+      if (c == 0) {
+        DqSync const sync(params, groups);
+        int taken = -1;  // -1: nothing left for this CTA's converters
+        for (;;) {
+          bool const done = smem.conv.reducer_done != 0;  // before the mailbox: its posts are in it
+          __threadfence_block();
+          for (int tail = smem.conv.mail_tail; tail != smem.conv.mail_head; ++tail) {
+            count_dq_tile(params, sync, smem.conv.mailbox[tail % 4]);
+            smem.conv.mail_tail = tail + 1;
+          }
+          __threadfence();
+          int const cursor = *reinterpret_cast<int volatile*>(sync.cursor);
+          int published;
+          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(published) : "l"(sync.published) : "memory");
+          if (cursor < published * per_group) {
+            if (atomicCAS(sync.cursor, cursor, cursor + 1) == cursor) { taken = cursor; break; }
+            continue;
+          }
+          if (done || cursor >= groups * per_group) { break; }
+          __nanosleep(256);
+        }
+        int block = -1;
+        if (taken >= 0) {
+          int group;
+          do {  // its publisher has taken the slot and writes it next
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(group) : "l"(sync.list + taken / per_group) : "memory");
+          } while (group < 0);
+          int const r = taken % per_group;
+          int const head = (group % params.heads_kv) * params.q_heads_per_kv_head + r / m_blocks;
+          block = ((group / params.heads_kv) * params.heads_q + head) * m_blocks_padded + r % m_blocks;
+        }
+        smem.conv.block = block;
+        if (block >= 0) {
+          asm volatile("fence.proxy.async.global;" ::: "memory");
+          smem.conv.full.arrive_and_expect_tx(kBytesDq);
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+              :: "r"(cute::cast_smem_ptr_to_uint(smem.conv.acc.data())),
+                 "l"(params.dq_accum + int64_t(block) * (kBlockM * kHeadDim)), "n"(kBytesDq),
+                 "r"(cute::cast_smem_ptr_to_uint(&smem.conv.full))
+              : "memory");
+        } else {
+          smem.conv.full.arrive();
+        }
+      }
       smem.conv.full.wait(job & 1);
-      int const block = smem.conv.job;
+      int const block = smem.conv.block;
       if (block < 0) { break; }
-      int const bh = block / m_blocks;
-      int const rows = params.seqlen_q - (block - bh * m_blocks) * kBlockM;  // rows of the block that exist
+      int const bh = block / m_blocks_padded;
+      int const m_block = block - bh * m_blocks_padded;
+      int const rows = params.seqlen_q - m_block * kBlockM;  // rows of the block that exist
       Element* const dq = params.dq + int64_t(bh / params.heads_q) * params.dq_batch_stride +
                           int64_t(bh % params.heads_q) * params.dq_head_stride +
-                          int64_t(block - bh * m_blocks) * kBlockM * params.dq_row_stride;
+                          int64_t(m_block) * kBlockM * params.dq_row_stride;
 #pragma unroll 4
       for (int pair = c; pair < kPairs; pair += 64) {
         int const w = pair / (kPairs / 2), j = (pair % (kPairs / 2)) / 128, u = pair % 128;
@@ -1225,15 +1256,16 @@ struct BwdKernel {
               *reinterpret_cast<uint32_t*>(out);
         }
       }
-      __syncwarp();
-      if (c % 32 == 0) { smem.conv.empty.arrive(); }
+      // Both warps have read the buffer before thread 0 copies the next block into it.
+      cutlass::arch::NamedBarrier::sync(64, static_cast<int>(BwdNamedBarrier::kDqConverted));
     }
   }
 
   // kDqPerWG: the reducer's share of one step. Each warpgroup's half of the block goes to the
   // accumulator as soon as that warpgroup has staged it. Deterministic mode waits for both halves
   // before it takes the block's turn, so that the turn is held no longer than with one buffer.
-  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, DqFinish& finish,
+  template <typename Pending>
+  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, Pending& pending,
                                        int global_step, int head, int m_block, int n_block, int batch) const {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
     int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
@@ -1246,37 +1278,6 @@ struct BwdKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int wg = 0; wg < 2; ++wg) {
         cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg);
-      }
-    }
-    if constexpr (kFusedDq) {
-      if (params.dq_sync != nullptr) {
-        cutlass::arch::NamedBarrier::sync(128 + 32, full(0));
-        if (leader) {
-          reduce_half(0);
-        }
-        // The count issued at the previous step, then the count of the additions issued
-        // kDqCountDelay steps ago, once the leader has seen them complete. Another lane counts
-        // (in case its release fence waits for the issuing thread's bulk operations; counting in
-        // the leader measured the same).
-        int const oldest = finish.pending[finish.slot];
-        if (is_dq_counter()) { check_dq_count(params, smem, finish); }
-        if (oldest >= 0) {
-          if (leader) {  // the steps after it hold the newest 2 * (kDqCountDelay - 1) groups
-            asm volatile("cp.async.bulk.wait_group %0;" :: "n"(2 * (kDqCountDelay - 1)) : "memory");
-          }
-          __syncwarp();
-          if (is_dq_counter()) { count_dq(params, finish, oldest); }
-        }
-        __syncwarp();
-        cutlass::arch::NamedBarrier::sync(128 + 32, full(1));
-        if (leader) {
-          reduce_half(1);
-          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // both halves read
-        }
-        finish.pending[finish.slot] = int(row_base / kBlockM) + m_block;
-        finish.slot = finish.slot + 1 == kDqCountDelay ? 0 : finish.slot + 1;
-        __syncwarp();
-        return;
       }
     }
     if (params.dq_semaphore != nullptr) {
@@ -1296,6 +1297,15 @@ struct BwdKernel {
         __syncwarp();
       }
       if (leader) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }  // both halves read
+      if constexpr (kFusedDq) {
+        // The previous tile's additions are all older than this step's two: complete once at most
+        // two groups are pending. Its group goes to the converter warps to be counted.
+        if (leader && pending.group >= 0) {
+          asm volatile("cp.async.bulk.wait_group 2;" ::: "memory");
+          post_dq_tile(smem, pending.group);
+          pending.group = -1;
+        }
+      }
     }
     __syncwarp();
   }
@@ -1330,15 +1340,6 @@ struct BwdKernel {
 #if !defined(FLASH_BWD_DEV_ROTATE) || FLASH_BWD_DEV_ROTATE
     if constexpr (!kLocal) {
       if (params.dq_semaphore == nullptr) { index = n_block % range.count(); }
-      if constexpr (kFusedDq) {
-        // Start points spread over the whole range, so that each key block is the last to reach
-        // about as many dQ blocks as any other (with CTA n at block n, CTA 0 would finish, and
-        // convert, half of them).
-        if (params.dq_sync != nullptr) {
-          int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-          index = int(int64_t(n_block) * range.count() / n_blocks);
-        }
-      }
     }
 #endif
     return range.m_block_min + index;

@@ -1,8 +1,7 @@
 // The small kernels around the backward main kernel:
 // - preprocess: per query row, D = rowsum(dO * O) in float32 and LSE in the log2 domain
 //   (+inf for rows that see no key and for padding rows, so that their P = exp2(s - LSE2) is 0);
-//   with the fused dQ (BwdParams::dq_sync_ptr), also each dQ block's counters and the zero dq
-//   rows of the queries that see no key;
+//   with the fused dQ (BwdParams::dq_sync_ptr), also the main kernel's group counters and list;
 // - dQ postprocess: the float32 accumulator (in the main kernel's layout) times the softmax scale,
 //   into dq in the input dtype.
 #pragma once
@@ -13,7 +12,6 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "flash_bwd_params.h"
-#include "kernel/flash_bwd_kernel.h"  // BwdBlockRange
 
 namespace flash {
 
@@ -25,25 +23,6 @@ using namespace cute;
 // hdim 128, measured 92 us against cuDNN's 68 us for 16k tokens x 2048; this version 55 us).
 constexpr int kPrepWarps = 8;
 constexpr int kPrepPasses = 4;
-
-// Fused dQ: dQ block m_block of (batch, head) bh: no key block has completed its additions yet,
-// and this many key blocks add into it (every key block without a mask; with one, those whose
-// query-block range holds it).
-template <int kBlockM, int kBlockN, bool kLocal>
-__device__ void init_dq_block(BwdParams const& p, int64_t bh, int m_block) {
-  int const n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  int count = n_blocks;
-  if constexpr (kLocal) {
-    count = 0;
-    for (int n_block = 0; n_block < n_blocks; ++n_block) {
-      BwdBlockRange<kBlockM, kBlockN, true> const range(n_block, p.seqlen_q, p.diag_offset, p.window_left,
-                                                        p.window_right);
-      count += range.m_block_min <= m_block && m_block < range.m_block_max ? 1 : 0;
-    }
-  }
-  *reinterpret_cast<int2*>(p.dq_sync_ptr + 2 * (bh * (p.seqlen_q_padded / kBlockM) + m_block)) =
-      make_int2(0, count);
-}
 
 template <int kHeadDim>
 constexpr int prep_lanes_per_row() {
@@ -63,12 +42,9 @@ constexpr int prep_rows_per_cta() {
 // 1.035 / 1.008, causal 0.935 / 0.964 / 0.984 -> 0.956 / 0.977 / 0.987. Zeroing the dQ
 // accumulator here as well (instead of the binding's fill) measured within 1 % of this: not done.
 // Block 0 also zeroes the persistent causal kernel's tile counter (BwdParams::tile_counter), which
-// the main kernel, launched next on the stream, draws from. With the fused dQ, the first row of
-// each kBlockM-row dQ block (the main kernel's step) sets the block's counters: none complete,
-// and the number of key blocks (kBlockN keys, BwdBlockRange) that add into it; and
-// rows that see no key (LSE -inf) get their zero dq here, as a block that no key block adds into
-// is never converted.
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kLocal, bool kFusedDq>
+// the main kernel, launched next on the stream, draws from. With the fused dQ, the CTAs also set
+// the main kernel's group state (BwdKernel::DqSync): counters 0, list entries -1.
+template <typename Element, int kHeadDim, bool kFusedDq>
 __global__ void __launch_bounds__(kPrepWarps * 32)
     flash_bwd_preprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p, int units_per_head, int64_t units) {
   constexpr int kGroup = prep_lanes_per_row<kHeadDim>();
@@ -78,6 +54,14 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   int const d = (lane % kGroup) * 8;  // this lane's 8 columns
   int const warp_row = int(threadIdx.x / 32) * (kPrepPasses * kRowsPerPass) + lane / kGroup;
   if (p.tile_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) { *p.tile_counter = 0; }
+  if constexpr (kFusedDq) {
+    if (p.dq_sync_ptr != nullptr) {
+      int const groups = p.batch * p.heads_kv;
+      for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < 4 + 2 * groups; i += gridDim.x * blockDim.x) {
+        p.dq_sync_ptr[i] = i < 4 + groups ? 0 : -1;
+      }
+    }
+  }
   struct Unit {
     int64_t bh;     // batch * heads_q + head
     int first_row;  // this lane's padded query row of pass 0
@@ -120,17 +104,6 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
         }
         p.dsum_ptr[u.bh * p.seqlen_q_padded + i] = dot;
         p.lse_log2_ptr[u.bh * p.seqlen_q_padded + i] = lse2;
-        if constexpr (kFusedDq) {
-          if (p.dq_sync_ptr != nullptr && i % kBlockM == 0) { init_dq_block<kBlockM, kBlockN, kLocal>(p, u.bh, i / kBlockM); }
-        }
-      }
-      if constexpr (kFusedDq) {
-        if (p.dq_sync_ptr != nullptr && i < p.seqlen_q && d < p.head_dim &&
-            p.lse_ptr[u.bh * p.seqlen_q + i] == -INFINITY) {
-          int64_t const head = u.bh % p.heads_q, batch = u.bh / p.heads_q;
-          *reinterpret_cast<uint4*>(static_cast<Element*>(p.dq_ptr) + batch * p.dq_batch_stride +
-                                    head * p.dq_head_stride + int64_t(i) * p.dq_row_stride + d) = make_uint4(0, 0, 0, 0);
-        }
       }
     }
   };

@@ -267,23 +267,21 @@ constexpr bool bwd_persistent() {
 }
 
 // Backward, default mode: whether dQ is finished inside the main kernel rather than by a
-// postprocess kernel after it (BwdKernel::kFusedDq): the last key block to finish its additions
-// into a dQ block hands the block to two spare producer warps, which write dq. Head dims 64 and 128
-// (per-warpgroup dQ staging), no mask: under a causal mask key block 0 is the last to reach every
-// dQ block, so the longest tile would convert them all (measured 0.68x of the unfused kernel at
-// hdim 128, twenty-third session). Experiment, off: FLASH_BWD_DEV_FUSED_DQ=1 (3x slower as it is,
-// see BwdKernel::kFusedDq).
+// postprocess kernel after it (BwdKernel::kFusedDq): once every key block of a (KV head, batch)
+// has added its dQ parts, spare producer warps of every CTA write that group's dq. Head dims 64
+// and 128 (per-warpgroup dQ staging). Experiment, off: FLASH_BWD_DEV_FUSED_DQ=1 (NOTES.md,
+// twenty-third session).
 template <int kHeadDim, bool kLocal>
 constexpr bool bwd_fused_dq() {
 #if defined(FLASH_BWD_DEV_FUSED_DQ) && FLASH_BWD_DEV_FUSED_DQ
-  return !kLocal && (kHeadDim == 64 || kHeadDim == 128);
+  return kHeadDim == 64 || kHeadDim == 128;
 #else
   return false;
 #endif
 }
 
 inline bool bwd_fused_dq_for(int head_dim_rounded, bool local, bool deterministic) {
-  if (deterministic || local) { return false; }
+  if (deterministic) { return false; }
   switch (head_dim_rounded) {
     case 64: return bwd_fused_dq<64, false>();
     case 96: return bwd_fused_dq<96, false>();
