@@ -290,8 +290,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   at::Tensor dsum = at::empty({batch, heads_q, seqlen_q_padded}, f32);
   // With the fused dQ (tile_size.h, bwd_fused_dq) the main kernel writes dq itself, keeping track
   // of finished (KV head, batch) groups in dq_sync (set by the preprocess kernel).
-  Window const window = make_window(pb, causal, window_size_left, window_size_right, top_left);
-  bool const fused_dq = flash::bwd_fused_dq_for(head_dim_rounded, window.is_local, deterministic);
+  bool const fused_dq = flash::bwd_fused_dq_for(head_dim_rounded, deterministic);
   at::Tensor dq_accum = at::zeros({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
   at::Tensor dq_sync;
   if (fused_dq) {
@@ -307,7 +306,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   at::Tensor const ot = tma_ready(out);
   at::Tensor const lse = softmax_lse.contiguous();
   flash::BwdParams params{};
-  fill_common(params, pb, qt, kt, vt, softmax_scale, window);
+  fill_common(params, pb, qt, kt, vt, softmax_scale,
+              make_window(pb, causal, window_size_left, window_size_right, top_left));
   params.do_ptr = dot.data_ptr();
   params.do_batch_stride = dot.stride(0);
   params.do_row_stride = dot.stride(1);

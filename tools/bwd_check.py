@@ -26,7 +26,7 @@ def poison_bwd_allocations(b, sq, sk, hq, hk, d, dtype):
     blocks = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in (
         ((b, sq, hq, d), dtype), ((b, sk, hk, d), dtype), ((b, sk, hk, d), dtype),
         ((b, hq, sq_pad), torch.float32), ((b, hq, sq_pad), torch.float32), ((b, hq, sq_pad, d_pad), torch.float32))]
-    blocks.append(torch.full((b, hq, sq_pad // 64, 2), -7, dtype=torch.int32, device="cuda"))
+    blocks.append(torch.full((4 + 2 * b * hk,), -7, dtype=torch.int32, device="cuda"))
     del blocks
 
 

@@ -145,7 +145,7 @@ struct BwdKernel {
   // take last). Measured (twenty-third session): counting every step's additions per dQ block,
   // 3x slower; counting each tile in the reducer, 0.94x at 8k and 0.4x at 512. The mailbox form
   // is not measured yet (tools/device_plan_bwd_fused_dq.sh).
-  static constexpr bool kFusedDq = bwd_fused_dq<kHeadDim, kLocal_>();
+  static constexpr bool kFusedDq = bwd_fused_dq<kHeadDim>();
   static_assert(!kFusedDq || kDqPerWG, "the fused dQ path runs on the per-warpgroup staging");
   // With kDvAfterDs, the dV GEMM's first kDvFirstKBlocks K blocks (16 queries each) are issued
   // before the dP^T wait and the rest after dS^T, so that their exps precede that wait. In one
@@ -1143,7 +1143,7 @@ struct BwdKernel {
 
   // kFusedDq, the reducer's leader: a tile of `group` whose additions it has seen complete goes to
   // the converter warps' mailbox (they count it: the reducer never waits for a round trip to L2;
-  // counting here after each tile ran 2.4x slower at 512 keys, 0.94x at 8k).
+  // counting here after each tile ran 2.6x slower at 512 keys, 0.94x at 8k).
   CUTLASS_DEVICE static void post_dq_tile(SharedStorage& smem, int group) {
     int const head = smem.conv.mail_head;
     while (head - smem.conv.mail_tail == 4) {}

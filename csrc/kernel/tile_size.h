@@ -271,7 +271,7 @@ constexpr bool bwd_persistent() {
 // has added its dQ parts, spare producer warps of every CTA write that group's dq. Head dims 64
 // and 128 (per-warpgroup dQ staging). Experiment, off: FLASH_BWD_DEV_FUSED_DQ=1 (NOTES.md,
 // twenty-third session).
-template <int kHeadDim, bool kLocal>
+template <int kHeadDim>
 constexpr bool bwd_fused_dq() {
 #if defined(FLASH_BWD_DEV_FUSED_DQ) && FLASH_BWD_DEV_FUSED_DQ
   return kHeadDim == 64 || kHeadDim == 128;
@@ -280,14 +280,14 @@ constexpr bool bwd_fused_dq() {
 #endif
 }
 
-inline bool bwd_fused_dq_for(int head_dim_rounded, bool local, bool deterministic) {
+inline bool bwd_fused_dq_for(int head_dim_rounded, bool deterministic) {
   if (deterministic) { return false; }
   switch (head_dim_rounded) {
-    case 64: return bwd_fused_dq<64, false>();
-    case 96: return bwd_fused_dq<96, false>();
-    case 128: return bwd_fused_dq<128, false>();
-    case 192: return bwd_fused_dq<192, false>();
-    default: return bwd_fused_dq<256, false>();
+    case 64: return bwd_fused_dq<64>();
+    case 96: return bwd_fused_dq<96>();
+    case 128: return bwd_fused_dq<128>();
+    case 192: return bwd_fused_dq<192>();
+    default: return bwd_fused_dq<256>();
   }
 }
 
