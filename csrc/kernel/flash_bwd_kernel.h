@@ -1196,8 +1196,7 @@ struct BwdKernel {
           }
           __threadfence();
           int const cursor = *reinterpret_cast<int volatile*>(sync.cursor);
-          int published;
-          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(published) : "l"(sync.published) : "memory");
+          int const published = load_acquire(sync.published);
           if (cursor < published * per_group) {
             if (atomicCAS(sync.cursor, cursor, cursor + 1) == cursor) { taken = cursor; break; }
             continue;
@@ -1209,7 +1208,7 @@ struct BwdKernel {
         if (taken >= 0) {
           int group;
           do {  // its publisher has taken the slot and writes it next
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(group) : "l"(sync.list + taken / per_group) : "memory");
+            group = load_acquire(sync.list + taken / per_group);
           } while (group < 0);
           int const r = taken % per_group;
           int const head = (group % params.heads_kv) * params.q_heads_per_kv_head + r / m_blocks;
