@@ -353,9 +353,11 @@ struct BwdKernel {
   struct NoRing {};
   struct NoConv {};
   struct ConvBuffer {  // kFusedDq: a finished dQ block on its way to dq
-    alignas(128) cute::array_aligned<float, kBlockM * kHeadDim> acc;  // the accumulator's layout
-    alignas(16) cutlass::arch::ClusterTransactionBarrier full;        // block copied in (1 arrival + bytes)
-    int block;                  // its index in the accumulator, or -1: the converter warps stop
+    // Two slots of half a block each (the accumulator's layout): one is copied in while the
+    // other is converted.
+    alignas(128) cute::array_aligned<float, kBlockM * kHeadDim> acc;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier full[2];  // half copied in (1 arrival + bytes)
+    int job[2];                 // 2 * block + half, or -1: the converter warps stop
     int mailbox[4];             // groups whose tile's additions are complete, to be counted
     volatile int mail_head;     // written by the reducer warp's leader
     volatile int mail_tail;     // written by converter thread 0
@@ -455,7 +457,8 @@ struct BwdKernel {
         }
       }
       if constexpr (kFusedDq) {
-        smem.conv.full.init(1);
+        smem.conv.full[0].init(1);
+        smem.conv.full[1].init(1);
         smem.conv.reducer_done = 0;
         smem.conv.mail_head = 0;
         smem.conv.mail_tail = 0;
@@ -479,6 +482,11 @@ struct BwdKernel {
       if (warp_idx_in_wg == 0 && lane_predicate) {
         PipelineState state = cutlass::make_producer_start_state<Pipeline>();
         for_each_tile</*kDraws=*/true>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
+          if constexpr (kFusedDq) {  // convert_dq: the tiles started, on resident CTAs
+            if (params.dq_sync != nullptr) {
+              asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" :: "l"(params.dq_sync + 2) : "memory");
+            }
+          }
           load(params, smem, pipeline, pipeline_do, state, progress, tile.range, tile.num_steps, tile.n_block,
                tile.head_kv, tile.batch);
         });
@@ -1129,15 +1137,17 @@ struct BwdKernel {
   }
 
   // kFusedDq: the global state in BwdParams::dq_sync_ptr (zeroed / set by the preprocess kernel):
-  // [0] groups published, [1] dQ blocks taken (the cursor), then per (KV head, batch) group its
-  // key blocks counted, then the list of published groups (-1 until written).
+  // [0] groups published, [1] dQ blocks taken (the cursor), [2] tiles started, then per (KV head,
+  // batch) group its key blocks counted, then the list of published groups (-1 until written).
   struct DqSync {
     int* published;
     int* cursor;
+    int* started;
     int* counted;  // [groups]
     int* list;     // [groups]
     CUTLASS_DEVICE DqSync(Params const& params, int groups)
-        : published(params.dq_sync), cursor(params.dq_sync + 1), counted(params.dq_sync + 4),
+        : published(params.dq_sync), cursor(params.dq_sync + 1), started(params.dq_sync + 2),
+          counted(params.dq_sync + 4),
           list(params.dq_sync + 4 + groups) {}
   };
 
@@ -1167,95 +1177,145 @@ struct BwdKernel {
   }
 
   // kFusedDq, warps 2 and 3 of the producer warpgroup (thread c of 64): take published dQ blocks
-  // one at a time (thread 0 moves the cursor, copies the block into the conversion buffer) and
-  // write each into dq, times softmax_scale, in the input dtype. The buffer holds the block in its
-  // staged order (dq_staged_offset: warpgroup w's half, then pair j of its thread u at
-  // 2 * (128 * j + u)); thread c reads pairs c, c + 64, ... (contiguous per warp) and writes each
-  // where the dQ GEMM's m64nN accumulator fragment puts it: lane / 4 + 8 * (j % 2) rows and
-  // 2 * (lane % 4) + 8 * (j / 2) columns into warp u / 32's 16 rows, plus the warpgroup's part of
-  // the tile (rows with kDqSplitQueries, else columns). Index arithmetic only: a cute partition of
-  // the tile for a run-time thread made ptxas spill in the consumers' step loop.
+  // (thread 0 moves the cursor by up to kTake blocks at a time: one at a time, 132 CTAs' thread 0s
+  // contending for it made the backward 2.7x slower at 512 keys) and write each into dq, times
+  // softmax_scale, in the input dtype. A job is half a block: thread 0 copies job j + 1 into one
+  // slot of the conversion buffer while both warps convert job j from the other.
+  // A slot holds its half in the staged order (dq_staged_offset: warpgroup w's half, then pair j
+  // of its thread u at 2 * (128 * j + u)). Four pairs of threads u..u+3 (u % 4 == 0) of one j are
+  // 8 consecutive columns of one row of the dQ GEMM's m64nN accumulator fragment: row
+  // u / 32 * 16 + u % 32 / 4 + 8 * (j % 2), columns 8 * (j / 2) on, plus the warpgroup's part of
+  // the tile (rows with kDqSplitQueries, else columns). So each chunk is two 16-byte shared loads
+  // and one 16-byte store (dq is the binding's own contiguous tensor: rows of a multiple of 8
+  // elements). Index arithmetic only: a cute partition of the tile for a run-time thread made
+  // ptxas spill in the consumers' step loop.
+  // A CTA whose reducer is done leaves once nothing is published, unless every tile has started
+  // (dq_sync[2], counted by the producers): then the groups still open belong to resident CTAs,
+  // which finish them without waiting for anyone, and it stays to share their conversion (else
+  // the last groups' blocks are all converted by the CTA that published them).
   CUTLASS_DEVICE void convert_dq(Params const& params, SharedStorage& smem, int c) const {
     constexpr int kPairs = kBlockM * kHeadDim / 2;
+    constexpr int kChunks = kPairs / 4;  // of one block; a job is half of them
     constexpr int kWgN = kHeadDim * kDqWGsM / 2;  // columns of one warpgroup's dQ GEMM
+    constexpr uint32_t kBytesHalf = kBytesDq / 2;
+#ifdef FLASH_BWD_DEV_FUSED_TAKE
+    constexpr int kTake = FLASH_BWD_DEV_FUSED_TAKE;
+#else
+    constexpr int kTake = 2;  // 8k keys: 1.108x cuDNN against 1.089 with 8; 512 keys: 0.63 against 0.86
+#endif
     int const m_blocks_padded = params.seqlen_q_padded / kBlockM;
     int const m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
     int const per_group = params.q_heads_per_kv_head * m_blocks;
     int const groups = params.heads_kv * int(get<3>(params.shape_q));
-    float2 const* const acc = reinterpret_cast<float2 const*>(smem.conv.acc.data());
-    for (int job = 0;; ++job) {
-      if (c == 0) {
-        DqSync const sync(params, groups);
-        int taken = -1;  // -1: nothing left for this CTA's converters
-        for (;;) {
+    int const tiles = groups * ((params.seqlen_k + kBlockN - 1) / kBlockN);
+    DqSync const sync(params, groups);
+    // Thread 0's state: the blocks [next, end) taken, the current block and its next half.
+    int next = 0, end = 0, block = -1, half = 2;
+    bool finished = false;
+    auto count_posts = [&] {  // the reducer waits when 4 posts are pending
+      for (int tail = smem.conv.mail_tail; tail != smem.conv.mail_head; ++tail) {
+        count_dq_tile(params, sync, smem.conv.mailbox[tail % 4]);
+        smem.conv.mail_tail = tail + 1;
+      }
+    };
+    auto take_job = [&]() -> int {  // thread 0: 2 * block + half, or -1
+      count_posts();
+      if (half == 2) {
+        while (next == end) {
           bool const done = smem.conv.reducer_done != 0;  // before the mailbox: its posts are in it
           __threadfence_block();
-          for (int tail = smem.conv.mail_tail; tail != smem.conv.mail_head; ++tail) {
-            count_dq_tile(params, sync, smem.conv.mailbox[tail % 4]);
-            smem.conv.mail_tail = tail + 1;
-          }
+          count_posts();
           __threadfence();
           int const cursor = *reinterpret_cast<int volatile*>(sync.cursor);
-          int const published = load_acquire(sync.published);
-          if (cursor < published * per_group) {
-            if (atomicCAS(sync.cursor, cursor, cursor + 1) == cursor) { taken = cursor; break; }
+          int const available = load_acquire(sync.published) * per_group;
+          if (cursor < available) {
+            int const take = min(kTake, available - cursor);
+            if (atomicCAS(sync.cursor, cursor, cursor + take) == cursor) {
+              next = cursor;
+              end = cursor + take;
+            }
             continue;
           }
-          if (done || cursor >= groups * per_group) { break; }
+          if (cursor >= groups * per_group) { return -1; }
+#if !defined(FLASH_BWD_DEV_FUSED_TAIL) || FLASH_BWD_DEV_FUSED_TAIL
+          if (done && *reinterpret_cast<int volatile*>(sync.started) < tiles) { return -1; }
+#else
+          if (done) { return -1; }
+#endif
           __nanosleep(256);
         }
-        int block = -1;
-        if (taken >= 0) {
-          int group;
-          do {  // its publisher has taken the slot and writes it next
-            group = load_acquire(sync.list + taken / per_group);
-          } while (group < 0);
-          int const r = taken % per_group;
-          int const head = (group % params.heads_kv) * params.q_heads_per_kv_head + r / m_blocks;
-          block = ((group / params.heads_kv) * params.heads_q + head) * m_blocks_padded + r % m_blocks;
-        }
-        smem.conv.block = block;
-        if (block >= 0) {
-          asm volatile("fence.proxy.async.global;" ::: "memory");
-          smem.conv.full.arrive_and_expect_tx(kBytesDq);
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-              :: "r"(cute::cast_smem_ptr_to_uint(smem.conv.acc.data())),
-                 "l"(params.dq_accum + int64_t(block) * (kBlockM * kHeadDim)), "n"(kBytesDq),
-                 "r"(cute::cast_smem_ptr_to_uint(&smem.conv.full))
-              : "memory");
-        } else {
-          smem.conv.full.arrive();
-        }
+        int const taken = next++;
+        int group;
+        do {  // its publisher has taken the slot and writes it next
+          group = load_acquire(sync.list + taken / per_group);
+        } while (group < 0);
+        int const r = taken % per_group;
+        int const head = (group % params.heads_kv) * params.q_heads_per_kv_head + r / m_blocks;
+        block = ((group / params.heads_kv) * params.heads_q + head) * m_blocks_padded + r % m_blocks;
+        half = 0;
       }
-      smem.conv.full.wait(job & 1);
-      int const block = smem.conv.block;
-      if (block < 0) { break; }
-      int const bh = block / m_blocks_padded;
-      int const m_block = block - bh * m_blocks_padded;
+      return 2 * block + half++;
+    };
+    auto issue = [&](int slot) {  // thread 0: the next job into `slot` (its last job converted)
+      int const job = finished ? -1 : take_job();
+      finished = job < 0;
+      smem.conv.job[slot] = job;
+      if (job >= 0) {
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        smem.conv.full[slot].arrive_and_expect_tx(kBytesHalf);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+            :: "r"(cute::cast_smem_ptr_to_uint(smem.conv.acc.data() + slot * (kBlockM * kHeadDim / 2))),
+               "l"(params.dq_accum + int64_t(job) * (kBlockM * kHeadDim / 2)), "n"(kBytesHalf),
+               "r"(cute::cast_smem_ptr_to_uint(&smem.conv.full[slot]))
+            : "memory");
+      } else {
+        smem.conv.full[slot].arrive();
+      }
+    };
+    for (int iteration = 0;; ++iteration) {
+      int const slot = iteration & 1;
+      if (c == 0) {
+        if (iteration == 0) { issue(0); }
+        // Slot 1 - slot's last job was converted before the barrier that ended the last iteration.
+        if (!finished) { issue(slot ^ 1); }
+      }
+      // Thread 0's warp waits here, not in the mbarrier wait below: a diverged warp whose other
+      // lanes sit in try_wait would hold up thread 0's polling.
+      __syncwarp();
+      smem.conv.full[slot].wait((iteration >> 1) & 1);
+      int const job = smem.conv.job[slot];
+      if (job < 0) { break; }
+      int const blk = job >> 1;
+      int const bh = blk / m_blocks_padded;
+      int const m_block = blk - bh * m_blocks_padded;
       int const rows = params.seqlen_q - m_block * kBlockM;  // rows of the block that exist
       Element* const dq = params.dq + int64_t(bh / params.heads_q) * params.dq_batch_stride +
                           int64_t(bh % params.heads_q) * params.dq_head_stride +
                           int64_t(m_block) * kBlockM * params.dq_row_stride;
-#pragma unroll 4
-      for (int pair = c; pair < kPairs; pair += 64) {
+      float4 const* const acc =
+          reinterpret_cast<float4 const*>(smem.conv.acc.data() + slot * (kBlockM * kHeadDim / 2));
+#pragma unroll 2
+      for (int i = c; i < kChunks / 2; i += 64) {
+        int const pair = 4 * ((job & 1) * (kChunks / 2) + i);
         int const w = pair / (kPairs / 2), j = (pair % (kPairs / 2)) / 128, u = pair % 128;
-        int const lane = u % 32;
-        int row = (u / 32) * 16 + lane / 4 + 8 * (j % 2);
-        int col = 2 * (lane % 4) + 8 * (j / 2);
+        int row = (u / 32) * 16 + (u % 32) / 4 + 8 * (j % 2);
+        int col = 8 * (j / 2);
         if constexpr (kDqSplitQueries) {
           row += 64 * w;
         } else {
           col += kWgN * w;
         }
-        float2 const v = acc[pair];
+        float4 const a = acc[2 * i], b = acc[2 * i + 1];
         if (row < rows && col < params.head_dim) {  // head dims are multiples of 8
-          Element out[2] = {Element(v.x * params.softmax_scale), Element(v.y * params.softmax_scale)};
-          *reinterpret_cast<uint32_t*>(dq + int64_t(row) * params.dq_row_stride + col) =
-              *reinterpret_cast<uint32_t*>(out);
+          float const scale = params.softmax_scale;
+          Element out[8] = {Element(a.x * scale), Element(a.y * scale), Element(a.z * scale), Element(a.w * scale),
+                            Element(b.x * scale), Element(b.y * scale), Element(b.z * scale), Element(b.w * scale)};
+          *reinterpret_cast<uint4*>(dq + int64_t(row) * params.dq_row_stride + col) =
+              *reinterpret_cast<uint4 const*>(out);
         }
       }
-      // Both warps have read the buffer before thread 0 copies the next block into it.
+      // Both warps have read the slot before thread 0 copies a job into it again.
       cutlass::arch::NamedBarrier::sync(64, static_cast<int>(BwdNamedBarrier::kDqConverted));
     }
   }
