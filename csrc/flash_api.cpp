@@ -288,14 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   // Workspaces; the preprocess kernel fills lse_log2 and dsum, the main kernel adds into dq_accum.
   at::Tensor lse_log2 = at::empty({batch, heads_q, seqlen_q_padded}, f32);
   at::Tensor dsum = at::empty({batch, heads_q, seqlen_q_padded}, f32);
-  // With the fused dQ (tile_size.h, bwd_fused_dq) the main kernel writes dq itself, keeping track
-  // of finished (KV head, batch) groups in dq_sync (set by the preprocess kernel).
-  bool const fused_dq = flash::bwd_fused_dq_for(head_dim_rounded, deterministic);
   at::Tensor dq_accum = at::zeros({batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
-  at::Tensor dq_sync;
-  if (fused_dq) {
-    dq_sync = at::empty({4 + 2 * batch * heads_kv}, q.options().dtype(at::kInt));
-  }
   // Deterministic mode: one counter per dQ block orders the key blocks' additions into it.
   at::Tensor dq_semaphore;
   if (deterministic) {
@@ -327,7 +320,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   params.lse_log2_ptr = lse_log2.data_ptr<float>();
   params.dsum_ptr = dsum.data_ptr<float>();
   params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
-  params.dq_sync_ptr = fused_dq ? dq_sync.data_ptr<int>() : nullptr;
   at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles (zeroed by the preprocess)
   if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));

@@ -1,6 +1,6 @@
 // Host side of the backward: TMA descriptors from BwdParams, tile choice, and the three launches
-// (preprocess, main kernel, dQ postprocess; two with the fused dQ, dq_sync_ptr set). The caller
-// allocates the workspaces and zeroes the dQ accumulator and the deterministic mode's counters.
+// (preprocess, main kernel, dQ postprocess). The caller allocates the workspaces and zeroes the
+// dQ accumulator (and the deterministic mode's counters).
 #pragma once
 
 #include "kernel/config.h"
@@ -69,23 +69,14 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.diag_offset,
       p.window_left,
       p.window_right,
-      p.dq_sync_ptr,
-      static_cast<Element*>(p.dq_ptr),
-      p.dq_row_stride,
-      p.dq_head_stride,
-      p.dq_batch_stride,
   };
 
   if (Kernel::kDynamic && (p.tile_counter == nullptr || p.dq_semaphore_ptr != nullptr)) {
     throw std::runtime_error(
         "flash_attn_hopper: the dynamic backward kernel needs the binding's tile counter and the default mode");
   }
-  bool const fused_dq = p.dq_sync_ptr != nullptr;
-  if (fused_dq && (!Kernel::kFusedDq || p.dq_semaphore_ptr != nullptr)) {
-    throw std::runtime_error("flash_attn_hopper: dQ counters passed to a backward kernel that does not finish dQ");
-  }
   {  // preprocess: resident CTAs (as many as fit, found once per instantiation) over the row units
-    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim, Kernel::kFusedDq>;
+    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim>;
     static int const per_sm = [prep] {
       int n = 0;
       check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, prep, kPrepWarps * 32, 0),
@@ -111,7 +102,6 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
   check_cuda(cudaGetLastError(), "launching the backward kernel");
 
-  if (fused_dq) { return; }  // the main kernel wrote dq
   dim3 const grid_post(p.seqlen_q_padded / Kernel::kBlockM, p.heads_q, p.batch);
   flash_bwd_dq_postprocess_kernel<Kernel><<<grid_post, Kernel::kNumMmaThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward dQ postprocess kernel");

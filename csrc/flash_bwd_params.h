@@ -40,10 +40,6 @@ struct BwdParams {
   // An int the persistent causal/local kernel draws its tiles from (tile_size.h,
   // bwd_needs_tile_counter), zeroed by the preprocess kernel launched before it; nullptr otherwise.
   int* tile_counter = nullptr;
-  // Default mode with dQ finished inside the main kernel (kernel/tile_size.h, bwd_fused_dq):
-  // 4 + 2 * batch * heads_kv ints (BwdKernel::DqSync), set by the preprocess kernel; no
-  // postprocess kernel runs. nullptr otherwise.
-  int* dq_sync_ptr = nullptr;
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;

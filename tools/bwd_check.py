@@ -16,9 +16,9 @@ from fwd_check import reference
 
 def poison_bwd_allocations(b, sq, sk, hq, hk, d, dtype):
     """Fill the blocks the binding's next allocations will get (dq, dk, dv, then the workspaces:
-    LSE2, D, the float32 dQ accumulator, the fused dQ's counters) with NaN / garbage, so that
-    rows a kernel forgets to write, or an accumulator it assumes zeroed, show (as
-    tests/sdpa_reference.py, poison_allocations)."""
+    LSE2, D, the float32 dQ accumulator; then int32 garbage where the deterministic mode's
+    semaphores go) with NaN / garbage, so that rows a kernel forgets to write, or an accumulator
+    it assumes zeroed, show (as tests/sdpa_reference.py, poison_allocations)."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     sq_pad = (sq + 127) // 128 * 128
@@ -26,7 +26,7 @@ def poison_bwd_allocations(b, sq, sk, hq, hk, d, dtype):
     blocks = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in (
         ((b, sq, hq, d), dtype), ((b, sk, hk, d), dtype), ((b, sk, hk, d), dtype),
         ((b, hq, sq_pad), torch.float32), ((b, hq, sq_pad), torch.float32), ((b, hq, sq_pad, d_pad), torch.float32))]
-    blocks.append(torch.full((4 + 2 * b * hk,), -7, dtype=torch.int32, device="cuda"))
+    blocks.append(torch.full((b, hq, sq_pad // 64, 2), -7, dtype=torch.int32, device="cuda"))
     del blocks
 
 

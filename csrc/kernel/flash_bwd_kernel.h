@@ -37,7 +37,6 @@
 
 #include "kernel/mask.h"  // floor_div
 #include "kernel/named_barriers.h"
-#include "kernel/tile_size.h"  // bwd_fused_dq
 #include "kernel/utils.h"
 
 namespace flash {
@@ -133,20 +132,6 @@ struct BwdKernel {
 #else
   static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
-  // dQ finished in this kernel (tile_size.h, bwd_fused_dq; default mode, i.e. Params::dq_sync set):
-  // an experiment, off by default. Once a later step shows a tile's additions complete, the
-  // reducer warp's leader hands the tile's (KV head, batch) group to converter thread 0 (a
-  // mailbox in shared memory), which counts it, one atomic per tile; the CTA that counts a
-  // group's last key block publishes the group in a global list (BwdParams::dq_sync_ptr), whose dQ
-  // blocks the converter warps (warps 2 and 3 of the producer warpgroup) of every CTA take one by
-  // one, copy into shared memory (conversion buffer) and write to dq scaled, in the input dtype:
-  // no postprocess kernel. Nothing waits for another CTA's progress: a converter leaves once its
-  // CTA's tiles are done and nothing is left to take (what a CTA publishes, its own converters
-  // take last). Measured (twenty-third session): counting every step's additions per dQ block,
-  // 3x slower; counting each tile in the reducer, 0.94x at 8k and 0.4x at 512. The mailbox form
-  // is not measured yet (tools/device_plan_bwd_fused_dq.sh).
-  static constexpr bool kFusedDq = bwd_fused_dq<kHeadDim>();
-  static_assert(!kFusedDq || kDqPerWG, "the fused dQ path runs on the per-warpgroup staging");
   // With kDvAfterDs, the dV GEMM's first kDvFirstKBlocks K blocks (16 queries each) are issued
   // before the dP^T wait and the rest after dS^T, so that their exps precede that wait. In one
   // piece, ptxas hoisted the wait above all but 1 of the 32 MUFUs (hdim 128; 8 of 64 at hdim 64),
@@ -351,22 +336,6 @@ struct BwdKernel {
     alignas(1024) cute::array_aligned<float, kBuffers * kBlockM * kHeadDim> dq;
   };
   struct NoRing {};
-  struct NoConv {};
-  struct ConvBuffer {  // kFusedDq: a finished dQ block on its way to dq
-    // Two slots of half a block each (the accumulator's layout): one is copied in while the
-    // other is converted.
-    alignas(128) cute::array_aligned<float, kBlockM * kHeadDim> acc;
-    alignas(16) cutlass::arch::ClusterTransactionBarrier full[2];  // half copied in (1 arrival + bytes)
-    int job[2];                 // 2 * block + half, or -1: the converter warps stop
-    int mailbox[4];             // groups whose tile's additions are complete, to be counted
-    volatile int mail_head;     // written by the reducer warp's leader
-    volatile int mail_tail;     // written by converter thread 0
-    volatile int reducer_done;  // the reducer warp has posted the CTA's last tile
-  };
-  struct NoPending {};
-  struct DqPending {
-    int group = -1;  // the group of the reducer's last tile, its additions not yet known complete
-  };
   struct TileRing {  // kDynamic: tile ids from the producer to the consumers and the dQ reducer
     int ids[2];
     alignas(16) cutlass::arch::ClusterBarrier full[2];   // id written (1 arrival: the producer)
@@ -387,7 +356,6 @@ struct BwdKernel {
     std::conditional_t<kDynamic, TileRing, NoRing> ring;
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
     alignas(16) typename Pipeline::SharedStorage pipeline_do;  // kSplitQdO: dO and D (Q and LSE in pipeline_qdo)
-    std::conditional_t<kFusedDq, ConvBuffer, NoConv> conv;  // last: the other members keep their offsets
   };
   static constexpr int kSmemLimit = 227 * 1024;
   // Two dQ staging buffers where they fit, else one; FLASH_BWD_DEV_DQ_STAGES overrides.
@@ -430,11 +398,6 @@ struct BwdKernel {
     int diag_offset;
     int window_left;
     int window_right;
-    // kFusedDq: the groups' counters and list (non-null: default mode, dQ finished here;
-    // BwdParams::dq_sync_ptr) and dq itself, (batch, seqlen_q, heads_q, head_dim), unit last stride.
-    int* dq_sync;
-    Element* dq;
-    int64_t dq_row_stride, dq_head_stride, dq_batch_stride;
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
@@ -456,13 +419,6 @@ struct BwdKernel {
           smem.ring.empty[slot].init(kNumMmaThreads + 32);
         }
       }
-      if constexpr (kFusedDq) {
-        smem.conv.full[0].init(1);
-        smem.conv.full[1].init(1);
-        smem.conv.reducer_done = 0;
-        smem.conv.mail_head = 0;
-        smem.conv.mail_tail = 0;
-      }
     }
     typename Pipeline::Params pipeline_params;
     // Q, dO, LSE2, D of one query block (kSplitQdO: Q and LSE2 here, dO and D in pipeline_do)
@@ -482,42 +438,17 @@ struct BwdKernel {
       if (warp_idx_in_wg == 0 && lane_predicate) {
         PipelineState state = cutlass::make_producer_start_state<Pipeline>();
         for_each_tile</*kDraws=*/true>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
-          if constexpr (kFusedDq) {  // convert_dq: the tiles started, on resident CTAs
-            if (params.dq_sync != nullptr) {
-              asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" :: "l"(params.dq_sync + 2) : "memory");
-            }
-          }
           load(params, smem, pipeline, pipeline_do, state, progress, tile.range, tile.num_steps, tile.n_block,
                tile.head_kv, tile.batch);
         });
       }
       if (warp_idx_in_wg == 1) {
         bool const leader = cute::elect_one_sync();
-        std::conditional_t<kFusedDq, DqPending, NoPending> pending;
         for_each_tile</*kDraws=*/false>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
-          reduce_dq(params, smem, progress, leader, pending, tile.range, tile.num_steps, tile.n_block,
-                    tile.head_kv, tile.batch);
-          if constexpr (kFusedDq) {
-            if (params.dq_sync != nullptr && leader) {
-              if (pending.group >= 0) {  // a tile without steps came in between: no step posted it
-                asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-                post_dq_tile(smem, pending.group);
-              }
-              pending.group = tile.batch * params.heads_kv + tile.head_kv;
-            }
-          }
+          reduce_dq(params, smem, progress, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
+                    tile.batch);
         });
         if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-        if constexpr (kFusedDq) {
-          if (params.dq_sync != nullptr && leader) {
-            if (pending.group >= 0) { post_dq_tile(smem, pending.group); }
-            __threadfence_block();
-            smem.conv.reducer_done = 1;  // after its last post
-          }
-        }
-      }
-      if constexpr (kFusedDq) {
-        if (warp_idx_in_wg >= 2 && params.dq_sync != nullptr) { convert_dq(params, smem, threadIdx.x - 64); }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
@@ -543,6 +474,7 @@ struct BwdKernel {
     int steps = 0;     // steps of the CTA's earlier tiles
     int kv_loads = 0;  // K/V blocks loaded for them (tiles without steps load none)
   };
+
   // The CTA's tiles in order: its blockIdx one; (kPersistent, non-causal) tiles blockIdx.x,
   // + gridDim.x, ... of the (key blocks, KV heads, batch) grid, key blocks fastest; (kDynamic)
   // tile ids blockIdx.x, then from the counter, decoded by tile_coords. kDraws: the producer
@@ -1071,17 +1003,16 @@ struct BwdKernel {
   // addition to complete before passing the turn on.
   // progress.steps + step is the CTA-wide step (buffers run on across tiles); the caller waits for
   // the last reductions.
-  template <typename Pending>
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress, bool leader,
-                                Pending& pending, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
-                                int num_steps, int n_block, int head_kv, int batch) const {
+                                BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                                int head_kv, int batch) const {
     Walk walk(params, range, n_block);
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
       if constexpr (kDqPerWG) {
-        reduce_dq_per_wg(params, smem, leader, pending, global_step, head, m_block, n_block, batch);
+        reduce_dq_per_wg(params, smem, leader, global_step, head, m_block, n_block, batch);
         continue;
       }
       int const buffer = global_step % kDqStages;
@@ -1136,196 +1067,11 @@ struct BwdKernel {
     atomicAdd(semaphore, 1);
   }
 
-  // kFusedDq: the global state in BwdParams::dq_sync_ptr (zeroed / set by the preprocess kernel):
-  // [0] groups published, [1] dQ blocks taken (the cursor), [2] tiles started, then per (KV head,
-  // batch) group its key blocks counted, then the list of published groups (-1 until written).
-  struct DqSync {
-    int* published;
-    int* cursor;
-    int* started;
-    int* counted;  // [groups]
-    int* list;     // [groups]
-    CUTLASS_DEVICE DqSync(Params const& params, int groups)
-        : published(params.dq_sync), cursor(params.dq_sync + 1), started(params.dq_sync + 2),
-          counted(params.dq_sync + 4),
-          list(params.dq_sync + 4 + groups) {}
-  };
-
-  // kFusedDq, the reducer's leader: a tile of `group` whose additions it has seen complete goes to
-  // the converter warps' mailbox (they count it: the reducer never waits for a round trip to L2;
-  // counting here after each tile ran 2.6x slower at 512 keys, 0.94x at 8k).
-  CUTLASS_DEVICE static void post_dq_tile(SharedStorage& smem, int group) {
-    int const head = smem.conv.mail_head;
-    while (head - smem.conv.mail_tail == 4) {}
-    smem.conv.mailbox[head % 4] = group;
-    __threadfence_block();
-    smem.conv.mail_head = head + 1;
-  }
-
-  // kFusedDq, converter thread 0: count one tile for its group; the CTA that counts the group's last
-  // key block publishes the group. The tile's additions were seen complete by the reducer's leader,
-  // before the mailbox handed the group over.
-  CUTLASS_DEVICE static void count_dq_tile(Params const& params, DqSync const& sync, int group) {
-    int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-    int old;
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(sync.counted + group) : "memory");
-    if (old + 1 == n_blocks) {
-      int const slot = atomicAdd(sync.published, 1);
-      asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(sync.list + slot), "r"(group) : "memory");
-    }
-  }
-
-  // kFusedDq, warps 2 and 3 of the producer warpgroup (thread c of 64): take published dQ blocks
-  // (thread 0 moves the cursor by up to kTake blocks at a time: one at a time, 132 CTAs' thread 0s
-  // contending for it made the backward 2.7x slower at 512 keys) and write each into dq, times
-  // softmax_scale, in the input dtype. A job is half a block: thread 0 copies job j + 1 into one
-  // slot of the conversion buffer while both warps convert job j from the other.
-  // A slot holds its half in the staged order (dq_staged_offset: warpgroup w's half, then pair j
-  // of its thread u at 2 * (128 * j + u)). Four pairs of threads u..u+3 (u % 4 == 0) of one j are
-  // 8 consecutive columns of one row of the dQ GEMM's m64nN accumulator fragment: row
-  // u / 32 * 16 + u % 32 / 4 + 8 * (j % 2), columns 8 * (j / 2) on, plus the warpgroup's part of
-  // the tile (rows with kDqSplitQueries, else columns). So each chunk is two 16-byte shared loads
-  // and one 16-byte store (dq is the binding's own contiguous tensor: rows of a multiple of 8
-  // elements). Index arithmetic only: a cute partition of the tile for a run-time thread made
-  // ptxas spill in the consumers' step loop.
-  // A CTA whose reducer is done leaves once nothing is published, unless every tile has started
-  // (dq_sync[2], counted by the producers): then the groups still open belong to resident CTAs,
-  // which finish them without waiting for anyone, and it stays to share their conversion (else
-  // the last groups' blocks are all converted by the CTA that published them).
-  CUTLASS_DEVICE void convert_dq(Params const& params, SharedStorage& smem, int c) const {
-    constexpr int kPairs = kBlockM * kHeadDim / 2;
-    constexpr int kChunks = kPairs / 4;  // of one block; a job is half of them
-    constexpr int kWgN = kHeadDim * kDqWGsM / 2;  // columns of one warpgroup's dQ GEMM
-    constexpr uint32_t kBytesHalf = kBytesDq / 2;
-#ifdef FLASH_BWD_DEV_FUSED_TAKE
-    constexpr int kTake = FLASH_BWD_DEV_FUSED_TAKE;
-#else
-    constexpr int kTake = 2;  // 8k keys: 1.108x cuDNN against 1.089 with 8; 512 keys: 0.63 against 0.86
-#endif
-    int const m_blocks_padded = params.seqlen_q_padded / kBlockM;
-    int const m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
-    int const per_group = params.q_heads_per_kv_head * m_blocks;
-    int const groups = params.heads_kv * int(get<3>(params.shape_q));
-    int const tiles = groups * ((params.seqlen_k + kBlockN - 1) / kBlockN);
-    DqSync const sync(params, groups);
-    // Thread 0's state: the blocks [next, end) taken, the current block and its next half.
-    int next = 0, end = 0, block = -1, half = 2;
-    bool finished = false;
-    auto count_posts = [&] {  // the reducer waits when 4 posts are pending
-      for (int tail = smem.conv.mail_tail; tail != smem.conv.mail_head; ++tail) {
-        count_dq_tile(params, sync, smem.conv.mailbox[tail % 4]);
-        smem.conv.mail_tail = tail + 1;
-      }
-    };
-    auto take_job = [&]() -> int {  // thread 0: 2 * block + half, or -1
-      count_posts();
-      if (half == 2) {
-        while (next == end) {
-          bool const done = smem.conv.reducer_done != 0;  // before the mailbox: its posts are in it
-          __threadfence_block();
-          count_posts();
-          __threadfence();
-          int const cursor = *reinterpret_cast<int volatile*>(sync.cursor);
-          int const available = load_acquire(sync.published) * per_group;
-          if (cursor < available) {
-            int const take = min(kTake, available - cursor);
-            if (atomicCAS(sync.cursor, cursor, cursor + take) == cursor) {
-              next = cursor;
-              end = cursor + take;
-            }
-            continue;
-          }
-          if (cursor >= groups * per_group) { return -1; }
-#if !defined(FLASH_BWD_DEV_FUSED_TAIL) || FLASH_BWD_DEV_FUSED_TAIL
-          if (done && *reinterpret_cast<int volatile*>(sync.started) < tiles) { return -1; }
-#else
-          if (done) { return -1; }
-#endif
-          __nanosleep(256);
-        }
-        int const taken = next++;
-        int group;
-        do {  // its publisher has taken the slot and writes it next
-          group = load_acquire(sync.list + taken / per_group);
-        } while (group < 0);
-        int const r = taken % per_group;
-        int const head = (group % params.heads_kv) * params.q_heads_per_kv_head + r / m_blocks;
-        block = ((group / params.heads_kv) * params.heads_q + head) * m_blocks_padded + r % m_blocks;
-        half = 0;
-      }
-      return 2 * block + half++;
-    };
-    auto issue = [&](int slot) {  // thread 0: the next job into `slot` (its last job converted)
-      int const job = finished ? -1 : take_job();
-      finished = job < 0;
-      smem.conv.job[slot] = job;
-      if (job >= 0) {
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        smem.conv.full[slot].arrive_and_expect_tx(kBytesHalf);
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-            :: "r"(cute::cast_smem_ptr_to_uint(smem.conv.acc.data() + slot * (kBlockM * kHeadDim / 2))),
-               "l"(params.dq_accum + int64_t(job) * (kBlockM * kHeadDim / 2)), "n"(kBytesHalf),
-               "r"(cute::cast_smem_ptr_to_uint(&smem.conv.full[slot]))
-            : "memory");
-      } else {
-        smem.conv.full[slot].arrive();
-      }
-    };
-    for (int iteration = 0;; ++iteration) {
-      int const slot = iteration & 1;
-      if (c == 0) {
-        if (iteration == 0) { issue(0); }
-        // Slot 1 - slot's last job was converted before the barrier that ended the last iteration.
-        if (!finished) { issue(slot ^ 1); }
-      }
-      // Thread 0's warp waits here, not in the mbarrier wait below: a diverged warp whose other
-      // lanes sit in try_wait would hold up thread 0's polling.
-      __syncwarp();
-      smem.conv.full[slot].wait((iteration >> 1) & 1);
-      int const job = smem.conv.job[slot];
-      if (job < 0) { break; }
-      int const blk = job >> 1;
-      int const bh = blk / m_blocks_padded;
-      int const m_block = blk - bh * m_blocks_padded;
-      int const rows = params.seqlen_q - m_block * kBlockM;  // rows of the block that exist
-      Element* const dq = params.dq + int64_t(bh / params.heads_q) * params.dq_batch_stride +
-                          int64_t(bh % params.heads_q) * params.dq_head_stride +
-                          int64_t(m_block) * kBlockM * params.dq_row_stride;
-      float4 const* const acc =
-          reinterpret_cast<float4 const*>(smem.conv.acc.data() + slot * (kBlockM * kHeadDim / 2));
-#pragma unroll 2
-      for (int i = c; i < kChunks / 2; i += 64) {
-        int const pair = 4 * ((job & 1) * (kChunks / 2) + i);
-        int const w = pair / (kPairs / 2), j = (pair % (kPairs / 2)) / 128, u = pair % 128;
-        int row = (u / 32) * 16 + (u % 32) / 4 + 8 * (j % 2);
-        int col = 8 * (j / 2);
-        if constexpr (kDqSplitQueries) {
-          row += 64 * w;
-        } else {
-          col += kWgN * w;
-        }
-        float4 const a = acc[2 * i], b = acc[2 * i + 1];
-        if (row < rows && col < params.head_dim) {  // head dims are multiples of 8
-          float const scale = params.softmax_scale;
-          Element out[8] = {Element(a.x * scale), Element(a.y * scale), Element(a.z * scale), Element(a.w * scale),
-                            Element(b.x * scale), Element(b.y * scale), Element(b.z * scale), Element(b.w * scale)};
-          *reinterpret_cast<uint4*>(dq + int64_t(row) * params.dq_row_stride + col) =
-              *reinterpret_cast<uint4 const*>(out);
-        }
-      }
-      // Both warps have read the slot before thread 0 copies a job into it again.
-      cutlass::arch::NamedBarrier::sync(64, static_cast<int>(BwdNamedBarrier::kDqConverted));
-    }
-  }
-
   // kDqPerWG: the reducer's share of one step. Each warpgroup's half of the block goes to the
   // accumulator as soon as that warpgroup has staged it. Deterministic mode waits for both halves
   // before it takes the block's turn, so that the turn is held no longer than with one buffer.
-  template <typename Pending>
-  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, Pending& pending,
-                                       int global_step, int head, int m_block, int n_block, int batch) const {
+  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, int global_step,
+                                       int head, int m_block, int n_block, int batch) const {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
     int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
     float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
@@ -1356,15 +1102,6 @@ struct BwdKernel {
         __syncwarp();
       }
       if (leader) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }  // both halves read
-      if constexpr (kFusedDq) {
-        // The previous tile's additions are all older than this step's two: complete once at most
-        // two groups are pending. Its group goes to the converter warps to be counted.
-        if (leader && pending.group >= 0) {
-          asm volatile("cp.async.bulk.wait_group 2;" ::: "memory");
-          post_dq_tile(smem, pending.group);
-          pending.group = -1;
-        }
-      }
     }
     __syncwarp();
   }

@@ -1,7 +1,6 @@
 // The small kernels around the backward main kernel:
 // - preprocess: per query row, D = rowsum(dO * O) in float32 and LSE in the log2 domain
 //   (+inf for rows that see no key and for padding rows, so that their P = exp2(s - LSE2) is 0);
-//   with the fused dQ (BwdParams::dq_sync_ptr), also the main kernel's group counters and list;
 // - dQ postprocess: the float32 accumulator (in the main kernel's layout) times the softmax scale,
 //   into dq in the input dtype.
 #pragma once
@@ -42,9 +41,8 @@ constexpr int prep_rows_per_cta() {
 // 1.035 / 1.008, causal 0.935 / 0.964 / 0.984 -> 0.956 / 0.977 / 0.987. Zeroing the dQ
 // accumulator here as well (instead of the binding's fill) measured within 1 % of this: not done.
 // Block 0 also zeroes the persistent causal kernel's tile counter (BwdParams::tile_counter), which
-// the main kernel, launched next on the stream, draws from. With the fused dQ, the CTAs also set
-// the main kernel's group state (BwdKernel::DqSync): counters 0, list entries -1.
-template <typename Element, int kHeadDim, bool kFusedDq>
+// the main kernel, launched next on the stream, draws from.
+template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kPrepWarps * 32)
     flash_bwd_preprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p, int units_per_head, int64_t units) {
   constexpr int kGroup = prep_lanes_per_row<kHeadDim>();
@@ -54,14 +52,6 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   int const d = (lane % kGroup) * 8;  // this lane's 8 columns
   int const warp_row = int(threadIdx.x / 32) * (kPrepPasses * kRowsPerPass) + lane / kGroup;
   if (p.tile_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) { *p.tile_counter = 0; }
-  if constexpr (kFusedDq) {
-    if (p.dq_sync_ptr != nullptr) {
-      int const groups = p.batch * p.heads_kv;
-      for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < 4 + 2 * groups; i += gridDim.x * blockDim.x) {
-        p.dq_sync_ptr[i] = i < 4 + groups ? 0 : -1;
-      }
-    }
-  }
   struct Unit {
     int64_t bh;     // batch * heads_q + head
     int first_row;  // this lane's padded query row of pass 0

@@ -28,7 +28,6 @@ enum class BwdNamedBarrier : int {
   kDqFull1 = 4,
   kDqEmpty0 = 5,
   kDqEmpty1 = 6,
-  kDqConverted = 7,  // the fused dQ's two converter warps have read the conversion buffer (64 threads)
 };
 
 }  // namespace flash

@@ -266,31 +266,6 @@ constexpr bool bwd_persistent() {
   }
 }
 
-// Backward, default mode: whether dQ is finished inside the main kernel rather than by a
-// postprocess kernel after it (BwdKernel::kFusedDq): once every key block of a (KV head, batch)
-// has added its dQ parts, spare producer warps of every CTA write that group's dq. Head dims 64
-// and 128 (per-warpgroup dQ staging). Experiment, off: FLASH_BWD_DEV_FUSED_DQ=1 (NOTES.md,
-// twenty-third session).
-template <int kHeadDim>
-constexpr bool bwd_fused_dq() {
-#if defined(FLASH_BWD_DEV_FUSED_DQ) && FLASH_BWD_DEV_FUSED_DQ
-  return kHeadDim == 64 || kHeadDim == 128;
-#else
-  return false;
-#endif
-}
-
-inline bool bwd_fused_dq_for(int head_dim_rounded, bool deterministic) {
-  if (deterministic) { return false; }
-  switch (head_dim_rounded) {
-    case 64: return bwd_fused_dq<64>();
-    case 96: return bwd_fused_dq<96>();
-    case 128: return bwd_fused_dq<128>();
-    case 192: return bwd_fused_dq<192>();
-    default: return bwd_fused_dq<256>();
-  }
-}
-
 // For the binding: whether the backward kernel for (rounded head dim, mask, mode) draws its tiles
 // from a counter (persistent and causal/local).
 inline bool bwd_needs_tile_counter(int head_dim_rounded, bool local, bool deterministic) {
