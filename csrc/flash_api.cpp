@@ -320,11 +320,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   params.lse_log2_ptr = lse_log2.data_ptr<float>();
   params.dsum_ptr = dsum.data_ptr<float>();
   params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
-  at::Tensor dq_done;  // tile_size.h, bwd_pdl_post: finished key blocks per (KV head, batch), zeroed by the preprocess
-  if (flash::bwd_pdl_post_for(head_dim_rounded, deterministic)) {
-    dq_done = at::empty({batch * heads_kv}, q.options().dtype(at::kInt));
-    params.dq_done_ptr = dq_done.data_ptr<int>();
-  }
   at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles (zeroed by the preprocess)
   if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));

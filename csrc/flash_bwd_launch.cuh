@@ -69,15 +69,11 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.diag_offset,
       p.window_left,
       p.window_right,
-      p.dq_done_ptr,
   };
 
   if (Kernel::kDynamic && (p.tile_counter == nullptr || p.dq_semaphore_ptr != nullptr)) {
     throw std::runtime_error(
         "flash_attn_hopper: the dynamic backward kernel needs the binding's tile counter and the default mode");
-  }
-  if (p.dq_done_ptr != nullptr && (!Kernel::kPdlPost || p.dq_semaphore_ptr != nullptr)) {
-    throw std::runtime_error("flash_attn_hopper: dQ counts passed to a backward kernel that does not post them");
   }
   {  // preprocess: resident CTAs (as many as fit, found once per instantiation) over the row units
     auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim>;
@@ -107,25 +103,6 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the backward kernel");
 
   dim3 const grid_post(p.seqlen_q_padded / Kernel::kBlockM, p.heads_q, p.batch);
-  if constexpr (Kernel::kPdlPost) {
-#if !defined(FLASH_BWD_DEV_PDL_LAUNCH) || FLASH_BWD_DEV_PDL_LAUNCH
-    if (p.dq_done_ptr != nullptr) {  // a programmatic dependent of the main kernel (tile_size.h, bwd_pdl_post)
-      cudaLaunchAttribute attribute[1];
-      attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attribute[0].val.programmaticStreamSerializationAllowed = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = grid_post;
-      config.blockDim = dim3(Kernel::kNumMmaThreads, 1, 1);
-      config.dynamicSmemBytes = 0;
-      config.stream = stream;
-      config.attrs = attribute;
-      config.numAttrs = 1;
-      check_cuda(cudaLaunchKernelEx(&config, &flash_bwd_dq_postprocess_kernel<Kernel>, p),
-                 "launching the backward dQ postprocess kernel");
-      return;
-    }
-#endif
-  }
   flash_bwd_dq_postprocess_kernel<Kernel><<<grid_post, Kernel::kNumMmaThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward dQ postprocess kernel");
 }

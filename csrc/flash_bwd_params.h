@@ -40,9 +40,6 @@ struct BwdParams {
   // An int the persistent causal/local kernel draws its tiles from (tile_size.h,
   // bwd_needs_tile_counter), zeroed by the preprocess kernel launched before it; nullptr otherwise.
   int* tile_counter = nullptr;
-  // tile_size.h, bwd_pdl_post (default mode): (batch, heads_kv) counts of finished key blocks,
-  // zeroed by the preprocess kernel; nullptr otherwise.
-  int* dq_done_ptr = nullptr;
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;

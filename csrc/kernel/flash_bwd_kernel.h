@@ -37,7 +37,6 @@
 
 #include "kernel/mask.h"  // floor_div
 #include "kernel/named_barriers.h"
-#include "kernel/tile_size.h"  // bwd_pdl_post
 #include "kernel/utils.h"
 
 namespace flash {
@@ -133,13 +132,6 @@ struct BwdKernel {
 #else
   static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
-  // The dQ postprocess runs beside this kernel's last wave (tile_size.h, bwd_pdl_post; an
-  // experiment, off by default): every CTA allows the dependent launch at its start, and the
-  // reducer warp's leader counts each tile for its (KV head, batch) group in Params::dq_done once
-  // a later step's wait_group shows the tile's additions complete (a release add, no result
-  // waited for: never a round trip to L2 on the reducer's path).
-  static constexpr bool kPdlPost = bwd_pdl_post<kHeadDim>();
-  static_assert(!kPdlPost || kDqPerWG, "the overlapped postprocess counts on the per-warpgroup staging");
   // With kDvAfterDs, the dV GEMM's first kDvFirstKBlocks K blocks (16 queries each) are issued
   // before the dP^T wait and the rest after dS^T, so that their exps precede that wait. In one
   // piece, ptxas hoisted the wait above all but 1 of the 32 MUFUs (hdim 128; 8 of 64 at hdim 64),
@@ -406,27 +398,10 @@ struct BwdKernel {
     int diag_offset;
     int window_left;
     int window_right;
-    int* dq_done;  // kPdlPost: (batch, heads_kv) finished key blocks (BwdParams::dq_done_ptr), or null
   };
-
-  struct NoPending {};
-  struct DqPending {
-    int group = -1;  // the reducer's last tile's group, its additions not yet known complete
-  };
-
-  // kPdlPost, the reducer's leader: one more of `group`'s key blocks has its additions complete.
-  CUTLASS_DEVICE static void post_dq_done(Params const& params, int group) {
-#if !defined(FLASH_BWD_DEV_PDL_FENCE) || FLASH_BWD_DEV_PDL_FENCE
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-#endif
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(params.dq_done + group) : "memory");
-  }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
     SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
-    if constexpr (kPdlPost) {  // the postprocess may start on SMs this grid leaves
-      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    }
     int const warp_group_idx = cutlass::canonical_warp_group_idx();
     int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
     bool const lane_predicate = cute::elect_one_sync();
@@ -469,24 +444,11 @@ struct BwdKernel {
       }
       if (warp_idx_in_wg == 1) {
         bool const leader = cute::elect_one_sync();
-        std::conditional_t<kPdlPost, DqPending, NoPending> pending;
         for_each_tile</*kDraws=*/false>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
-          reduce_dq(params, smem, progress, leader, pending, tile.range, tile.num_steps, tile.n_block,
-                    tile.head_kv, tile.batch);
-          if constexpr (kPdlPost) {
-            if (params.dq_done != nullptr && leader) {
-              if (pending.group >= 0) {  // a tile without steps came in between: no step posted it
-                asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-                post_dq_done(params, pending.group);
-              }
-              pending.group = tile.batch * params.heads_kv + tile.head_kv;
-            }
-          }
+          reduce_dq(params, smem, progress, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
+                    tile.batch);
         });
         if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-        if constexpr (kPdlPost) {
-          if (params.dq_done != nullptr && leader && pending.group >= 0) { post_dq_done(params, pending.group); }
-        }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
@@ -1041,17 +1003,16 @@ struct BwdKernel {
   // addition to complete before passing the turn on.
   // progress.steps + step is the CTA-wide step (buffers run on across tiles); the caller waits for
   // the last reductions.
-  template <typename Pending>
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress, bool leader,
-                                Pending& pending, BwdBlockRange<kBlockM, kBlockN, kLocal> const& range,
-                                int num_steps, int n_block, int head_kv, int batch) const {
+                                BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
+                                int head_kv, int batch) const {
     Walk walk(params, range, n_block);
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
       if constexpr (kDqPerWG) {
-        reduce_dq_per_wg(params, smem, leader, pending, global_step, head, m_block, n_block, batch);
+        reduce_dq_per_wg(params, smem, leader, global_step, head, m_block, n_block, batch);
         continue;
       }
       int const buffer = global_step % kDqStages;
@@ -1109,9 +1070,8 @@ struct BwdKernel {
   // kDqPerWG: the reducer's share of one step. Each warpgroup's half of the block goes to the
   // accumulator as soon as that warpgroup has staged it. Deterministic mode waits for both halves
   // before it takes the block's turn, so that the turn is held no longer than with one buffer.
-  template <typename Pending>
-  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, Pending& pending,
-                                       int global_step, int head, int m_block, int n_block, int batch) const {
+  CUTLASS_DEVICE void reduce_dq_per_wg(Params const& params, SharedStorage& smem, bool leader, int global_step,
+                                       int head, int m_block, int n_block, int batch) const {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
     int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
     float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
@@ -1142,15 +1102,6 @@ struct BwdKernel {
         __syncwarp();
       }
       if (leader) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }  // both halves read
-      if constexpr (kPdlPost) {
-        // The previous tile's additions are all older than this step's two: complete once at most
-        // two bulk groups are pending.
-        if (leader && pending.group >= 0) {
-          asm volatile("cp.async.bulk.wait_group 2;" ::: "memory");
-          post_dq_done(params, pending.group);
-          pending.group = -1;
-        }
-      }
     }
     __syncwarp();
   }

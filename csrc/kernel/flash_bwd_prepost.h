@@ -52,13 +52,6 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   int const d = (lane % kGroup) * 8;  // this lane's 8 columns
   int const warp_row = int(threadIdx.x / 32) * (kPrepPasses * kRowsPerPass) + lane / kGroup;
   if (p.tile_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) { *p.tile_counter = 0; }
-#if defined(FLASH_BWD_DEV_PDL_POST) && FLASH_BWD_DEV_PDL_POST
-  if (p.dq_done_ptr != nullptr) {  // tile_size.h, bwd_pdl_post: the groups' counts
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.batch * p.heads_kv; i += gridDim.x * blockDim.x) {
-      p.dq_done_ptr[i] = 0;
-    }
-  }
-#endif
   struct Unit {
     int64_t bh;     // batch * heads_q + head
     int first_row;  // this lane's padded query row of pass 0
@@ -149,24 +142,6 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
   constexpr int kAcc = decltype(size(coord))::value;
   static_assert(kAcc == Kernel::kDqAccPerThread);
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  if constexpr (Kernel::kPdlPost) {
-    // Launched beside the main kernel (tile_size.h, bwd_pdl_post): wait until every key block of
-    // this (KV head, batch) group has its additions complete. Every CTA of the main kernel has
-    // started before this grid runs, so the count always gets there.
-    if (p.dq_done_ptr != nullptr) {
-      if (threadIdx.x == 0) {
-        int const* const count = p.dq_done_ptr + batch * p.heads_kv + head / (p.heads_q / p.heads_kv);
-        int const n_blocks = (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN;
-        for (;;) {
-          int done;
-          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(done) : "l"(count) : "memory");
-          if (done >= n_blocks) { break; }
-          __nanosleep(256);
-        }
-      }
-      __syncthreads();
-    }
-  }
   float const* block = p.dq_accum_ptr +
       ((int64_t(batch) * p.heads_q + head) * p.seqlen_q_padded + int64_t(m_block) * kBlockM) * kHeadDim;
   float2 acc[kAcc / 2];
@@ -191,11 +166,6 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
       *reinterpret_cast<uint4*>(dq + int64_t(query) * p.dq_row_stride + col) =
           *reinterpret_cast<uint4 const*>(&tile[row * kPitch + col]);
     }
-  }
-  if constexpr (Kernel::kPdlPost) {
-    // The main kernel's other writes (dk, dv) are complete before this grid is: the stream's
-    // later work waits for it alone.
-    asm volatile("griddepcontrol.wait;" ::: "memory");
   }
 }
 

@@ -266,33 +266,6 @@ constexpr bool bwd_persistent() {
   }
 }
 
-// The dQ postprocess overlapped with the main kernel's last wave (BwdKernel::kPdlPost; experiment,
-// off: FLASH_BWD_DEV_PDL_POST=1; NOTES.md, twenty-fourth session), default mode at head dims 64 /
-// 128: the postprocess is launched as a programmatic dependent of the main kernel, whose CTAs
-// allow it at their start, so its CTAs run on the SMs the main kernel's last wave leaves idle. The
-// main kernel counts each (KV head, batch) group's finished key blocks (BwdParams::dq_done_ptr);
-// a postprocess CTA waits for its group's count, which is safe: by the time it runs, every CTA of
-// the main kernel has started.
-template <int kHeadDim>
-constexpr bool bwd_pdl_post() {
-#if defined(FLASH_BWD_DEV_PDL_POST) && FLASH_BWD_DEV_PDL_POST
-  return kHeadDim == 64 || kHeadDim == 128;
-#else
-  return false;
-#endif
-}
-
-inline bool bwd_pdl_post_for(int head_dim_rounded, bool deterministic) {
-  if (deterministic) { return false; }
-  switch (head_dim_rounded) {
-    case 64: return bwd_pdl_post<64>();
-    case 96: return bwd_pdl_post<96>();
-    case 128: return bwd_pdl_post<128>();
-    case 192: return bwd_pdl_post<192>();
-    default: return bwd_pdl_post<256>();
-  }
-}
-
 // For the binding: whether the backward kernel for (rounded head dim, mask, mode) draws its tiles
 // from a counter (persistent and causal/local).
 inline bool bwd_needs_tile_counter(int head_dim_rounded, bool local, bool deterministic) {
