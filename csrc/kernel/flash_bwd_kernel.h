@@ -177,19 +177,6 @@ struct BwdKernel {
 #else
   static constexpr int kDvLate = !kDvSplit ? 0 : kHeadDim == 128 ? 2 : (kHeadDim == 64 && kLocal_) ? 1 : 0;
 #endif
-  // dQ one step late (an experiment, off: FLASH_BWD_DEV_DQ_LAG=1; RS kernels with per-warpgroup
-  // dQ staging): a step ends with its dV rest and dK GEMMs issued and not waited for; the next
-  // step meets the other warpgroup (its dS^T written), issues the previous step's dQ GEMM, waits
-  // for that step's dV / dK (then releases its Q / dO stage), issues its own S^T and dP^T, and
-  // stages the previous dQ while they run. So the meeting no longer stands in a stretch where the
-  // tensor pipe has nothing queued, and dQ's staging overlaps S^T / dP^T instead of dK. The last
-  // step's dQ follows the tile's step loop. Registers: the previous step's P and dS (dV / dK's A
-  // operands) are dead before S^T and dP^T are issued.
-#if defined(FLASH_BWD_DEV_DQ_LAG) && FLASH_BWD_DEV_DQ_LAG
-  static constexpr bool kDqLag = kDqPerWG && kDvSplit;
-#else
-  static constexpr bool kDqLag = false;
-#endif
   // Steps of 128 queries compute dS^T from the 16-bit P^T made for the dV GEMM, so that the
   // float32 P^T's registers are free by then (with it in float32 the step loops spilled 116-232
   // B); FLASH_BWD_DEV_DS_FROM_16BIT_P=0 / 1 forces it.
@@ -848,7 +835,6 @@ struct BwdKernel {
       }
     }
 
-    [[maybe_unused]] PipelineState release_state = state;  // kDqLag: the last step's stage, released late
     // One step; masked: std::true_type where the step's block crosses the diagonal or a window
     // edge, std::false_type where it does not, or a bool decided at run time. kSplitSteps
     // (causal/local): the steps run in alternating masked / unmasked loops, so that the unmasked
@@ -868,26 +854,7 @@ struct BwdKernel {
       pipeline.consumer_wait(state);
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      if constexpr (kDqLag) {
-        if (step > 0) {
-          // Both warpgroups' dS^T of the previous step written (its dV / dK ran meanwhile), its
-          // dV / dK done, then its dQ and this step's S^T; the previous dQ staged while S^T runs
-          // (dP^T's registers not yet taken).
-          cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
-          warpgroup_wait<0>();
-          pipeline.consumer_release(release_state);
-          Tensor tdQrdQ_prev = partition_fragment_C(mma_dq, DqTileShape{});
-          wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, buf ^ 1), tdQrB, tdQrdQ_prev);
-          wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-          warpgroup_wait<1>();
-          stage_dq(smem, tdQrdQ_prev, progress.steps + step - 1, mma_tidx);
-        } else {  // nothing in flight at a tile's first step; the wait tells ptxas so
-          warpgroup_wait<0>();
-          wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-        }
-      } else {
-        wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-      }
+      wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
       wgmma_async</*kZeroInit=*/true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
 
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
@@ -979,17 +946,6 @@ struct BwdKernel {
                                                                               tdVrdOt(_, _, _, stage), tdVrdV);
         }
       };
-      if constexpr (kDqLag) {  // dV's rest and dK, waited for in the next step (or after the loop)
-        if constexpr (kDvSplit) {
-          dv_rest();
-        } else if constexpr (kDvAfterDs) {
-          wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
-        }
-        wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-        release_state = state;
-        ++state;
-        return;
-      }
       if constexpr (kDvSplit) {
         if constexpr (kDvLate == 0) { dv_rest(); }
       } else if constexpr (kDvAfterDs) {
@@ -1034,18 +990,6 @@ struct BwdKernel {
         } else {
           step_body(step, m_block, std::false_type{});
         }
-      }
-    }
-    if constexpr (kDqLag) {  // the last step's dQ; its dV / dK done (the wait on every path)
-      if (num_steps > 0) {
-        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, DqTileShape{});
-        wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, (progress.steps + num_steps - 1) & 1), tdQrB, tdQrdQ);
-        warpgroup_wait<0>();
-        pipeline.consumer_release(release_state);
-        stage_dq(smem, tdQrdQ, progress.steps + num_steps - 1, mma_tidx);
-      } else {
-        warpgroup_wait<0>();
       }
     }
     // Persistent: K and V are free for the next tile once the last step's GEMMs are done.
