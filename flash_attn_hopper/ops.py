@@ -201,6 +201,10 @@ def _setup_context(ctx, inputs, output, deterministic: bool) -> None:
     # Read at the forward call, as torch's own kernels read it when they run.
     ctx.deterministic = bool(deterministic or torch.are_deterministic_algorithms_enabled())
     ctx.num_inputs = len(inputs)
+    # The lse output's gradient is never used (see _fwd_backward): without this, autograd
+    # allocates and zero-fills one (batch x heads x seqlen_q float32) before every backward.
+    # grad_out arrives as None when nothing downstream used out.
+    ctx.set_materialize_grads(False)
 
 
 def _fwd_setup_context(ctx, inputs, output):
@@ -216,6 +220,8 @@ def _fwd_backward(ctx, grad_out, grad_lse):
     # propagated: lse is an auxiliary output.
     op = bwd_op()
     q, k, v, out, softmax_lse = ctx.saved_tensors
+    if grad_out is None:  # only lse was used downstream: every input gradient is zero
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + (None,) * (ctx.num_inputs - 3)
     if grad_out.stride(-1) != 1:  # the kernel reads dout rows with TMA: only the last dim must be contiguous
         grad_out = grad_out.contiguous()
     dq, dk, dv = op(

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import flash_attn_hopper
 from flash_attn_hopper import _build_info, interface, manifest, ops, sdpa
@@ -198,6 +199,47 @@ def test_gradient_of_lse_alone_is_not_propagated(kernels):
     out, lse = flash_attn_hopper.flash_attn_func(q, k, v, return_attn_probs=True)
     (dq,) = torch.autograd.grad(lse.sum(), q)
     assert torch.equal(dq, torch.zeros_like(q))
+
+
+class _AtenLog(TorchDispatchMode):
+    """Every op dispatched while active, with the shapes and dtypes of what it returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        self.calls.append((str(func), [(tuple(t.shape), t.dtype) for t in outs if isinstance(t, torch.Tensor)]))
+        return result
+
+
+def test_backward_gets_no_zero_filled_lse_gradient(kernels):
+    """Autograd would allocate and zero-fill a gradient for the unused lse before every backward
+    (a kernel and an allocation on the GPU); ops._setup_context turns that off."""
+    q, k, v, dout = random_qkv(seed=17)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attn_hopper.flash_attn_func(q, k, v, causal=True)
+    lse_spec = ((q.shape[0], q.shape[2], q.shape[1]), torch.float32)
+    with _AtenLog() as log:
+        torch.autograd.grad(out, (q, k, v), dout)
+    names = [name for name, _ in log.calls]
+    first_bwd = next(i for i, name in enumerate(names) if name.startswith("flash_attn_hopper.bwd"))
+    before = log.calls[:first_bwd]
+    # (detach: the saved tensors, lse among them, unpacked for the backward)
+    assert not [c for c in before if lse_spec in c[1] and not c[0].startswith("aten.detach")], before
+
+
+def test_gradient_of_out_and_lse_together(kernels):
+    """Both outputs used: the lse's gradient is dropped, out's flows (FlashAttention's convention)."""
+    q, k, v, dout = random_qkv(seed=18)
+    out, grads = grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v), q, k, v, dout)
+    q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+    out2, lse2 = flash_attn_hopper.flash_attn_func(q2, k2, v2, return_attn_probs=True)
+    both = torch.autograd.grad((out2 * dout).sum() + lse2.sum() * 3.0, (q2, k2, v2))
+    for a, b in zip(both, grads):
+        assert torch.equal(a, b)
 
 
 # --------------------------------------------------------------------------
