@@ -70,7 +70,11 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       heads_per_group,
       p.tile_counter,
       Kernel::Scheduler::divisors(num_m_blocks, p.heads_q, heads_per_group),
+      {},  // direct_o (FLASH_FWD_DEV_DIRECT_O), set below
   };
+  if constexpr (Kernel::kDirectO) {
+    params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
+  }
   if (Kernel::kDynamic && p.tile_counter == nullptr) {
     throw std::runtime_error("flash_attn_hopper: dynamic tile scheduling needs the binding's tile counter");
   }

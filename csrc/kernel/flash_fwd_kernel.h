@@ -31,6 +31,14 @@ namespace flash {
 
 using namespace cute;
 
+// FLASH_FWD_DEV_DIRECT_O (FwdKernel::kDirectO): where O goes when it skips shared memory.
+template <typename Element>
+struct DirectOArgs {
+  Element* ptr;
+  int64_t row_stride, head_stride, batch_stride;
+};
+struct NoDirectO {};
+
 // kPersistent: one CTA per SM striding over the tiles; kOwnO (persistent only): O is staged in its
 // own shared-memory buffer, so the next tile's Q may load once this tile's last Q.K^T GEMM has read
 // Q instead of after O's TMA store. tile_size.h picks both per head dim and mask.
@@ -195,6 +203,18 @@ struct FwdKernel {
     std::conditional_t<kDynamic, TileRing, NoRing> ring;
   };
   static constexpr bool kSeparateO = kPersistent_ && kOwnO_;
+  // Persistent kernels without an O buffer of their own (hdim 128 long keys, hdim 256 short keys)
+  // stage O in Q's buffer, so the next tile's Q loads only after this tile's O store has read it,
+  // and the next tile's first GEMM waits for that load. FLASH_FWD_DEV_DIRECT_O=1 (experiment,
+  // default off): O goes from registers straight to global memory instead, and Q is released
+  // after the tile's last Q.K^T GEMM, as with an own O buffer.
+#ifndef FLASH_FWD_DEV_DIRECT_O
+#define FLASH_FWD_DEV_DIRECT_O 0
+#endif
+  static constexpr bool kDirectO = kPersistent_ && !kOwnO_ && bool(FLASH_FWD_DEV_DIRECT_O);
+  // Q's buffer is released by the tile's last Q.K^T GEMM (not by its epilogue), and only by tiles
+  // that loaded Q.
+  static constexpr bool kEarlyQ = kSeparateO || kDirectO;
   // Own-O persistent kernels: the thread that issued a tile's O store waits for the store to have
   // read shared memory only when the next tile's O is about to be written there (one more
   // 128-thread barrier per tile), not right after issuing it, so the read overlaps the next
@@ -259,6 +279,7 @@ struct FwdKernel {
     int heads_per_group;  // persistent causal/local order: (batch x head)s walked together (tile_scheduler.h)
     int* tile_counter;    // kDynamic: zeroed before the launch
     typename Scheduler::Divisors divisors;
+    [[no_unique_address]] std::conditional_t<kDirectO, DirectOArgs<Element>, NoDirectO> direct_o;
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
@@ -322,10 +343,10 @@ struct FwdKernel {
           auto const range = range_of(t);
           // kQ2: load k into slot k % 2 waits for that slot's release number k / 2 - 1.
           int const wait_phase = kQ2        ? (q_loads > 1 ? ((q_loads >> 1) - 1) & 1 : -1)
-                                 : kSeparateO ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
+                                 : kEarlyQ ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
                                               : (iteration > 0 ? (iteration - 1) & 1 : -1);
           if (range.empty()) {  // nothing to load: consumers write zeros
-            if (!kSeparateO && wait_phase >= 0) { smem.barrier_q_empty.wait(wait_phase); }
+            if (!kEarlyQ && wait_phase >= 0) { smem.barrier_q_empty.wait(wait_phase); }
             return;
           }
           load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase, kQ2 ? q_loads & 1 : 0);
@@ -623,8 +644,39 @@ struct FwdKernel {
   // load the next tile's Q; one arrival per warpgroup and tile that loaded Q. Otherwise Q is
   // released by the epilogue, after O's TMA store has read it.
   CUTLASS_DEVICE static void release_q(SharedStorage& smem, int mma_tidx, int q_slot) {
-    if constexpr (kSeparateO) {
+    if constexpr (kEarlyQ) {
       if (mma_tidx % 128 == 0) { q_empty(smem, q_slot).arrive(); }
+    }
+  }
+
+  // kDirectO: each thread stores its pairs of adjacent O elements (4 bytes) straight to global
+  // memory, rows past seqlen_q and columns past the real head dim left out.
+  template <typename TensorO>
+  CUTLASS_DEVICE void store_o_direct(Params const& params, TiledMmaPV const& tiled_mma_pv, TensorO const& tOrO_out,
+                                     int m_block, int head, int batch, int mma_tidx) const {
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
+    Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
+    Tensor tOrO_rc = make_tensor(tOrO_out.data(), acc_layout_rowcol(tOrO_out.layout()));
+    int const head_dim = get<1>(params.shape_q);
+    Element* const o_head = params.direct_o.ptr + int64_t(batch) * params.direct_o.batch_stride +
+                            int64_t(head) * params.direct_o.head_stride;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(tOrO_rc); ++r) {
+      int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
+      if (row < params.seqlen_q) {
+        Element* const o_row = o_head + int64_t(row) * params.direct_o.row_stride;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(tOrO_rc); c += 2) {
+          int const col = get<1>(tOcO_rc(r, c));
+          if (col < head_dim) {
+            cutlass::Array<Element, 2> pair;
+            pair[0] = tOrO_rc(r, c);
+            pair[1] = tOrO_rc(r, c + 1);
+            *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
+          }
+        }
+      }
     }
   }
 
@@ -637,6 +689,9 @@ struct FwdKernel {
     Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
     convert_into(tOrO, tOrO_out);
     int const warp_idx_in_wg = (threadIdx.x / 32) % 4;
+    if constexpr (kDirectO) {
+      store_o_direct(params, tiled_mma_pv, tOrO_out, m_block, head, batch, mma_tidx);
+    } else {
     if constexpr (kLazyStore) {
       // The previous O store of this warpgroup has read the buffer before anyone writes it.
       if (warp_idx_in_wg == 0 && cute::elect_one_sync()) { tma_store_wait<0>(); }
@@ -676,6 +731,7 @@ struct FwdKernel {
       if constexpr (!kLazyStore) { tma_store_wait<0>(); }  // the store has read shared memory (Q's, or the O buffer)
       if constexpr (!kSeparateO) { smem.barrier_q_empty.arrive(); }  // the producer may refill Q
     }
+    }  // !kDirectO
 
     // One lane of each quad holds a row's LSE.
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
