@@ -649,32 +649,52 @@ struct FwdKernel {
     }
   }
 
-  // kDirectO: each thread stores its pairs of adjacent O elements (4 bytes) straight to global
-  // memory, rows past seqlen_q and columns past the real head dim left out.
+  // kDirectO: O straight to global memory in 16-byte stores. A quad of lanes holds a row's 8-column
+  // chunks in pairs (lane q: columns 2q, 2q + 1 of every chunk); a 4 x 4 transpose across the quad
+  // (two butterfly steps of two shuffles) leaves lane q the whole chunk 4g + q of each group of four
+  // chunks. Rows past seqlen_q and chunks past the real head dim (a multiple of 8) are left out.
   template <typename TensorO>
   CUTLASS_DEVICE void store_o_direct(Params const& params, TiledMmaPV const& tiled_mma_pv, TensorO const& tOrO_out,
                                      int m_block, int head, int batch, int mma_tidx) const {
+    static_assert(kHeadDim % 32 == 0, "groups of four 8-column chunks");
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
     Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
     Tensor tOrO_rc = make_tensor(tOrO_out.data(), acc_layout_rowcol(tOrO_out.layout()));
+    constexpr int kCols = decltype(size<1>(tOrO_rc))::value;  // pairs of 2: kCols / 2 chunks
+    static_assert(kCols % 8 == 0);
     int const head_dim = get<1>(params.shape_q);
+    int const quad_lane = threadIdx.x % 4;
+    bool const hi = quad_lane & 2, lo = quad_lane & 1;
     Element* const o_head = params.direct_o.ptr + int64_t(batch) * params.direct_o.batch_stride +
                             int64_t(head) * params.direct_o.head_stride;
+    auto pack = [&](int r, int c) {
+      cutlass::Array<Element, 2> pair;
+      pair[0] = tOrO_rc(r, c);
+      pair[1] = tOrO_rc(r, c + 1);
+      return reinterpret_cast<uint32_t const&>(pair);
+    };
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(tOrO_rc); ++r) {
       int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
-      if (row < params.seqlen_q) {
-        Element* const o_row = o_head + int64_t(row) * params.direct_o.row_stride;
+      Element* const o_row = o_head + int64_t(row) * params.direct_o.row_stride;
+      CUTLASS_PRAGMA_UNROLL
+      for (int g = 0; g < kCols / 8; ++g) {
+        uint32_t a[4];
         CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(tOrO_rc); c += 2) {
-          int const col = get<1>(tOcO_rc(r, c));
-          if (col < head_dim) {
-            cutlass::Array<Element, 2> pair;
-            pair[0] = tOrO_rc(r, c);
-            pair[1] = tOrO_rc(r, c + 1);
-            *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
-          }
+        for (int i = 0; i < 4; ++i) { a[i] = pack(r, 8 * g + 2 * i); }
+        // Step 1, across lane bit 1: swap the off-diagonal 2 x 2 blocks.
+        uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
+        uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
+        if (hi) { a[0] = r0; a[1] = r1; } else { a[2] = r0; a[3] = r1; }
+        // Step 2, across lane bit 0: transpose each 2 x 2 block.
+        r0 = __shfl_xor_sync(0xffffffffu, lo ? a[0] : a[1], 1);
+        r1 = __shfl_xor_sync(0xffffffffu, lo ? a[2] : a[3], 1);
+        if (lo) { a[0] = r0; a[2] = r1; } else { a[1] = r0; a[3] = r1; }
+        // Chunk 4g + q starts 8 q columns after chunk 4g, whose first column lane 0 holds.
+        int const col = get<1>(tOcO_rc(r, 8 * g)) - 2 * quad_lane + 8 * quad_lane;
+        if (row < params.seqlen_q && col < head_dim) {
+          *reinterpret_cast<uint4*>(o_row + col) = make_uint4(a[0], a[1], a[2], a[3]);
         }
       }
     }
