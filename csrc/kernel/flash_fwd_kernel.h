@@ -7,7 +7,8 @@
 // online softmax in registers, and O += P.V with WGMMA taking P from registers. S(j) and
 // P(j+1).V(j+1) are issued together, so the softmax of block j runs while the tensor cores
 // still work on the previous block's P.V (intra-warpgroup overlap). The epilogue writes O
-// through shared memory with a TMA store.
+// through shared memory with a TMA store, or (persistent kernels with no room for an O buffer of
+// their own, kDirectO) straight from registers in 16-byte stores.
 #pragma once
 
 #include "kernel/config.h"
@@ -31,7 +32,7 @@ namespace flash {
 
 using namespace cute;
 
-// FLASH_FWD_DEV_DIRECT_O (FwdKernel::kDirectO): where O goes when it skips shared memory.
+// FwdKernel::kDirectO: where O goes when it skips shared memory.
 template <typename Element>
 struct DirectOArgs {
   Element* ptr;
@@ -203,13 +204,17 @@ struct FwdKernel {
     std::conditional_t<kDynamic, TileRing, NoRing> ring;
   };
   static constexpr bool kSeparateO = kPersistent_ && kOwnO_;
-  // Persistent kernels without an O buffer of their own (hdim 128 long keys, hdim 256 short keys)
-  // stage O in Q's buffer, so the next tile's Q loads only after this tile's O store has read it,
-  // and the next tile's first GEMM waits for that load. FLASH_FWD_DEV_DIRECT_O=1 (experiment,
-  // default off): O goes from registers straight to global memory instead, and Q is released
-  // after the tile's last Q.K^T GEMM, as with an own O buffer.
+  // Persistent kernels without room for an O buffer of their own (hdim 128 long keys 128x176,
+  // hdim 256 short keys) store O from registers straight to global memory (store_o_direct), so
+  // that Q is released after the tile's last Q.K^T GEMM as with an own O buffer. Staged in Q's
+  // buffer instead, the next tile's Q loaded only after this tile's O TMA store had read it, and
+  // the next tile's first GEMM waited for that load. Measured x cuDNN (3 rounds, one run,
+  // twenty-fifth session), staged -> direct: hdim 256 non-causal 512 / 768 0.971 / 1.020 -> 1.046
+  // / 1.068, causal 0.997 / 1.018 -> 1.033 / 1.034; hdim 128 with 128x176 at 8k / 16k 643 / 672
+  // -> 676 / 684 TFLOP/s. 4-byte stores (no transpose) lost 11-15 % at hdim 256.
+  // FLASH_FWD_DEV_DIRECT_O=0 stages O in Q's buffer again.
 #ifndef FLASH_FWD_DEV_DIRECT_O
-#define FLASH_FWD_DEV_DIRECT_O 0
+#define FLASH_FWD_DEV_DIRECT_O 1
 #endif
   static constexpr bool kDirectO = kPersistent_ && !kOwnO_ && bool(FLASH_FWD_DEV_DIRECT_O);
   // Q's buffer is released by the tile's last Q.K^T GEMM (not by its epilogue), and only by tiles

@@ -79,23 +79,24 @@ constexpr FwdTileShape fwd_tile_table() {
     // Causal: dynamic persistent 128x128 at every length.
     constexpr bool kPersistCausal = kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
     if constexpr (kPersistCausal) { return {128, 128, 2, true, true}; }
-    // Non-causal long keys: 128x176 persistent too, O staged in Q's buffer (no room for its own);
+    // Non-causal long keys: 128x176 persistent too, with no room for its own O (O stored straight
+    // from registers, flash_fwd_kernel.h kDirectO);
     // it runs only where it pads fewer keys than 128x128 (fwd_keys_class_for, below).
     return kLocal || (kPersist && kKeys != kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
                                                       : FwdTileShape{128, 176, 2, kPersist, false};
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
   } else {
-    // Non-causal short keys (< kFwdMidKeysFrom): persistent, O staged in Q's buffer (no room for
-    // its own). Measured x cuDNN at 512 / 768 / 1k / 2k keys, one CTA per tile against
-    // persistent: 0.905 / 0.922 / 0.979 / 1.008 -> 0.954 / 0.979 / 0.982 / 1.010; an earlier
+    // Non-causal short keys (< kFwdMidKeysFrom): persistent, with no room for its own O (stored
+    // from registers, kDirectO; measured before it, with O staged in Q's buffer). x cuDNN at 512
+    // / 768 / 1k / 2k keys, one CTA per tile against persistent: 0.905 / 0.922 / 0.979 / 1.008 -> 0.954 / 0.979 / 0.982 / 1.010; an earlier
     // measurement lost from 1k, hence the class boundary there.
     // Causal/local: 128x64 (one CTA per tile from 1k keys). Measured with the lazy rescale (softmax.h), x cuDNN
     // at 512 / 1k / 2k / 4k / 16k, 3 rounds: 0.853 / 0.949 / 0.993 / 1.050 / 1.182 (128x80) ->
     // 0.936 / 0.996 / 1.021 / 1.066 / 1.170; before the lazy rescale, 8k: 1.023 -> 1.035.
-    // Causal/local below kFwdMidKeysFrom keys: persistent, tiles from the counter (O in Q's
-    // buffer). Measured x cuDNN at 512 / 1k / 2k (3 rounds, all key classes persistent):
-    // 0.951 / 1.007 / 1.043 -> 0.995 / 1.020 / 1.021, hence short keys only.
+    // Causal/local below kFwdMidKeysFrom keys: persistent, tiles from the counter (O from
+    // registers, kDirectO; measured before it, with O in Q's buffer). Measured x cuDNN at 512 /
+    // 1k / 2k (3 rounds, all key classes persistent): 0.951 / 1.007 / 1.043 -> 0.995 / 1.020 / 1.021, hence short keys only.
     if constexpr (kLocal) {
       constexpr bool kPersistShort = kKeys == kShortKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
       return kPersistShort ? FwdTileShape{128, 64, 2, true, false} : FwdTileShape{128, 64, 2};
