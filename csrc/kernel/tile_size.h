@@ -97,11 +97,16 @@ constexpr FwdTileShape fwd_tile_table() {
     // Causal/local below kFwdMidKeysFrom keys: persistent, tiles from the counter (O from
     // registers, kDirectO; measured before it, with O in Q's buffer). Measured x cuDNN at 512 /
     // 1k / 2k (3 rounds, all key classes persistent): 0.951 / 1.007 / 1.043 -> 0.995 / 1.020 / 1.021, hence short keys only.
+    // With kDirectO (twenty-fifth session) persistent pays up to the long-keys class, causal or
+    // not: x cuDNN at 1k / 2k / 8k, table (persistent below 1k) against every class persistent,
+    // 3 rounds: non-causal 1.028 / 1.067 / 1.113 -> 1.090 / 1.080 / 1.100, causal 1.006 / 1.055 /
+    // 1.104 -> 1.056 / 1.069 / 1.066. So below kFwdLongKeysFrom keys (the mid class has the short
+    // class's tile: no extra kernel).
     if constexpr (kLocal) {
-      constexpr bool kPersistShort = kKeys == kShortKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
+      constexpr bool kPersistShort = kKeys != kLongKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
       return kPersistShort ? FwdTileShape{128, 64, 2, true, false} : FwdTileShape{128, 64, 2};
     }
-    return kPersist && kKeys == kShortKeys ? FwdTileShape{128, 80, 2, true, false} : FwdTileShape{128, 80, 2};
+    return kPersist && kKeys != kLongKeys ? FwdTileShape{128, 80, 2, true, false} : FwdTileShape{128, 80, 2};
   }
 }
 
