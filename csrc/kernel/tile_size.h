@@ -87,24 +87,23 @@ constexpr FwdTileShape fwd_tile_table() {
   } else if constexpr (kHeadDim <= 192) {
     return {128, 112, 2};
   } else {
-    // Non-causal short keys (< kFwdMidKeysFrom): persistent, with no room for its own O (stored
-    // from registers, kDirectO; measured before it, with O staged in Q's buffer). x cuDNN at 512
-    // / 768 / 1k / 2k keys, one CTA per tile against persistent: 0.905 / 0.922 / 0.979 / 1.008 -> 0.954 / 0.979 / 0.982 / 1.010; an earlier
-    // measurement lost from 1k, hence the class boundary there.
-    // Causal/local: 128x64 (one CTA per tile from 1k keys). Measured with the lazy rescale (softmax.h), x cuDNN
-    // at 512 / 1k / 2k / 4k / 16k, 3 rounds: 0.853 / 0.949 / 0.993 / 1.050 / 1.182 (128x80) ->
-    // 0.936 / 0.996 / 1.021 / 1.066 / 1.170; before the lazy rescale, 8k: 1.023 -> 1.035.
-    // Causal/local below kFwdMidKeysFrom keys: persistent, tiles from the counter (O from
-    // registers, kDirectO; measured before it, with O in Q's buffer). Measured x cuDNN at 512 /
-    // 1k / 2k (3 rounds, all key classes persistent): 0.951 / 1.007 / 1.043 -> 0.995 / 1.020 / 1.021, hence short keys only.
-    // With kDirectO (twenty-fifth session) persistent pays up to the long-keys class, causal or
-    // not: x cuDNN at 1k / 2k / 8k, table (persistent below 1k) against every class persistent,
-    // 3 rounds: non-causal 1.028 / 1.067 / 1.113 -> 1.090 / 1.080 / 1.100, causal 1.006 / 1.055 /
-    // 1.104 -> 1.056 / 1.069 / 1.066. So below kFwdLongKeysFrom keys (the mid class has the short
-    // class's tile: no extra kernel).
+    // 128x80 non-causal, 128x64 causal/local; persistent below kFwdLongKeysFrom keys (causal:
+    // tiles from the counter), with no room for an own O buffer (O stored from registers,
+    // flash_fwd_kernel.h kDirectO). The mid class takes the short class's tile: no extra kernel.
+    // History, x cuDNN, 3 rounds unless said:
+    // - Before kDirectO (O staged in Q's buffer), persistent paid only below 1k keys: non-causal
+    //   at 512 / 768 / 1k / 2k, one CTA per tile against persistent, 0.905 / 0.922 / 0.979 /
+    //   1.008 -> 0.954 / 0.979 / 0.982 / 1.010 (an earlier measurement lost from 1k); causal at
+    //   512 / 1k / 2k, all key classes persistent, 0.951 / 1.007 / 1.043 -> 0.995 / 1.020 / 1.021.
+    // - With kDirectO (twenty-fifth session), at 1k / 2k / 8k, persistent below 1k against every
+    //   class persistent: non-causal 1.028 / 1.067 / 1.113 -> 1.090 / 1.080 / 1.100, causal
+    //   1.006 / 1.055 / 1.104 -> 1.056 / 1.069 / 1.066: persistent up to the long-keys class.
+    // - Causal/local 128x64 rather than 128x80 (with the lazy rescale, softmax.h) at 512 / 1k /
+    //   2k / 4k / 16k: 0.853 / 0.949 / 0.993 / 1.050 / 1.182 -> 0.936 / 0.996 / 1.021 / 1.066 /
+    //   1.170; before the lazy rescale, 8k: 1.023 -> 1.035.
     if constexpr (kLocal) {
-      constexpr bool kPersistShort = kKeys != kLongKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
-      return kPersistShort ? FwdTileShape{128, 64, 2, true, false} : FwdTileShape{128, 64, 2};
+      constexpr bool kPersistLocal = kKeys != kLongKeys && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
+      return kPersistLocal ? FwdTileShape{128, 64, 2, true, false} : FwdTileShape{128, 64, 2};
     }
     return kPersist && kKeys != kLongKeys ? FwdTileShape{128, 80, 2, true, false} : FwdTileShape{128, 80, 2};
   }
