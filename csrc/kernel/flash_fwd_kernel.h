@@ -340,7 +340,7 @@ struct FwdKernel {
         PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
         PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
         // Which release of the Q buffer to wait for before loading Q (-1: none). Without
-        // kSeparateO every tile releases it (a tile with nothing to attend writes its zero O
+        // kEarlyQ every tile releases it (a tile with nothing to attend writes its zero O
         // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
         int q_loads = 0;
         auto produce = [&](auto const& tile, int iteration) {  // a tile id, or (kRingDecode) a decoded tile
@@ -452,7 +452,7 @@ struct FwdKernel {
     int n = range.n_block_max - 1;
     load_k(n);  // may stream in while the previous tile still holds the Q buffer
     // The Q buffer is free once the previous tile that used it released it (its epilogue's O
-    // store has read it, or with kSeparateO its last Q.K^T GEMM is done; with kQ2 that tile is
+    // store has read it, or with kEarlyQ its last Q.K^T GEMM is done; with kQ2 that tile is
     // the one before the previous).
     if (q_empty_phase >= 0) { q_empty(smem, q_slot).wait(q_empty_phase); }
     q_full(smem, q_slot).arrive_and_expect_tx(kBytesQ);
@@ -645,9 +645,9 @@ struct FwdKernel {
     epilogue(params, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg, range.empty());
   }
 
-  // kSeparateO: this warpgroup's last Q.K^T GEMM of the tile has completed, so the producer may
-  // load the next tile's Q; one arrival per warpgroup and tile that loaded Q. Otherwise Q is
-  // released by the epilogue, after O's TMA store has read it.
+  // kEarlyQ (own O buffer, or O stored from registers): this warpgroup's last Q.K^T GEMM of the
+  // tile has completed, so the producer may load the next tile's Q; one arrival per warpgroup and
+  // tile that loaded Q. Otherwise Q is released by the epilogue, after O's TMA store has read it.
   CUTLASS_DEVICE static void release_q(SharedStorage& smem, int mma_tidx, int q_slot) {
     if constexpr (kEarlyQ) {
       if (mma_tidx % 128 == 0) { q_empty(smem, q_slot).arrive(); }
@@ -717,46 +717,46 @@ struct FwdKernel {
     if constexpr (kDirectO) {
       store_o_direct(params, tiled_mma_pv, tOrO_out, m_block, head, batch, mma_tidx);
     } else {
-    if constexpr (kLazyStore) {
-      // The previous O store of this warpgroup has read the buffer before anyone writes it.
-      if (warp_idx_in_wg == 0 && cute::elect_one_sync()) { tma_store_wait<0>(); }
-      cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
-    } else if constexpr (kPersistent_) {
-      // O's buffer must have been read by this warpgroup's previous O store: its storing thread
-      // waited for that before its next barrier. A tile with something to attend passed the
-      // ping-pong barriers since (all 128 threads of the warpgroup take part); a tile with
-      // nothing to attend, or a lone warpgroup, did not, so the warpgroup meets here first.
-      if (tile_empty || !kPingPong) {
+      if constexpr (kLazyStore) {
+        // The previous O store of this warpgroup has read the buffer before anyone writes it.
+        if (warp_idx_in_wg == 0 && cute::elect_one_sync()) { tma_store_wait<0>(); }
         cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
+      } else if constexpr (kPersistent_) {
+        // O's buffer must have been read by this warpgroup's previous O store: its storing thread
+        // waited for that before its next barrier. A tile with something to attend passed the
+        // ping-pong barriers since (all 128 threads of the warpgroup take part); a tile with
+        // nothing to attend, or a lone warpgroup, did not, so the warpgroup meets here first.
+        if (tile_empty || !kPingPong) {
+          cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
+        }
       }
-    }
-    auto smem_tiled_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
-    auto smem_thr_copy_o = smem_tiled_copy_o.get_thread_slice(mma_tidx);
-    Element* const o_buffer = [&] {
-      if constexpr (kSeparateO) {
-        return smem.o.o.data();
-      } else {
-        return smem.q.data();
-      }
-    }();
-    Tensor sO = make_tensor(make_smem_ptr(o_buffer), SmemLayoutQ{});
-    Tensor taccOrO = smem_thr_copy_o.retile_S(tOrO_out);
-    Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
-    copy(smem_tiled_copy_o, taccOrO, taccOsO);
-    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, seen by the TMA engine
-    cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
+      auto smem_tiled_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
+      auto smem_thr_copy_o = smem_tiled_copy_o.get_thread_slice(mma_tidx);
+      Element* const o_buffer = [&] {
+        if constexpr (kSeparateO) {
+          return smem.o.o.data();
+        } else {
+          return smem.q.data();
+        }
+      }();
+      Tensor sO = make_tensor(make_smem_ptr(o_buffer), SmemLayoutQ{});
+      Tensor taccOrO = smem_thr_copy_o.retile_S(tOrO_out);
+      Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
+      copy(smem_tiled_copy_o, taccOrO, taccOsO);
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, seen by the TMA engine
+      cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
 
-    if (warp_idx_in_wg == 0 && cute::elect_one_sync()) {
-      Tensor mO = params.tma_o.get_tma_tensor(params.shape_q)(_, _, head, batch);
-      Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(m_block * kNumMmaWarpGroups + wg, _0{}));
-      Tensor sOwg = make_tensor(make_smem_ptr(o_buffer + wg * 64 * kHeadDim), SmemLayoutO64{});
-      auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
-      copy(params.tma_o, tOsO, tOgO);
-      tma_store_arrive();
-      if constexpr (!kLazyStore) { tma_store_wait<0>(); }  // the store has read shared memory (Q's, or the O buffer)
-      if constexpr (!kSeparateO) { smem.barrier_q_empty.arrive(); }  // the producer may refill Q
+      if (warp_idx_in_wg == 0 && cute::elect_one_sync()) {
+        Tensor mO = params.tma_o.get_tma_tensor(params.shape_q)(_, _, head, batch);
+        Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(m_block * kNumMmaWarpGroups + wg, _0{}));
+        Tensor sOwg = make_tensor(make_smem_ptr(o_buffer + wg * 64 * kHeadDim), SmemLayoutO64{});
+        auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
+        copy(params.tma_o, tOsO, tOgO);
+        tma_store_arrive();
+        if constexpr (!kLazyStore) { tma_store_wait<0>(); }  // the store has read shared memory (Q's, or the O buffer)
+        if constexpr (!kSeparateO) { smem.barrier_q_empty.arrive(); }  // the producer may refill Q
+      }
     }
-    }  // !kDirectO
 
     // One lane of each quad holds a row's LSE.
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
