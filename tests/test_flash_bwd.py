@@ -307,7 +307,8 @@ def test_torch_deterministic_switch_gives_the_deterministic_gradients():
 
 def test_no_seqlen_squared_allocation_at_32k_tokens():
     d, dtype = compiled_config()
-    b, s, hq, hk = 1, 32768, 4, 2
+    b, s = 1, 32768
+    hq, hk = (4, 2) if d <= 128 else (2, 1)  # so that the bound below stays under one s x s matrix
     q, k, v, dout = random_inputs(b, s, s, hq, hk, d, dtype, seed=8)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     torch.cuda.synchronize()

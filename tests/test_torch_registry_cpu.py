@@ -215,7 +215,12 @@ def test_window_quirk_reaches_the_op(monkeypatch):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
+    """Fake CUDA tensors, any device accepted; no build record, so every head dim and dtype counts
+    as compiled (the tests below are about the arguments, and a build of other head dims than
+    their 128 must not refuse them for that)."""
     monkeypatch.setattr(sdpa, "kernel_refusal", lambda device: None)
+    monkeypatch.setattr(_build_info, "COMPILED", None)
+    monkeypatch.setattr(sdpa, "_COMPILED_FWD", None)
     with FakeTensorMode() as mode:
         yield mode
 
