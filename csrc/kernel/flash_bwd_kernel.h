@@ -655,7 +655,6 @@ struct BwdKernel {
     Tensor tPsPt = smem_thr_copy_pds.partition_D(sPt);    // (CPY, CPY_N, CPY_M, 2)
     Tensor tPsdSt = smem_thr_copy_pds.partition_D(sdSt);
 
-
     int const n0 = n_block * kBlockN;
     if (num_steps > 0) { smem.barrier_kv.wait(progress.kv_loads & 1); }
 
@@ -1201,27 +1200,6 @@ struct BwdKernel {
     int value;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
     return value;
-  }
-
-  // Lane L of a quad holds in[k], its 4-byte piece (2 columns) of 8-column chunk k of a row,
-  // k = 0..3; afterwards it holds all of chunk L, pieces in lane order: a 4x4 transpose in three
-  // shuffles (the indices depend on the lane, so selects keep everything in registers).
-  CUTLASS_DEVICE static uint4 quad_transpose(uint32_t const (&in)[4], int lane_in_quad) {
-    auto pick = [](uint32_t const (&w)[4], int i) { return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3]; };
-    uint32_t out[4];
-    uint32_t const own = pick(in, lane_in_quad);  // round 0: its own piece of its own chunk
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < 4; ++i) { out[i] = i == lane_in_quad ? own : 0u; }
-    CUTLASS_PRAGMA_UNROLL
-    for (int t = 1; t < 4; ++t) {
-      // Round t: lane R reads from lane (R + t) & 3, which gives its piece of chunk R.
-      uint32_t const give = pick(in, (lane_in_quad - t) & 3);
-      uint32_t const got = __shfl_sync(0xffffffff, give, (lane_in_quad + t) & 3, 4);
-      int const slot = (lane_in_quad + t) & 3;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < 4; ++i) { out[i] = i == slot ? got : out[i]; }
-    }
-    return make_uint4(out[0], out[1], out[2], out[3]);
   }
 
   // dK (scaled) and dV from registers: each quad of lanes trades pieces so that every lane stores

@@ -217,6 +217,13 @@ struct FwdKernel {
 #define FLASH_FWD_DEV_DIRECT_O 1
 #endif
   static constexpr bool kDirectO = kPersistent_ && !kOwnO_ && bool(FLASH_FWD_DEV_DIRECT_O);
+  // Experiment (default off, unmeasured): FLASH_FWD_DEV_QUAD3=1 transposes the quads' pieces with
+  // the backward's helper (utils.h quad_transpose: 3 shuffles + selects) instead of the two
+  // butterfly steps (4 shuffles); if it is as fast, the butterfly goes and one helper serves both.
+#ifndef FLASH_FWD_DEV_QUAD3
+#define FLASH_FWD_DEV_QUAD3 0
+#endif
+  static constexpr bool kQuad3 = bool(FLASH_FWD_DEV_QUAD3);
   // Q's buffer is released by the tile's last Q.K^T GEMM (not by its epilogue), and only by tiles
   // that loaded Q.
   static constexpr bool kEarlyQ = kSeparateO || kDirectO;
@@ -688,19 +695,23 @@ struct FwdKernel {
         uint32_t a[4];
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < 4; ++i) { a[i] = pack(r, 8 * g + 2 * i); }
-        // Step 1, across lane bit 1: swap the off-diagonal 2 x 2 blocks.
-        uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
-        uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
-        if (hi) { a[0] = r0; a[1] = r1; } else { a[2] = r0; a[3] = r1; }
-        // Step 2, across lane bit 0: transpose each 2 x 2 block.
-        r0 = __shfl_xor_sync(0xffffffffu, lo ? a[0] : a[1], 1);
-        r1 = __shfl_xor_sync(0xffffffffu, lo ? a[2] : a[3], 1);
-        if (lo) { a[0] = r0; a[2] = r1; } else { a[1] = r0; a[3] = r1; }
+        uint4 chunk;
+        if constexpr (kQuad3) {
+          chunk = quad_transpose(a, quad_lane);  // utils.h, the backward's dK/dV form
+        } else {
+          // Step 1, across lane bit 1: swap the off-diagonal 2 x 2 blocks.
+          uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
+          uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
+          if (hi) { a[0] = r0; a[1] = r1; } else { a[2] = r0; a[3] = r1; }
+          // Step 2, across lane bit 0: transpose each 2 x 2 block.
+          r0 = __shfl_xor_sync(0xffffffffu, lo ? a[0] : a[1], 1);
+          r1 = __shfl_xor_sync(0xffffffffu, lo ? a[2] : a[3], 1);
+          if (lo) { a[0] = r0; a[2] = r1; } else { a[1] = r0; a[3] = r1; }
+          chunk = make_uint4(a[0], a[1], a[2], a[3]);
+        }
         // Chunk 4g + q starts 8 q columns after chunk 4g, whose first column lane 0 holds.
         int const col = get<1>(tOcO_rc(r, 8 * g)) - 2 * quad_lane + 8 * quad_lane;
-        if (row < params.seqlen_q && col < head_dim) {
-          *reinterpret_cast<uint4*>(o_row + col) = make_uint4(a[0], a[1], a[2], a[3]);
-        }
+        if (row < params.seqlen_q && col < head_dim) { *reinterpret_cast<uint4*>(o_row + col) = chunk; }
       }
     }
   }
