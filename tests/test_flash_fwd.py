@@ -207,7 +207,7 @@ def test_long_keys_on_either_tile(dtype, seqlen_k):
                                                     (120, 4224, False), (104, 5000, False)])
 def test_direct_o_kernels_at_a_narrower_head_dim(hdim, seqlen_k, causal):
     """The persistent kernels that store O from registers in 16-byte chunks (flash_fwd_kernel.h
-    kDirectO: hdim 256 below 1k keys, hdim 128's 128x176 tile) with a real head dim below the
+    kDirectO: hdim 256 below 4k keys, hdim 128's 128x176 tile) with a real head dim below the
     kernel's: chunks past it must not be written (they are the next head's columns), nor rows past
     seqlen_q (1000 = 7 x 128 + 104); 288 tiles, so CTAs run several and hand Q's buffer over."""
     skip_unless_compiled(hdim, torch.bfloat16)

@@ -205,7 +205,7 @@ struct FwdKernel {
   };
   static constexpr bool kSeparateO = kPersistent_ && kOwnO_;
   // Persistent kernels without room for an O buffer of their own (hdim 128 long keys 128x176,
-  // hdim 256 short keys) store O from registers straight to global memory (store_o_direct), so
+  // hdim 256 below 4k keys) store O from registers straight to global memory (store_o_direct), so
   // that Q is released after the tile's last Q.K^T GEMM as with an own O buffer. Staged in Q's
   // buffer instead, the next tile's Q loaded only after this tile's O TMA store had read it, and
   // the next tile's first GEMM waited for that load. Measured x cuDNN (3 rounds, one run,
