@@ -217,13 +217,6 @@ struct FwdKernel {
 #define FLASH_FWD_DEV_DIRECT_O 1
 #endif
   static constexpr bool kDirectO = kPersistent_ && !kOwnO_ && bool(FLASH_FWD_DEV_DIRECT_O);
-  // Experiment (default off, unmeasured): FLASH_FWD_DEV_QUAD3=1 transposes the quads' pieces with
-  // the backward's helper (utils.h quad_transpose: 3 shuffles + selects) instead of the two
-  // butterfly steps (4 shuffles); if it is as fast, the butterfly goes and one helper serves both.
-#ifndef FLASH_FWD_DEV_QUAD3
-#define FLASH_FWD_DEV_QUAD3 0
-#endif
-  static constexpr bool kQuad3 = bool(FLASH_FWD_DEV_QUAD3);
   // Q's buffer is released by the tile's last Q.K^T GEMM (not by its epilogue), and only by tiles
   // that loaded Q.
   static constexpr bool kEarlyQ = kSeparateO || kDirectO;
@@ -663,7 +656,7 @@ struct FwdKernel {
 
   // kDirectO: O straight to global memory in 16-byte stores. A quad of lanes holds a row's 8-column
   // chunks in pairs (lane q: columns 2q, 2q + 1 of every chunk); a 4 x 4 transpose across the quad
-  // (two butterfly steps of two shuffles) leaves lane q the whole chunk 4g + q of each group of four
+  // (utils.h quad_transpose, two butterfly steps) leaves lane q the whole chunk 4g + q of each group of four
   // chunks. Rows past seqlen_q and chunks past the real head dim (a multiple of 8) are left out.
   template <typename TensorO>
   CUTLASS_DEVICE void store_o_direct(Params const& params, TiledMmaPV const& tiled_mma_pv, TensorO const& tOrO_out,
@@ -677,7 +670,6 @@ struct FwdKernel {
     static_assert(kCols % 8 == 0);
     int const head_dim = get<1>(params.shape_q);
     int const quad_lane = threadIdx.x % 4;
-    bool const hi = quad_lane & 2, lo = quad_lane & 1;
     Element* const o_head = params.direct_o.ptr + int64_t(batch) * params.direct_o.batch_stride +
                             int64_t(head) * params.direct_o.head_stride;
     auto pack = [&](int r, int c) {
@@ -695,20 +687,7 @@ struct FwdKernel {
         uint32_t a[4];
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < 4; ++i) { a[i] = pack(r, 8 * g + 2 * i); }
-        uint4 chunk;
-        if constexpr (kQuad3) {
-          chunk = quad_transpose(a, quad_lane);  // utils.h, the backward's dK/dV form
-        } else {
-          // Step 1, across lane bit 1: swap the off-diagonal 2 x 2 blocks.
-          uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
-          uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
-          if (hi) { a[0] = r0; a[1] = r1; } else { a[2] = r0; a[3] = r1; }
-          // Step 2, across lane bit 0: transpose each 2 x 2 block.
-          r0 = __shfl_xor_sync(0xffffffffu, lo ? a[0] : a[1], 1);
-          r1 = __shfl_xor_sync(0xffffffffu, lo ? a[2] : a[3], 1);
-          if (lo) { a[0] = r0; a[2] = r1; } else { a[1] = r0; a[3] = r1; }
-          chunk = make_uint4(a[0], a[1], a[2], a[3]);
-        }
+        uint4 const chunk = quad_transpose(a, quad_lane);  // utils.h
         // Chunk 4g + q starts 8 q columns after chunk 4g, whose first column lane 0 holds.
         int const col = get<1>(tOcO_rc(r, 8 * g)) - 2 * quad_lane + 8 * quad_lane;
         if (row < params.seqlen_q && col < head_dim) { *reinterpret_cast<uint4*>(o_row + col) = chunk; }
