@@ -70,21 +70,9 @@ struct FwdKernel {
 
   using TileShapeMNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using AtomLayoutMNK = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
-  // Experiment (default off): FLASH_FWD_DEV_Q_REGS=1 keeps each warpgroup's Q rows in registers
-  // (loaded from shared memory with ldmatrix once per tile) so that S = Q.K^T reads only K from
-  // shared memory: a fifth less shared-memory traffic per key block at hdim 128 (Q 16 KB of the
-  // 80 KB a warpgroup reads per block), 32 more registers per consumer thread. Only hdim 128's
-  // 128-key tiles (the 176-key tile has no 32 registers left); =2 adds hdim <= 64 (16 registers).
-#ifndef FLASH_FWD_DEV_Q_REGS
-#define FLASH_FWD_DEV_Q_REGS 0
-#endif
-  static constexpr bool kQRegs = (FLASH_FWD_DEV_Q_REGS >= 1 && kHeadDim == 128 && kBlockN == 128) ||
-                                 (FLASH_FWD_DEV_Q_REGS >= 2 && kHeadDim <= 64);
-  // S = Q.K^T: both operands K-major in shared memory (kQRegs: Q from registers).
+  // S = Q.K^T: both operands K-major in shared memory.
   using TiledMmaQK = decltype(make_tiled_mma(
-      std::conditional_t<kQRegs, decltype(GMMA::rs_op_selector<Element, Element, float, TileShapeMNK>()),
-                         decltype(GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>())>{},
-      AtomLayoutMNK{}));
+      GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>(), AtomLayoutMNK{}));
   // O += P.V: P from registers, V^T read MN-major (V is stored as it arrives, head dim fastest).
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
@@ -521,10 +509,7 @@ struct FwdKernel {
     Tensor sQ = make_tensor(make_smem_ptr(q_data(smem, q_slot)), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
-    // (MMA, MMA_M, MMA_K): descriptors, or (kQRegs) this thread's registers, filled once Q is in
-    Tensor tSrQ = [&]() {
-      if constexpr (kQRegs) { return thr_mma_qk.partition_fragment_A(sQ); } else { return wg_mma_qk.partition_fragment_A(sQ); }
-    }();
+    Tensor tSrQ = wg_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
     Tensor tSrK = wg_mma_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
     Tensor tOrV = wg_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
@@ -561,12 +546,6 @@ struct FwdKernel {
       } else {
         smem.barrier_q.wait(q_phase);
         q_phase ^= 1;
-      }
-      if constexpr (kQRegs) {
-        auto smem_copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, tiled_mma_qk);
-        auto thr_copy_q = smem_copy_q.get_thread_slice(mma_tidx);
-        Tensor tSrQ_view = thr_copy_q.retile_D(tSrQ);
-        cute::copy(smem_copy_q, thr_copy_q.partition_S(sQ), tSrQ_view);
       }
 
       int n = range.n_block_max - 1;
