@@ -11,6 +11,10 @@ larger segment):
         python3 tools/sanitize_check.py [--hdims 64,128,256] [--dtype bf16] [--quick]
 
 Exits 1 if a result is wrong; compute-sanitizer's own exit code (9 above) reports its errors.
+`--probe` instead launches one Triton kernel whose name contains "flash" and which stores one
+element past its tensor's end: under memcheck with the same filter it must be reported (exit 9),
+which shows that the filter instruments kernels by that name and that memcheck sees a
+one-element overrun of an uncached allocation.
 """
 import argparse
 import os
@@ -37,13 +41,31 @@ CASES = {
 }
 
 
+def probe():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def flash_probe_out_of_bounds(x_ptr, n):
+        tl.store(x_ptr + n, 1.0)  # one element past the end
+
+    x = torch.zeros(1000, device="cuda", dtype=torch.float32)
+    flash_probe_out_of_bounds[(1,)](x, x.numel())
+    torch.cuda.synchronize()
+    print("probe launched", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--quick", action="store_true", help="the first case of each head dim, causal and not")
     ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--probe", action="store_true", help="only the planted overrun (see above)")
     args = ap.parse_args()
+    if args.probe:
+        probe()
+        return
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1":
         print("warning: PYTORCH_NO_CUDA_MEMORY_CACHING is not 1; memcheck cannot see overruns inside "
