@@ -19,7 +19,9 @@
 # Second run: 16-byte stores (a 4 x 4 transpose across each quad of lanes, 4 shuffles per 16
 # bytes; 16 STG.128 + 64 SHFL per thread at hdim 256). Prediction: hdim 256 512 / 768 back to
 # o256 or up to +3 %; dl128 +0.5-1 % over the first run.
+# Adopted (16-byte form): direct O is now the default, so the staged variants below set
+# FLASH_FWD_DEV_DIRECT_O=0 and the plan still measures staged against direct.
 #   run: bash tools/device_plan_fwd_direct_o.sh      (carry .whl; ~3.5 min, timeout_s 360)
 bash tools/device_variants_only.sh \
-  "@140 --hdim 256 --rounds 3 --causal 0,1 --seqlens 512,768 --variant o256 --variant d256:FLASH_FWD_DEV_DIRECT_O=1" \
-  "@150 --hdim 128 --rounds 3 --causal 0 --seqlens 8192,16384 --variant o128 --variant l128:FLASH_FWD_LONG_TILE_RATIO=0 --variant dl128:FLASH_FWD_LONG_TILE_RATIO=0,FLASH_FWD_DEV_DIRECT_O=1"
+  "@140 --hdim 256 --rounds 3 --causal 0,1 --seqlens 512,768 --variant o256:FLASH_FWD_DEV_DIRECT_O=0 --variant d256" \
+  "@150 --hdim 128 --rounds 3 --causal 0 --seqlens 8192,16384 --variant o128 --variant l128:FLASH_FWD_LONG_TILE_RATIO=0,FLASH_FWD_DEV_DIRECT_O=0 --variant dl128:FLASH_FWD_LONG_TILE_RATIO=0"

@@ -80,8 +80,8 @@ constexpr FwdTileShape fwd_tile_table() {
     constexpr bool kPersistCausal = kLocal && bool(FLASH_FWD_PERSISTENT_NONCAUSAL);
     if constexpr (kPersistCausal) { return {128, 128, 2, true, true}; }
     // Non-causal long keys: 128x176 persistent too, with no room for its own O (O stored straight
-    // from registers, flash_fwd_kernel.h kDirectO);
-    // it runs only where it pads fewer keys than 128x128 (fwd_keys_class_for, below).
+    // from registers, flash_fwd_kernel.h kDirectO); it runs only where it pads fewer keys than
+    // 128x128 (fwd_keys_class_for, below).
     return kLocal || (kPersist && kKeys != kLongKeys) ? FwdTileShape{128, 128, 2, kPersist, kPersist}
                                                       : FwdTileShape{128, 176, 2, kPersist, false};
   } else if constexpr (kHeadDim <= 192) {
