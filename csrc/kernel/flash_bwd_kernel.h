@@ -136,7 +136,11 @@ struct BwdKernel {
   // warpgroup 0 for the reducer's read of the previous sum, so they may drift up to a step apart
   // and one's exponentials run under the other's GEMMs (NOTES, twenty-sixth session, item 0a).
 #ifdef FLASH_BWD_DEV_DQ_KEYS
-  static constexpr bool kDqKeys = kRS && kHeadDim_ == 128 && kBlockM_ == 64 && bool(FLASH_BWD_DEV_DQ_KEYS);
+  // =3 (kDqKeysOwnBuf): each warpgroup stages its partial in a buffer of its own and the reducer
+  // adds both to the accumulator (twice the reduce-add traffic, no wait between the warpgroups);
+  // default-mode kernels only (two additions in either order are not bitwise reproducible).
+  static constexpr bool kDqKeys = kRS && kHeadDim_ == 128 && kBlockM_ == 64 && bool(FLASH_BWD_DEV_DQ_KEYS) &&
+                                  (FLASH_BWD_DEV_DQ_KEYS != 3 || kDvAfterDs_);
 #else
   static constexpr bool kDqKeys = false;
 #endif
@@ -146,6 +150,11 @@ struct BwdKernel {
   static constexpr bool kDqPartHalves = kDqKeys;
 #else
   static constexpr bool kDqPartHalves = false;
+#endif
+#if defined(FLASH_BWD_DEV_DQ_KEYS) && FLASH_BWD_DEV_DQ_KEYS == 3
+  static constexpr bool kDqKeysOwnBuf = kDqKeys;
+#else
+  static constexpr bool kDqKeysOwnBuf = false;
 #endif
 #ifdef FLASH_BWD_DEV_DQ_PER_WG
   static constexpr bool kDqPerWG = !kDqKeys && (kRS || FLASH_BWD_DEV_DQ_PER_WG == 2) && bool(FLASH_BWD_DEV_DQ_PER_WG);
@@ -415,7 +424,7 @@ struct BwdKernel {
                              int(SmemLayoutK{}(0, kHeadDim / 2)) == kKtHalfOffset &&
                              kDsKeysOffset % 512 == 0 && kKtKeysOffset % 512 == 0 && kKtHalfOffset % 512 == 0),
                 "the key split's operand views start at whole swizzle atoms of the full layouts");
-  using SharedStorage = Storage<kDqStages>;
+  using SharedStorage = Storage<kDqKeysOwnBuf ? 2 : kDqStages>;
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= kSmemLimit,
                 "backward tile (with a dQ staging buffer) does not fit in shared memory: fewer Q/dO stages");
@@ -826,6 +835,22 @@ struct BwdKernel {
     } else if (half == 0 || kDqPartHalves) {
       cutlass::arch::NamedBarrier::sync(2 * 128, part_full);
     }
+    if constexpr (kDqKeysOwnBuf) {  // warpgroup wg's own buffer, under its own barrier pair
+      if (half == 0 && step >= 1) {
+        cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg);
+      }
+      float* const own = smem.dq.dq.data() + wg * (kBlockM * kHeadDim);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kDqAccPerThread / 2; ++j) {
+        *reinterpret_cast<float2*>(own + dq_staged_offset(2 * j, half * 128 + wg_tidx)) =
+            make_float2(acc(2 * j), acc(2 * j + 1));
+      }
+      if (half == 1) {
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
+      }
+      return;
+    }
     float* const sdq = smem.dq.dq.data();
     float2 sum[kDqAccPerThread / 2];
     CUTLASS_PRAGMA_UNROLL
@@ -1129,7 +1154,7 @@ struct BwdKernel {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
-      if constexpr (kDqPerWG) {
+      if constexpr (kDqPerWG || kDqKeysOwnBuf) {
         reduce_dq_per_wg(params, smem, leader, global_step, head, m_block, n_block, batch);
         continue;
       }
@@ -1194,7 +1219,13 @@ struct BwdKernel {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
     int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
     float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
-    auto reduce_half = [&](int wg) { bulk_reduce_add<kBytesDq / 2>(gdq + wg * kHalf, smem.dq.dq.data() + wg * kHalf); };
+    auto reduce_half = [&](int wg) {
+      if constexpr (kDqKeysOwnBuf) {  // warpgroup wg's whole partial, from its own buffer
+        bulk_reduce_add<kBytesDq>(gdq, smem.dq.dq.data() + wg * (kBlockM * kHeadDim));
+      } else {
+        bulk_reduce_add<kBytesDq / 2>(gdq + wg * kHalf, smem.dq.dq.data() + wg * kHalf);
+      }
+    };
     auto full = [](int wg) { return static_cast<int>(BwdNamedBarrier::kDqFull0) + wg; };
     // The previous step's reads of both halves are complete (the wait below): release both at
     // once, so that neither warpgroup waits for the other's staging.
