@@ -826,15 +826,6 @@ struct BwdKernel {
   CUTLASS_DEVICE void stage_dq_part(SharedStorage& smem, TensorAcc const& acc, int half, int step, int wg,
                                     int wg_tidx) const {
     static_assert(decltype(size(acc))::value == kDqAccPerThread);
-    int const part_full = static_cast<int>(half == 0 || !kDqPartHalves ? BwdNamedBarrier::kDqPartFull
-                                                                        : BwdNamedBarrier::kDqPartFull1);
-    if (wg == 0) {
-      if (half == 0 && step >= 1) {
-        cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0));
-      }
-    } else if (half == 0 || kDqPartHalves) {
-      cutlass::arch::NamedBarrier::sync(2 * 128, part_full);
-    }
     if constexpr (kDqKeysOwnBuf) {  // warpgroup wg's own buffer, under its own barrier pair
       if (half == 0 && step >= 1) {
         cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg);
@@ -850,6 +841,15 @@ struct BwdKernel {
         cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
       }
       return;
+    }
+    int const part_full = static_cast<int>(half == 0 || !kDqPartHalves ? BwdNamedBarrier::kDqPartFull
+                                                                        : BwdNamedBarrier::kDqPartFull1);
+    if (wg == 0) {
+      if (half == 0 && step >= 1) {
+        cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0));
+      }
+    } else if (half == 0 || kDqPartHalves) {
+      cutlass::arch::NamedBarrier::sync(2 * 128, part_full);
     }
     float* const sdq = smem.dq.dq.data();
     float2 sum[kDqAccPerThread / 2];
