@@ -20,6 +20,11 @@
 # the warpgroups at all, twice the reduce-add traffic), against b0 and k2 again.
 # (Its first try hung: warpgroup 1 still waited for warpgroup 0's partial, which =3 never
 # signals; the check was cut off by the set's timeout after b0 and k2 passed. Fixed.)
+# Measured (3 rounds, x cuDNN; non-causal 512 / 2k / 8k, then causal): b0 1.091 / 1.088 / 1.086,
+# 1.066 / 1.118 / 1.121 (563 TFLOP/s at 8k); kd 0.937 / 0.933 / 0.923, 0.904 / 0.967 / 0.971.
+# Wrong again: with no wait between the warpgroups at all it still lost 3-17 %. Third run: the
+# partial's second half issued before dK (FLASH_BWD_DEV_DQ_KEYS_ORDER=1; dK then runs while that
+# half is staged, where the tensor pipe had nothing of this warpgroup's queued), with =3 and =2.
 #   run: bash tools/device_plan_bwd_dq_keys.sh      (carry .whl; ~3 min, timeout_s 330)
 bash tools/device_variants_only.sh \
-  "@200 --bwd --rounds 3 --seqlens 512,2048,8192 --hdim 128 --variant b0 --variant kd:FLASH_BWD_DEV_DQ_KEYS=3"
+  "@220 --bwd --rounds 3 --seqlens 512,2048,8192 --hdim 128 --variant b0 --variant kd:FLASH_BWD_DEV_DQ_KEYS=3 --variant kdo:FLASH_BWD_DEV_DQ_KEYS=3,FLASH_BWD_DEV_DQ_KEYS_ORDER=1 --variant k2o:FLASH_BWD_DEV_DQ_KEYS=2,FLASH_BWD_DEV_DQ_KEYS_ORDER=1"

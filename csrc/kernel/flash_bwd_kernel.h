@@ -151,6 +151,13 @@ struct BwdKernel {
 #else
   static constexpr bool kDqPartHalves = false;
 #endif
+  // kDqKeys: FLASH_BWD_DEV_DQ_KEYS_ORDER=1 issues dK after the partial's second half (it runs
+  // while that half is staged) instead of between the halves.
+#ifdef FLASH_BWD_DEV_DQ_KEYS_ORDER
+  static constexpr int kDqKeysOrder = FLASH_BWD_DEV_DQ_KEYS_ORDER;
+#else
+  static constexpr int kDqKeysOrder = 0;
+#endif
 #if defined(FLASH_BWD_DEV_DQ_KEYS) && FLASH_BWD_DEV_DQ_KEYS == 3
   static constexpr bool kDqKeysOwnBuf = kDqKeys;
 #else
@@ -1083,15 +1090,28 @@ struct BwdKernel {
         // The partial's first head-dim half, then dK (and the rest of dV) behind it; the second
         // half once the first is staged (its 32 accumulator registers reused).
         Tensor tdQpdQ = partition_fragment_C(mma_dqp, DqPartShape{});
+        int const wg_tidx = mma_tidx % cutlass::NumThreadsPerWarpGroup;
         wgmma_async</*kZeroInit=*/true>(mma_dqp, tdQpA(_, _, _, buf), tdQpB0, tdQpdQ);
         if constexpr (kDvLate == 2) { dv_rest(); }
-        wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-        if constexpr (kDvLate == 1) { dv_rest(); }
-        warpgroup_wait<kDvLate ? 2 : 1>();
-        stage_dq_part(smem, tdQpdQ, 0, progress.steps + step, wg, mma_tidx % cutlass::NumThreadsPerWarpGroup);
-        wgmma_async</*kZeroInit=*/true>(mma_dqp, tdQpA(_, _, _, buf), tdQpB1, tdQpdQ);
-        warpgroup_wait<0>();
-        stage_dq_part(smem, tdQpdQ, 1, progress.steps + step, wg, mma_tidx % cutlass::NumThreadsPerWarpGroup);
+        if constexpr (kDqKeysOrder == 1) {
+          // dK behind the second half, so that it runs while that half is staged.
+          warpgroup_wait<kDvLate == 2 ? 1 : 0>();
+          stage_dq_part(smem, tdQpdQ, 0, progress.steps + step, wg, wg_tidx);
+          wgmma_async</*kZeroInit=*/true>(mma_dqp, tdQpA(_, _, _, buf), tdQpB1, tdQpdQ);
+          wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+          if constexpr (kDvLate == 1) { dv_rest(); }
+          warpgroup_wait<kDvLate == 1 ? 2 : 1>();
+          stage_dq_part(smem, tdQpdQ, 1, progress.steps + step, wg, wg_tidx);
+          warpgroup_wait<0>();
+        } else {
+          wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+          if constexpr (kDvLate == 1) { dv_rest(); }
+          warpgroup_wait<kDvLate ? 2 : 1>();
+          stage_dq_part(smem, tdQpdQ, 0, progress.steps + step, wg, wg_tidx);
+          wgmma_async</*kZeroInit=*/true>(mma_dqp, tdQpA(_, _, _, buf), tdQpB1, tdQpdQ);
+          warpgroup_wait<0>();
+          stage_dq_part(smem, tdQpdQ, 1, progress.steps + step, wg, wg_tidx);
+        }
       } else {
         cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
 
