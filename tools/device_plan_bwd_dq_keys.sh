@@ -25,6 +25,10 @@
 # Wrong again: with no wait between the warpgroups at all it still lost 3-17 %. Third run: the
 # partial's second half issued before dK (FLASH_BWD_DEV_DQ_KEYS_ORDER=1; dK then runs while that
 # half is staged, where the tensor pipe had nothing of this warpgroup's queued), with =3 and =2.
+# Measured (3 rounds, x cuDNN; non-causal 512 / 2k / 8k, then causal): b0 1.057 / 1.062 / 1.063,
+# 1.051 / 1.085 / 1.112; kd 0.944 / 0.908 / 0.913, 0.915 / 0.930 / 0.951; kdo 0.947 / 0.916 /
+# 0.913, 0.916 / 0.953 / 0.969; k2o 0.980 / 0.938 / 0.900, 1.010 / 0.988 / 0.970. The order does
+# not matter: every form of the key split loses 3-15 %. Rejected; removed after this commit.
 #   run: bash tools/device_plan_bwd_dq_keys.sh      (carry .whl; ~3 min, timeout_s 330)
 bash tools/device_variants_only.sh \
   "@220 --bwd --rounds 3 --seqlens 512,2048,8192 --hdim 128 --variant b0 --variant kd:FLASH_BWD_DEV_DQ_KEYS=3 --variant kdo:FLASH_BWD_DEV_DQ_KEYS=3,FLASH_BWD_DEV_DQ_KEYS_ORDER=1 --variant k2o:FLASH_BWD_DEV_DQ_KEYS=2,FLASH_BWD_DEV_DQ_KEYS_ORDER=1"
