@@ -127,46 +127,10 @@ struct BwdKernel {
   // / 1.136 -> 1.065 / 1.072, 1.084 / 1.139 (without kDvSplit); hdim 128: see kDvSplit (alone,
   // -6 to +4 %); hdim 96 (with kDvSplit) within 1 % either way, not taken.
   // FLASH_BWD_DEV_DQ_PER_WG=0 / 1 forces it (2: on the SS path too, an experiment).
-  // RS path, hdim 128, 64-query steps (FLASH_BWD_DEV_DQ_KEYS=1; experiment): dQ = dS . K split
-  // over the keys rather than the head dim. Each warpgroup multiplies its own 64 keys' dS (which
-  // only it wrote) by its own 64 rows of K, a 64 x 128 partial in two head-dim halves of 32
-  // registers; warpgroup 0 stages its partial, warpgroup 1 adds its own to it in place and hands
-  // the sum to the reducer warp (one bulk reduce-add per step, as before). The warpgroups no
-  // longer meet before dQ (kPdSReady): warpgroup 1 waits for warpgroup 0's partial only, and
-  // warpgroup 0 for the reducer's read of the previous sum, so they may drift up to a step apart
-  // and one's exponentials run under the other's GEMMs (NOTES, twenty-sixth session, item 0a).
-#ifdef FLASH_BWD_DEV_DQ_KEYS
-  // =3 (kDqKeysOwnBuf): each warpgroup stages its partial in a buffer of its own and the reducer
-  // adds both to the accumulator (twice the reduce-add traffic, no wait between the warpgroups);
-  // default-mode kernels only (two additions in either order are not bitwise reproducible).
-  static constexpr bool kDqKeys = kRS && kHeadDim_ == 128 && kBlockM_ == 64 && bool(FLASH_BWD_DEV_DQ_KEYS) &&
-                                  (FLASH_BWD_DEV_DQ_KEYS != 3 || kDvAfterDs_);
-#else
-  static constexpr bool kDqKeys = false;
-#endif
-  // kDqKeys: warpgroup 0 signals each head-dim half of its partial as soon as it is staged
-  // (FLASH_BWD_DEV_DQ_KEYS=2), rather than once for both.
-#if defined(FLASH_BWD_DEV_DQ_KEYS) && FLASH_BWD_DEV_DQ_KEYS == 2
-  static constexpr bool kDqPartHalves = kDqKeys;
-#else
-  static constexpr bool kDqPartHalves = false;
-#endif
-  // kDqKeys: FLASH_BWD_DEV_DQ_KEYS_ORDER=1 issues dK after the partial's second half (it runs
-  // while that half is staged) instead of between the halves.
-#ifdef FLASH_BWD_DEV_DQ_KEYS_ORDER
-  static constexpr int kDqKeysOrder = FLASH_BWD_DEV_DQ_KEYS_ORDER;
-#else
-  static constexpr int kDqKeysOrder = 0;
-#endif
-#if defined(FLASH_BWD_DEV_DQ_KEYS) && FLASH_BWD_DEV_DQ_KEYS == 3
-  static constexpr bool kDqKeysOwnBuf = kDqKeys;
-#else
-  static constexpr bool kDqKeysOwnBuf = false;
-#endif
 #ifdef FLASH_BWD_DEV_DQ_PER_WG
-  static constexpr bool kDqPerWG = !kDqKeys && (kRS || FLASH_BWD_DEV_DQ_PER_WG == 2) && bool(FLASH_BWD_DEV_DQ_PER_WG);
+  static constexpr bool kDqPerWG = (kRS || FLASH_BWD_DEV_DQ_PER_WG == 2) && bool(FLASH_BWD_DEV_DQ_PER_WG);
 #else
-  static constexpr bool kDqPerWG = !kDqKeys && kRS && kHeadDim != 96;
+  static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
   // With kDvAfterDs, the dV GEMM's first kDvFirstKBlocks K blocks (16 queries each) are issued
   // before the dP^T wait and the rest after dS^T, so that their exps precede that wait. In one
@@ -302,13 +266,6 @@ struct BwdKernel {
       Layout<Shape<Int<kDqWGsM>, Int<2 / kDqWGsM>, _1>>{}));
   // The dQ accumulator tile: (queries, head dim).
   using DqTileShape = Shape<Int<kBlockM>, Int<kHeadDim>>;
-  // kDqKeys: one warpgroup's partial dQ for one head-dim half, (queries, head dim / 2), K = its
-  // 64 keys; A = its keys' columns of dS (keys contiguous), B = its rows of K as K^T (MN-major).
-  using TiledMmadQPart = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqKeys ? kHeadDim / 2 : 64>, _64>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, _1, _1>>{}));
-  using DqPartShape = Shape<_64, Int<kDqKeys ? kHeadDim / 2 : 64>>;
 
   // The MN-major views (Q^T, dO^T, K^T) are cut in two along the head dim for dQ (and for
   // dK/dV when the warpgroups split it), so the swizzle must fit half a head dim.
@@ -330,18 +287,6 @@ struct BwdKernel {
   using SmemLayoutdStK = decltype(composition(
       SmemLayoutdSK{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
   static_assert(cosize_v<SmemLayoutdSK> == cosize_v<SmemLayoutPdSt>);
-  // kDqKeys: the (queries, 64 keys, 2 buffers) columns of dS of one warpgroup's keys, and the
-  // (head dim / 2, 64 keys) K^T of its keys for one head-dim half. Each is the full layout
-  // restricted to the first 64 keys (and head dims); the views of warpgroup w (half h) start
-  // w * kDsKeysOffset (+ h * kKtHalfOffset) elements further on. Those offsets are whole
-  // multiples of the 1 KB swizzle atoms (checked below), so the swizzle is the same there.
-  using SmemLayoutdSKeysOfWG = decltype(composition(
-      SmemLayoutdSK{}, Layout<Shape<Int<kBlockM>, _64, _2>, Stride<_1, Int<kBlockM>, Int<kBlockM * kBlockN>>>{}));
-  using SmemLayoutKtPart = decltype(composition(
-      SmemLayoutK{}, Layout<Shape<Int<kHeadDim / 2>, _64>, Stride<Int<kBlockN>, _1>>{}));
-  static constexpr int kDsKeysOffset = kBlockM * 64;
-  static constexpr int kKtKeysOffset = 64 * 64;
-  static constexpr int kKtHalfOffset = kBlockN * kHeadDim / 2;
   // The stores' constant offsets rest on whole 1 KB swizzle atoms (8 query rows of 64 keys): a
   // warp's stores sit 16 query rows apart, and a buffer is kBlockM * 256 bytes.
   static_assert(!kDsKMajor || std::is_same_v<SmemAtomdSK, GMMA::Layout_K_SW128_Atom<Element>>);
@@ -370,11 +315,8 @@ struct BwdKernel {
   static constexpr int kDqAccPerThread = kBlockM * kHeadDim / kNumMmaThreads;
   static_assert(kDqAccPerThread % 2 == 0);
   // Where consumer thread t's accumulator element i sits in a dQ block (float offset).
-  // kDqKeys stores each head-dim half h of its partials as kDqPerWG's warpgroup h: thread t of
-  // either warpgroup holds the same rows and columns of its partial as thread 128 h + t % 128 of
-  // the head-dim split holds of its half.
   CUTLASS_HOST_DEVICE static constexpr int dq_staged_offset(int i, int t) {
-    if constexpr (kDqPerWG || kDqKeys) {  // warpgroup w's half first, each half in its threads' pair order
+    if constexpr (kDqPerWG) {  // warpgroup w's half first, each half in its threads' pair order
       return (t / 128) * (kBlockM * kHeadDim / 2) + (i / 2) * (128 * 2) + (t % 128) * 2 + i % 2;
     } else {
       return (i / 2) * (kNumMmaThreads * 2) + t * 2 + i % 2;
@@ -421,17 +363,11 @@ struct BwdKernel {
 #ifdef FLASH_BWD_DEV_DQ_STAGES
   static constexpr int kDqStages = FLASH_BWD_DEV_DQ_STAGES;
 #else
-  static constexpr int kDqStages = (kDqPerWG || kDqKeys) ? 1 : (sizeof(Storage<2>) <= kSmemLimit ? 2 : 1);
+  static constexpr int kDqStages = kDqPerWG ? 1 : (sizeof(Storage<2>) <= kSmemLimit ? 2 : 1);
 #endif
   static_assert(kDqStages == 1 || kDqStages == 2);
   static_assert(!kDqPerWG || kDqStages == 1, "per-warpgroup dQ staging uses the barrier ids of two buffers");
-  static_assert(!kDqKeys || kDqStages == 1, "the key split stages one dQ sum per step");
-  static_assert(!kDqKeys || (kDsKMajor && int(SmemLayoutdSK{}(0, 64, 0)) == kDsKeysOffset &&
-                             int(SmemLayoutK{}(64, 0)) == kKtKeysOffset &&
-                             int(SmemLayoutK{}(0, kHeadDim / 2)) == kKtHalfOffset &&
-                             kDsKeysOffset % 512 == 0 && kKtKeysOffset % 512 == 0 && kKtHalfOffset % 512 == 0),
-                "the key split's operand views start at whole swizzle atoms of the full layouts");
-  using SharedStorage = Storage<kDqKeysOwnBuf ? 2 : kDqStages>;
+  using SharedStorage = Storage<kDqStages>;
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= kSmemLimit,
                 "backward tile (with a dQ staging buffer) does not fit in shared memory: fewer Q/dO stages");
@@ -824,63 +760,6 @@ struct BwdKernel {
     cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<int>(BwdNamedBarrier::kDqFull0) + pair);
   }
 
-  // kDqKeys: head-dim half `half` of this warpgroup's dQ partial to the staging buffer, at the
-  // places kDqPerWG gives warpgroup `half` (dq_staged_offset). Warpgroup 0 writes its partial
-  // there, once the reducer has read the previous step's sum, and tells warpgroup 1 after the
-  // second half; warpgroup 1 waits for that, adds its partial to what it finds (each thread
-  // reads back what the same thread of warpgroup 0 wrote), and hands the sum to the reducer.
-  template <typename TensorAcc>
-  CUTLASS_DEVICE void stage_dq_part(SharedStorage& smem, TensorAcc const& acc, int half, int step, int wg,
-                                    int wg_tidx) const {
-    static_assert(decltype(size(acc))::value == kDqAccPerThread);
-    if constexpr (kDqKeysOwnBuf) {  // warpgroup wg's own buffer, under its own barrier pair
-      if (half == 0 && step >= 1) {
-        cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + wg);
-      }
-      float* const own = smem.dq.dq.data() + wg * (kBlockM * kHeadDim);
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kDqAccPerThread / 2; ++j) {
-        *reinterpret_cast<float2*>(own + dq_staged_offset(2 * j, half * 128 + wg_tidx)) =
-            make_float2(acc(2 * j), acc(2 * j + 1));
-      }
-      if (half == 1) {
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
-      }
-      return;
-    }
-    int const part_full = static_cast<int>(half == 0 || !kDqPartHalves ? BwdNamedBarrier::kDqPartFull
-                                                                        : BwdNamedBarrier::kDqPartFull1);
-    if (wg == 0) {
-      if (half == 0 && step >= 1) {
-        cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqEmpty0));
-      }
-    } else if (half == 0 || kDqPartHalves) {
-      cutlass::arch::NamedBarrier::sync(2 * 128, part_full);
-    }
-    float* const sdq = smem.dq.dq.data();
-    float2 sum[kDqAccPerThread / 2];
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kDqAccPerThread / 2; ++j) {
-      sum[j] = make_float2(acc(2 * j), acc(2 * j + 1));
-      if (wg == 1) {
-        float2 const other = *reinterpret_cast<float2 const*>(sdq + dq_staged_offset(2 * j, half * 128 + wg_tidx));
-        sum[j].x += other.x;
-        sum[j].y += other.y;
-      }
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kDqAccPerThread / 2; ++j) {
-      *reinterpret_cast<float2*>(sdq + dq_staged_offset(2 * j, half * 128 + wg_tidx)) = sum[j];
-    }
-    if (wg == 0) {
-      if (half == 1 || kDqPartHalves) { cutlass::arch::NamedBarrier::arrive(2 * 128, part_full); }
-    } else if (half == 1) {
-      cutlass::arch::fence_view_async_shared();  // the reducer's bulk copy reads it
-      cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0));
-    }
-  }
-
   // RS variant (kBlockN == 128): warpgroup w owns keys [64 w, 64 w + 64) for S^T, dP^T, dV, dK.
   CUTLASS_DEVICE void consume_rs(Params const& params, SharedStorage& smem, Pipeline& pipeline,
                                  PipelineState& state, Progress const& progress,
@@ -906,18 +785,6 @@ struct BwdKernel {
     // dQ's operands: A = dS (..., 2 buffers), B = K^T.
     Tensor tdQrA = wg_dq.partition_fragment_A(sdS);
     Tensor tdQrB = wg_dq.partition_fragment_B(sKt);
-
-    // kDqKeys: this warpgroup's operands of the dQ partial (A: its dS columns, 2 buffers; B: its
-    // rows of K^T, one per head-dim half), from its first thread (uniform descriptors).
-    TiledMmadQPart mma_dqp;
-    int const wg = wg_thread / cutlass::NumThreadsPerWarpGroup;
-    auto wg_dqp = mma_dqp.get_thread_slice(0);
-    Tensor tdQpA = wg_dqp.partition_fragment_A(
-        make_tensor(make_smem_ptr(smem.pds.dst.data() + wg * kDsKeysOffset), SmemLayoutdSKeysOfWG{}));
-    Tensor tdQpB0 = wg_dqp.partition_fragment_B(
-        make_tensor(make_smem_ptr(smem.k.data() + wg * kKtKeysOffset), SmemLayoutKtPart{}));
-    Tensor tdQpB1 = wg_dqp.partition_fragment_B(
-        make_tensor(make_smem_ptr(smem.k.data() + wg * kKtKeysOffset + kKtHalfOffset), SmemLayoutKtPart{}));
 
     Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
     Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -1083,52 +950,21 @@ struct BwdKernel {
       } else if constexpr (kDvAfterDs) {
         wgmma_async</*kZeroInit=*/false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
       }
-      if constexpr (kDqKeys) {
-        // Only this warpgroup reads its dS columns: its own threads' stores are all it waits for.
-        cutlass::arch::NamedBarrier::sync(
-            cutlass::NumThreadsPerWarpGroup, static_cast<int>(BwdNamedBarrier::kDsOwnWG0) + wg);
-        // The partial's first head-dim half, then dK (and the rest of dV) behind it; the second
-        // half once the first is staged (its 32 accumulator registers reused).
-        Tensor tdQpdQ = partition_fragment_C(mma_dqp, DqPartShape{});
-        int const wg_tidx = mma_tidx % cutlass::NumThreadsPerWarpGroup;
-        wgmma_async</*kZeroInit=*/true>(mma_dqp, tdQpA(_, _, _, buf), tdQpB0, tdQpdQ);
-        if constexpr (kDvLate == 2) { dv_rest(); }
-        if constexpr (kDqKeysOrder == 1) {
-          // dK behind the second half, so that it runs while that half is staged.
-          warpgroup_wait<kDvLate == 2 ? 1 : 0>();
-          stage_dq_part(smem, tdQpdQ, 0, progress.steps + step, wg, wg_tidx);
-          wgmma_async</*kZeroInit=*/true>(mma_dqp, tdQpA(_, _, _, buf), tdQpB1, tdQpdQ);
-          wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-          if constexpr (kDvLate == 1) { dv_rest(); }
-          warpgroup_wait<kDvLate == 1 ? 2 : 1>();
-          stage_dq_part(smem, tdQpdQ, 1, progress.steps + step, wg, wg_tidx);
-          warpgroup_wait<0>();
-        } else {
-          wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-          if constexpr (kDvLate == 1) { dv_rest(); }
-          warpgroup_wait<kDvLate ? 2 : 1>();
-          stage_dq_part(smem, tdQpdQ, 0, progress.steps + step, wg, wg_tidx);
-          wgmma_async</*kZeroInit=*/true>(mma_dqp, tdQpA(_, _, _, buf), tdQpB1, tdQpdQ);
-          warpgroup_wait<0>();
-          stage_dq_part(smem, tdQpdQ, 1, progress.steps + step, wg, wg_tidx);
-        }
-      } else {
-        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<int>(BwdNamedBarrier::kPdSReady));
 
-        // dQ first, then dK, so that dQ is staged while dK still runs. With dK first, staging began
-        // only after every GEMM of the step: the same speed by default, but deterministic mode (its
-        // reducer waits for each block's addition) was 4-9 % slower at hdim 128 non-causal.
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, DqTileShape{});
-        wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, buf), tdQrB, tdQrdQ);
-        if constexpr (kDvLate == 2) { dv_rest(); }
-        wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-        if constexpr (kDvLate == 1) { dv_rest(); }
-        // dQ done, and every part of dV issued before it; dK (and with kDvLate the rest of dV) may
-        // still read Q's (dO's) stage until the wait below.
-        warpgroup_wait<kDvLate ? 2 : 1>();
-        stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
-        warpgroup_wait<0>();
-      }
+      // dQ first, then dK, so that dQ is staged while dK still runs. With dK first, staging began
+      // only after every GEMM of the step: the same speed by default, but deterministic mode (its
+      // reducer waits for each block's addition) was 4-9 % slower at hdim 128 non-causal.
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, DqTileShape{});
+      wgmma_async</*kZeroInit=*/true>(mma_dq, tdQrA(_, _, _, buf), tdQrB, tdQrdQ);
+      if constexpr (kDvLate == 2) { dv_rest(); }
+      wgmma_async</*kZeroInit=*/false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+      if constexpr (kDvLate == 1) { dv_rest(); }
+      // dQ done, and every part of dV issued before it; dK (and with kDvLate the rest of dV) may
+      // still read Q's (dO's) stage until the wait below.
+      warpgroup_wait<kDvLate ? 2 : 1>();
+      stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
+      warpgroup_wait<0>();
       pipeline.consumer_release(state);
       ++state;
     };
@@ -1174,23 +1010,22 @@ struct BwdKernel {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
-      if constexpr (kDqPerWG || kDqKeysOwnBuf) {
+      if constexpr (kDqPerWG) {
         reduce_dq_per_wg(params, smem, leader, global_step, head, m_block, n_block, batch);
         continue;
       }
       int const buffer = global_step % kDqStages;
       // The consumers may fill this step's buffer: step - kDqStages, its last reader, has read it
       // (the wait_group.read after the previous step). Signalled when the step is known to exist,
-      // so that no arrival is left pending when the CTA's tiles end. kDqKeys: warpgroup 0 fills
-      // the buffer, warpgroup 1 tells it is full.
-      constexpr int kThreads = (kDqKeys ? cutlass::NumThreadsPerWarpGroup : kNumMmaThreads) + 32;
+      // so that no arrival is left pending when the CTA's tiles end.
       if (global_step >= kDqStages) {
-        cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<int>(BwdNamedBarrier::kDqEmpty0) + buffer);
+        cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32,
+                                            static_cast<int>(BwdNamedBarrier::kDqEmpty0) + buffer);
       }
       int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
       float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
       float const* const sdq = smem.dq.dq.data() + buffer * (kBlockM * kHeadDim);
-      cutlass::arch::NamedBarrier::sync(kThreads, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);
       if (leader) {
         int* const semaphore = params.dq_semaphore != nullptr ? take_dq_turn(params, row_base, m_block, n_block) : nullptr;
         bulk_reduce_add<kBytesDq>(gdq, sdq);
@@ -1239,13 +1074,7 @@ struct BwdKernel {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
     int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
     float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
-    auto reduce_half = [&](int wg) {
-      if constexpr (kDqKeysOwnBuf) {  // warpgroup wg's whole partial, from its own buffer
-        bulk_reduce_add<kBytesDq>(gdq, smem.dq.dq.data() + wg * (kBlockM * kHeadDim));
-      } else {
-        bulk_reduce_add<kBytesDq / 2>(gdq + wg * kHalf, smem.dq.dq.data() + wg * kHalf);
-      }
-    };
+    auto reduce_half = [&](int wg) { bulk_reduce_add<kBytesDq / 2>(gdq + wg * kHalf, smem.dq.dq.data() + wg * kHalf); };
     auto full = [](int wg) { return static_cast<int>(BwdNamedBarrier::kDqFull0) + wg; };
     // The previous step's reads of both halves are complete (the wait below): release both at
     // once, so that neither warpgroup waits for the other's staging.

@@ -28,15 +28,6 @@ enum class BwdNamedBarrier : int {
   kDqFull1 = 4,
   kDqEmpty0 = 5,
   kDqEmpty1 = 6,
-  // The backward's kDqKeys (dQ split over the keys): warpgroup w's dS columns are in shared memory
-  // (its 128 threads; ids 1 and 2, as kPdSReady, which those kernels do not use), and warpgroup
-  // 0's dQ partial is staged for warpgroup 1 to add to (128 arrive, 128 sync). The sum then goes
-  // to the reducer under kDqFull0 / kDqEmpty0 (128 + 32 threads). With kDqPartHalves, half h's
-  // partial has a signal of its own (kDqPartFull, kDqPartFull1).
-  kDsOwnWG0 = 1,
-  kDsOwnWG1 = 2,
-  kDqPartFull = 7,
-  kDqPartFull1 = 4,  // kDqKeys with a signal per head-dim half (kDqFull1's id, unused there)
 };
 
 }  // namespace flash
