@@ -16,6 +16,7 @@
 #pragma once
 
 #include "kernel/config.h"
+#include "kernel/tile_size.h"  // persistent_ctas
 
 #include <type_traits>
 
@@ -84,8 +85,7 @@ struct FwdTileScheduler {
 
   static dim3 grid(int num_m_blocks, int heads, int batch, int num_sms) {
     if constexpr (kPersistent) {
-      long const tiles = long(num_m_blocks) * heads * batch;
-      return dim3(unsigned(tiles < num_sms ? tiles : num_sms));
+      return dim3(unsigned(persistent_ctas(long(num_m_blocks) * heads * batch, num_sms)));
     } else {
       return dim3(num_m_blocks, heads, batch);
     }
