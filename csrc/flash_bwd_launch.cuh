@@ -6,7 +6,6 @@
 #include "kernel/config.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -94,41 +93,13 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
 
   dim3 grid((p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, p.heads_kv, p.batch);
   if constexpr (Kernel::kPersistent) {  // one CTA per SM over all tiles
-    grid = dim3(unsigned(persistent_ctas(long(grid.x) * grid.y * grid.z, p.num_sms)), 1, 1);
+    grid = dim3(std::min<int64_t>(int64_t(grid.x) * grid.y * grid.z, p.num_sms), 1, 1);
   }
   auto kernel = &flash_bwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
              "raising the backward kernel's shared-memory limit");
-  if constexpr (Kernel::kPair) {  // clusters of two CTAs over pairs of key blocks
-    if (p.dq_semaphore_ptr != nullptr) {
-      throw std::runtime_error("flash_attn_hopper: the paired backward kernel runs in the default mode only");
-    }
-    cudaLaunchConfig_t config{};
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = 2;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.gridDim = dim3(2, 1, 1);
-    config.blockDim = dim3(Kernel::kNumThreads, 1, 1);
-    config.dynamicSmemBytes = smem_size;
-    config.stream = stream;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    static int const max_clusters = [&config, kernel] {
-      int n = 0;
-      check_cuda(cudaOccupancyMaxActiveClusters(&n, kernel, &config), "querying the paired backward kernel's clusters");
-      std::fprintf(stderr, "flash_attn_hopper (FLASH_BWD_DEV_PAIR): %d clusters of 2 resident\n", n);
-      return std::max(n, 1);
-    }();
-    int64_t const n_blocks = (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN;
-    int64_t const pair_tiles = (n_blocks + 1) / 2 * p.heads_kv * p.batch;
-    config.gridDim = dim3(unsigned(2 * std::min<int64_t>(pair_tiles, max_clusters)), 1, 1);
-    check_cuda(cudaLaunchKernelEx(&config, kernel, params), "launching the paired backward kernel");
-  } else {
-    kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
-  }
+  kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
   check_cuda(cudaGetLastError(), "launching the backward kernel");
 
   dim3 const grid_post(p.seqlen_q_padded / Kernel::kBlockM, p.heads_q, p.batch);

@@ -132,20 +132,6 @@ struct BwdKernel {
 #else
   static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
 #endif
-  // Experiment FLASH_BWD_DEV_PAIR=1 (persistent non-causal RS kernels with per-warpgroup dQ
-  // staging, default mode): CTAs run in clusters of two over key blocks 2p and 2p + 1 of one
-  // (KV head, batch), walking the same query blocks in step. On each step one CTA of the pair
-  // (alternating) stores its dQ partial straight into the other's staging buffer through
-  // distributed shared memory; the other adds its own partial there and issues the step's one
-  // bulk reduce-add, so the L2 reduce-add traffic halves. (A knockout that dropped half the
-  // reduce-adds measured +3.6 % at 8k, all of them +8.6 %.) A pair's lone key block (odd key
-  // block counts) runs alone with the usual staging.
-#if defined(FLASH_BWD_DEV_PAIR) && FLASH_BWD_DEV_PAIR
-  static constexpr int kPairMode = FLASH_BWD_DEV_PAIR;
-#else
-  static constexpr int kPairMode = 0;
-#endif
-  static constexpr bool kPair = kPairMode != 0 && kPersistent_ && !kLocal_ && kRS && kDqPerWG;
   // With kDvAfterDs, the dV GEMM's first kDvFirstKBlocks K blocks (16 queries each) are issued
   // before the dP^T wait and the rest after dS^T, so that their exps precede that wait. In one
   // piece, ptxas hoisted the wait above all but 1 of the 32 MUFUs (hdim 128; 8 of 64 at hdim 64),
@@ -350,10 +336,6 @@ struct BwdKernel {
     alignas(1024) cute::array_aligned<float, kBuffers * kBlockM * kHeadDim> dq;
   };
   struct NoRing {};
-  struct PairBarriers {  // kPair
-    alignas(16) cutlass::arch::ClusterBarrier recv_full[2];  // the peer's dQ half is here (1 local arrival + its bytes)
-    alignas(16) cutlass::arch::ClusterBarrier peer_free[2];  // the peer's staging half may be written (1 remote arrival)
-  };
   struct TileRing {  // kDynamic: tile ids from the producer to the consumers and the dQ reducer
     int ids[2];
     alignas(16) cutlass::arch::ClusterBarrier full[2];   // id written (1 arrival: the producer)
@@ -374,7 +356,6 @@ struct BwdKernel {
     std::conditional_t<kDynamic, TileRing, NoRing> ring;
     alignas(16) typename Pipeline::SharedStorage pipeline_qdo;
     alignas(16) typename Pipeline::SharedStorage pipeline_do;  // kSplitQdO: dO and D (Q and LSE in pipeline_qdo)
-    std::conditional_t<kPair, PairBarriers, NoRing> pair;  // last: the other members keep their offsets
   };
   static constexpr int kSmemLimit = 227 * 1024;
   // Two dQ staging buffers where they fit, else one; FLASH_BWD_DEV_DQ_STAGES overrides.
@@ -438,13 +419,6 @@ struct BwdKernel {
           smem.ring.empty[slot].init(kNumMmaThreads + 32);
         }
       }
-      if constexpr (kPair) {
-        for (int wg = 0; wg < 2; ++wg) {
-          smem.pair.recv_full[wg].init(1);
-          smem.pair.peer_free[wg].init(1);
-        }
-        cutlass::arch::fence_barrier_init();
-      }
     }
     typename Pipeline::Params pipeline_params;
     // Q, dO, LSE2, D of one query block (kSplitQdO: Q and LSE2 here, dO and D in pipeline_do)
@@ -455,11 +429,7 @@ struct BwdKernel {
     pipeline_params.num_consumers = kNumMmaThreads;
     Pipeline pipeline(smem.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
     Pipeline pipeline_do(smem.pipeline_do, pipeline_params, Shape<_1, _1, _1>{});  // used with kSplitQdO
-    if constexpr (kPair) {
-      cute::cluster_sync();  // the peer's barriers are initialized before any remote arrival
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();
 
     // Every role walks the same tiles; Progress counts the steps and K/V loads before each tile
     // (the dQ staging buffers, the dS^T buffers and the K/V barrier phases run on across tiles).
@@ -476,7 +446,7 @@ struct BwdKernel {
         bool const leader = cute::elect_one_sync();
         for_each_tile</*kDraws=*/false>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
           reduce_dq(params, smem, progress, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv,
-                    tile.batch, tile.paired);
+                    tile.batch);
         });
         if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
       }
@@ -486,16 +456,12 @@ struct BwdKernel {
       for_each_tile</*kDraws=*/false>(params, smem, [&](BwdTile const& tile, Progress const& progress) {
         if constexpr (kRS) {
           consume_rs(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block,
-                     tile.head_kv, tile.batch, threadIdx.x - 128, tile.paired);
+                     tile.head_kv, tile.batch, threadIdx.x - 128);
         } else {
           consume(params, smem, pipeline, pipeline_do, state, progress, tile.range, tile.num_steps, tile.n_block,
                   tile.head_kv, tile.batch, threadIdx.x - 128);
         }
       });
-    }
-    if constexpr (kPair) {  // neither CTA leaves while the other may still reach its shared memory
-      __syncwarp();
-      cute::cluster_sync();
     }
   }
 
@@ -503,24 +469,11 @@ struct BwdKernel {
     int n_block, head_kv, batch;
     BwdBlockRange<kBlockM, kBlockN, kLocal> range;
     int num_steps;
-    bool paired;  // kPair: the other CTA of the cluster has key block n_block ^ 1 of the same head
   };
   struct Progress {
     int steps = 0;     // steps of the CTA's earlier tiles
     int kv_loads = 0;  // K/V blocks loaded for them (tiles without steps load none)
-    int recvs = 0;     // kPair: paired steps so far where this CTA received the peer's dQ half
-    int sends = 0;     // kPair: paired steps so far where it sent its own
   };
-  // kPair: this CTA's rank in its cluster of two.
-  CUTLASS_DEVICE static int pair_rank() {
-    if constexpr (kPair) {
-      return int(cute::block_rank_in_cluster());
-    } else {
-      return 0;
-    }
-  }
-  // kPair: whether this CTA receives (adds and reduces) on step `step` of a paired tile.
-  CUTLASS_DEVICE static bool pair_receives(int step) { return (step & 1) == pair_rank(); }
 
   // The CTA's tiles in order: its blockIdx one; (kPersistent, non-causal) tiles blockIdx.x,
   // + gridDim.x, ... of the (key blocks, KV heads, batch) grid, key blocks fastest; (kDynamic)
@@ -529,18 +482,13 @@ struct BwdKernel {
   template <bool kDraws, typename Fn>
   CUTLASS_DEVICE static void for_each_tile(Params const& params, SharedStorage& smem, Fn&& fn) {
     Progress progress;
-    auto visit = [&](int n_block, int head_kv, int batch, bool paired = false) {
+    auto visit = [&](int n_block, int head_kv, int batch) {
       BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n_block, params.seqlen_q, params.diag_offset,
                                                           params.window_left, params.window_right);
-      BwdTile const tile{n_block, head_kv, batch, range, range.count() * params.q_heads_per_kv_head, paired};
+      BwdTile const tile{n_block, head_kv, batch, range, range.count() * params.q_heads_per_kv_head};
       fn(tile, progress);
       progress.steps += tile.num_steps;
       progress.kv_loads += tile.num_steps > 0 ? 1 : 0;
-      if (paired) {
-        int const recvs = (tile.num_steps + 1 - pair_rank()) / 2;
-        progress.recvs += recvs;
-        progress.sends += tile.num_steps - recvs;
-      }
     };
     int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
     int const tiles = n_blocks * params.heads_kv * int(get<3>(params.shape_q));
@@ -565,19 +513,6 @@ struct BwdKernel {
           BwdCoords const c = tile_coords(params, tile, n_blocks);
           visit(c.n_block, c.head_kv, c.batch);
         }
-      }
-    } else if constexpr (kPair) {
-      // Clusters of two walk the pairs of key blocks; a lone last block runs in rank 0 alone.
-      int const n_pairs = (n_blocks + 1) / 2;
-      int const pair_tiles = n_pairs * params.heads_kv * int(get<3>(params.shape_q));
-      int const rank = pair_rank();
-      for (int t = int(blockIdx.x) / 2; t < pair_tiles; t += int(gridDim.x) / 2) {
-        int const pair = t % n_pairs;
-        int const n_block = 2 * pair + rank;
-        if (n_block >= n_blocks) { continue; }
-        // FLASH_BWD_DEV_PAIR=2: the clusters and their schedule without the exchange (a measurement).
-        visit(n_block, (t / n_pairs) % params.heads_kv, t / (n_pairs * params.heads_kv),
-              kPairMode != 2 && 2 * pair + 1 < n_blocks);
       }
     } else if constexpr (kPersistent) {
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -825,67 +760,11 @@ struct BwdKernel {
     cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<int>(BwdNamedBarrier::kDqFull0) + pair);
   }
 
-  // kPair, a paired step: the receiving CTA (pair_receives) waits for the peer's half of this
-  // warpgroup's dQ in its staging buffer, adds its own in place and hands the sum to its reducer
-  // warp; the sending CTA waits until the peer's half is free (its last reduce-add read it) and
-  // stores its half there through distributed shared memory with st.async, whose bytes complete
-  // the peer's barrier.
-  template <typename TensorAcc>
-  CUTLASS_DEVICE void exchange_dq(SharedStorage& smem, TensorAcc const& tdQrdQ, Progress const& progress, int step,
-                                  int mma_tidx) const {
-    static_assert(decltype(size(tdQrdQ))::value == kDqAccPerThread);
-    int const wg = mma_tidx / 128;
-    float* const sdq = smem.dq.dq.data();
-    if (pair_receives(step)) {
-      // The peer's stores complete the barrier's bytes (st.async), possibly before this arrival.
-      if (mma_tidx % 128 == 0) {
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                         cute::cast_smem_ptr_to_uint(&smem.pair.recv_full[wg])),
-                     "r"(kBytesDq / 2)
-                     : "memory");
-      }
-      smem.pair.recv_full[wg].wait((progress.recvs + (step >> 1)) & 1);
-      asm volatile("" ::: "memory");  // CUTLASS's wait has no memory clobber: keep the loads below it
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kDqAccPerThread / 2; ++j) {
-        float2* const at = reinterpret_cast<float2*>(sdq + dq_staged_offset(2 * j, mma_tidx));
-        float2 const peer = *at;
-        *at = make_float2(peer.x + tdQrdQ(2 * j), peer.y + tdQrdQ(2 * j + 1));
-      }
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::arrive(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
-    } else {
-      uint32_t const peer = uint32_t(pair_rank() ^ 1);
-      smem.pair.peer_free[wg].wait((progress.sends + (step >> 1)) & 1);
-      uint32_t const remote = map_to_peer(cute::cast_smem_ptr_to_uint(sdq), peer);
-      uint32_t const remote_full = map_to_peer(cute::cast_smem_ptr_to_uint(&smem.pair.recv_full[wg]), peer);
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kDqAccPerThread / 2; ++j) {
-        uint32_t const at = remote + uint32_t(dq_staged_offset(2 * j, mma_tidx)) * uint32_t(sizeof(float));
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(at),
-                     "f"(tdQrdQ(2 * j)), "f"(tdQrdQ(2 * j + 1)), "r"(remote_full)
-                     : "memory");
-      }
-    }
-  }
-  // The address of the peer CTA's copy of a shared-memory location.
-  CUTLASS_DEVICE static uint32_t map_to_peer(uint32_t local, uint32_t peer) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(peer));
-    return remote;
-  }
-  // Arrive on the peer CTA's copy of a barrier (relaxed: it orders no writes of this thread; the
-  // reducer's bulk reads are complete before it arrives).
-  CUTLASS_DEVICE static void arrive_on_peer(cutlass::arch::ClusterBarrier* barrier, uint32_t peer) {
-    uint32_t const remote = map_to_peer(cute::cast_smem_ptr_to_uint(barrier), peer);
-    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-  }
-
   // RS variant (kBlockN == 128): warpgroup w owns keys [64 w, 64 w + 64) for S^T, dP^T, dV, dK.
   CUTLASS_DEVICE void consume_rs(Params const& params, SharedStorage& smem, Pipeline& pipeline,
                                  PipelineState& state, Progress const& progress,
                                  BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
-                                 int head_kv, int batch, int mma_tidx, bool paired = false) const {
+                                 int head_kv, int batch, int mma_tidx) const {
     TiledMmaSdP mma_sdp;
     TiledMmadKV mma_dkv;
     TiledMmadQ mma_dq;
@@ -1084,23 +963,9 @@ struct BwdKernel {
       // dQ done, and every part of dV issued before it; dK (and with kDvLate the rest of dV) may
       // still read Q's (dO's) stage until the wait below.
       warpgroup_wait<kDvLate ? 2 : 1>();
-      if constexpr (kPair) {
-        if (paired) {
-          exchange_dq(smem, tdQrdQ, progress, step, mma_tidx);
-        } else {
-          stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
-        }
-      } else {
-        stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
-      }
+      stage_dq(smem, tdQrdQ, progress.steps + step, mma_tidx);
       warpgroup_wait<0>();
-      if constexpr (kPair) {
-        // Local arrival: the pipeline was built for clusters of one, and its release would
-        // signal the cluster's CTA 0 (rank 1 would release CTA 0's stages).
-        smem.pipeline_qdo.empty_barrier_[state.index()].arrive();
-      } else {
-        pipeline.consumer_release(state);
-      }
+      pipeline.consumer_release(state);
       ++state;
     };
     if constexpr (kLocal && kSplitSteps) {
@@ -1139,18 +1004,12 @@ struct BwdKernel {
   // the last reductions.
   CUTLASS_DEVICE void reduce_dq(Params const& params, SharedStorage& smem, Progress const& progress, bool leader,
                                 BwdBlockRange<kBlockM, kBlockN, kLocal> const& range, int num_steps, int n_block,
-                                int head_kv, int batch, bool paired = false) const {
+                                int head_kv, int batch) const {
     Walk walk(params, range, n_block);
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
-      if constexpr (kPair) {
-        if (paired) {  // a sending step has nothing to reduce
-          if (pair_receives(step)) { reduce_dq_pair(params, smem, leader, head, m_block, batch); }
-          continue;
-        }
-      }
       if constexpr (kDqPerWG) {
         reduce_dq_per_wg(params, smem, leader, global_step, head, m_block, n_block, batch);
         continue;
@@ -1238,38 +1097,11 @@ struct BwdKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int wg = 0; wg < 2; ++wg) {
         cutlass::arch::NamedBarrier::sync(128 + 32, full(wg));
-#if defined(FLASH_BWD_DEV_KO_DQ)  // knockout (results wrong by design): 1 = odd key blocks add nothing, 2 = none does
-        bool const ko = FLASH_BWD_DEV_KO_DQ == 2 || (FLASH_BWD_DEV_KO_DQ == 1 && (n_block & 1));
-        if (leader && !ko) { reduce_half(wg); }
-#else
         if (leader) { reduce_half(wg); }
-#endif
         __syncwarp();
       }
       if (leader) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }  // both halves read
     }
-    __syncwarp();
-  }
-
-  // kPair, a receiving step: the previous reduce-add has read the staging buffer (the wait at the
-  // end of every step), so the peer may store its halves there; then each summed half goes out.
-  CUTLASS_DEVICE void reduce_dq_pair(Params const& params, SharedStorage& smem, bool leader, int head, int m_block,
-                                     int batch) const {
-    constexpr int kHalf = kBlockM * kHeadDim / 2;
-    int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
-    float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
-    if (leader) {
-      uint32_t const peer = uint32_t(pair_rank() ^ 1);
-      arrive_on_peer(&smem.pair.peer_free[0], peer);
-      arrive_on_peer(&smem.pair.peer_free[1], peer);
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int wg = 0; wg < 2; ++wg) {
-      cutlass::arch::NamedBarrier::sync(128 + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + wg);
-      if (leader) { bulk_reduce_add<kBytesDq / 2>(gdq + wg * kHalf, smem.dq.dq.data() + wg * kHalf); }
-      __syncwarp();
-    }
-    if (leader) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
     __syncwarp();
   }
 
@@ -1302,16 +1134,7 @@ struct BwdKernel {
     int index = 0;
 #if !defined(FLASH_BWD_DEV_ROTATE) || FLASH_BWD_DEV_ROTATE
     if constexpr (!kLocal) {
-      // kPair: both CTAs of a pair walk the same query blocks in step.
-      // FLASH_BWD_DEV_ROTATE_PAIR=1: key blocks 2p and 2p + 1 start at the same query block, as
-      // kPair's, without clusters (persistent CTAs 2i and 2i + 1 hold such pairs when the key
-      // block count and the grid are even).
-#if defined(FLASH_BWD_DEV_ROTATE_PAIR) && FLASH_BWD_DEV_ROTATE_PAIR
-      constexpr bool kRotatePair = true;
-#else
-      constexpr bool kRotatePair = kPair;
-#endif
-      if (params.dq_semaphore == nullptr) { index = (kRotatePair ? n_block / 2 : n_block) % range.count(); }
+      if (params.dq_semaphore == nullptr) { index = n_block % range.count(); }
     }
 #endif
     return range.m_block_min + index;

@@ -16,7 +16,6 @@
 #pragma once
 
 #include "kernel/config.h"
-#include "kernel/tile_size.h"  // persistent_ctas
 
 #include <type_traits>
 
@@ -85,7 +84,8 @@ struct FwdTileScheduler {
 
   static dim3 grid(int num_m_blocks, int heads, int batch, int num_sms) {
     if constexpr (kPersistent) {
-      return dim3(unsigned(persistent_ctas(long(num_m_blocks) * heads * batch, num_sms)));
+      long const tiles = long(num_m_blocks) * heads * batch;
+      return dim3(unsigned(tiles < num_sms ? tiles : num_sms));
     } else {
       return dim3(num_m_blocks, heads, batch);
     }

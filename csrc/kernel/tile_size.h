@@ -127,20 +127,6 @@ constexpr FwdTileShape fwd_tile() {
   return tile;
 }
 
-// CTAs of a persistent grid over `tiles` tiles: one per SM. The developer macro
-// FLASH_DEV_BALANCED_GRID=1 takes instead the fewest CTAs that keep the same number of waves
-// (2048 tiles on 132 SMs: 128 CTAs x 16 whole waves rather than 15.52), so that no SM runs a
-// last partial wave and the idle ones leave their power to the others.
-inline long persistent_ctas(long tiles, long num_sms) {
-  if (tiles < num_sms) { return tiles; }
-#if defined(FLASH_DEV_BALANCED_GRID) && FLASH_DEV_BALANCED_GRID
-  long const waves = (tiles + num_sms - 1) / num_sms;
-  return (tiles + waves - 1) / waves;
-#else
-  return num_sms;
-#endif
-}
-
 // Persistent causal/local kernels take their tiles from a zeroed counter (FwdParams::tile_counter).
 constexpr bool fwd_dynamic_schedule(bool persistent, bool local) { return persistent && local; }
 
