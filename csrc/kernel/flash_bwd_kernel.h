@@ -93,20 +93,6 @@ struct BwdKernel {
   // stay correct: a CTA's tiles come in increasing index order and each waits only on lower key
   // blocks, i.e. lower indices.
   static constexpr bool kPersistent = kPersistent_;
-  // Experiments (twenty-ninth session; default off, default SASS unchanged): L2 eviction hints.
-  // FLASH_BWD_DEV_QDO_HINT=1: Q and dO tiles (read by every key block of the head) loaded with
-  // EVICT_LAST (FA3's backward does this); FLASH_BWD_DEV_KV_HINT=1: K and V (read once) with
-  // EVICT_FIRST; FLASH_BWD_DEV_DQ_HINT=1: the dQ reduce-adds with an EVICT_LAST policy.
-#ifdef FLASH_BWD_DEV_QDO_HINT
-  static constexpr TMA::CacheHintSm90 kQdOHint = FLASH_BWD_DEV_QDO_HINT ? TMA::CacheHintSm90::EVICT_LAST : TMA::CacheHintSm90::EVICT_NORMAL;
-#else
-  static constexpr TMA::CacheHintSm90 kQdOHint = TMA::CacheHintSm90::EVICT_NORMAL;
-#endif
-#ifdef FLASH_BWD_DEV_KV_HINT
-  static constexpr TMA::CacheHintSm90 kKVHint = FLASH_BWD_DEV_KV_HINT ? TMA::CacheHintSm90::EVICT_FIRST : TMA::CacheHintSm90::EVICT_NORMAL;
-#else
-  static constexpr TMA::CacheHintSm90 kKVHint = TMA::CacheHintSm90::EVICT_NORMAL;
-#endif
   // Persistent causal/local kernels (default mode only) take their tiles from an atomic counter
   // (BwdParams::tile_counter, zeroed by the preprocess kernel), longest first in L2-sized sections of (KV head, batch) pairs (tile_coords), so that a CTA that drew short
   // tiles takes more of them. The producer thread draws the ids and hands them to the consumers
@@ -576,8 +562,8 @@ struct BwdKernel {
     auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
     smem.barrier_kv.arrive_and_expect_tx(2 * kBytesK);
-    copy(params.tma_k.with(reinterpret_cast<uint64_t&>(smem.barrier_kv), 0, TMA::CacheHintSm90{kKVHint}), tKgK, tKsK);
-    copy(params.tma_v.with(reinterpret_cast<uint64_t&>(smem.barrier_kv), 0, TMA::CacheHintSm90{kKVHint}), tVgV, tVsV);
+    copy(params.tma_k.with(reinterpret_cast<uint64_t&>(smem.barrier_kv)), tKgK, tKsK);
+    copy(params.tma_v.with(reinterpret_cast<uint64_t&>(smem.barrier_kv)), tVgV, tVsV);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutQ{});
@@ -595,15 +581,15 @@ struct BwdKernel {
       int64_t const row = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded + m_block * kBlockM;
       pipeline.producer_acquire(state);
       uint64_t* const full = reinterpret_cast<uint64_t*>(pipeline.producer_get_barrier(state));
-      copy(params.tma_q.with(*pipeline.producer_get_barrier(state), 0, TMA::CacheHintSm90{kQdOHint}), tQgQ, tQsQ(_, state.index()));
+      copy(params.tma_q.with(*pipeline.producer_get_barrier(state)), tQgQ, tQsQ(_, state.index()));
       SM90_BULK_COPY_G2S::copy(params.lse_log2 + row, full, smem.lse2[state.index()], kBytesRow);
       if constexpr (kSplitQdO) {  // the two pipelines advance together: one state serves both
         pipeline_do.producer_acquire(state);
         uint64_t* const full_do = reinterpret_cast<uint64_t*>(pipeline_do.producer_get_barrier(state));
-        copy(params.tma_do.with(*pipeline_do.producer_get_barrier(state), 0, TMA::CacheHintSm90{kQdOHint}), tdOgdO, tdOsdO(_, state.index()));
+        copy(params.tma_do.with(*pipeline_do.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
         SM90_BULK_COPY_G2S::copy(params.dsum + row, full_do, smem.dsum[state.index()], kBytesRow);
       } else {
-        copy(params.tma_do.with(*pipeline.producer_get_barrier(state), 0, TMA::CacheHintSm90{kQdOHint}), tdOgdO, tdOsdO(_, state.index()));
+        copy(params.tma_do.with(*pipeline.producer_get_barrier(state)), tdOgdO, tdOsdO(_, state.index()));
         SM90_BULK_COPY_G2S::copy(params.dsum + row, full, smem.dsum[state.index()], kBytesRow);
       }
       ++state;
@@ -1058,13 +1044,6 @@ struct BwdKernel {
   // bulk group of its own.
   template <uint32_t kBytes>
   CUTLASS_DEVICE static void bulk_reduce_add(float* gdq, float const* sdq) {
-#if defined(FLASH_BWD_DEV_DQ_HINT)
-    if constexpr (bool(FLASH_BWD_DEV_DQ_HINT)) {
-      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;"
-                   :: "l"(gdq), "r"(cute::cast_smem_ptr_to_uint(sdq)), "n"(kBytes),
-                      "l"(uint64_t(TMA::CacheHintSm90::EVICT_LAST)) : "memory");
-    } else
-#endif
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
                  :: "l"(gdq), "r"(cute::cast_smem_ptr_to_uint(sdq)), "n"(kBytes) : "memory");
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");

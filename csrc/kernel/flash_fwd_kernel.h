@@ -217,19 +217,6 @@ struct FwdKernel {
 #define FLASH_FWD_DEV_DIRECT_O 1
 #endif
   static constexpr bool kDirectO = kPersistent_ && !kOwnO_ && bool(FLASH_FWD_DEV_DIRECT_O);
-  // Experiments (twenty-ninth session; default off, default SASS unchanged): L2 eviction hints.
-  // FLASH_FWD_DEV_KV_HINT=1: K and V (read by every query tile of the head) loaded with
-  // EVICT_LAST; FLASH_FWD_DEV_Q_HINT=1: Q (read once) with EVICT_FIRST.
-#ifdef FLASH_FWD_DEV_KV_HINT
-  static constexpr TMA::CacheHintSm90 kKVHint = FLASH_FWD_DEV_KV_HINT ? TMA::CacheHintSm90::EVICT_LAST : TMA::CacheHintSm90::EVICT_NORMAL;
-#else
-  static constexpr TMA::CacheHintSm90 kKVHint = TMA::CacheHintSm90::EVICT_NORMAL;
-#endif
-#ifdef FLASH_FWD_DEV_Q_HINT
-  static constexpr TMA::CacheHintSm90 kQHint = FLASH_FWD_DEV_Q_HINT ? TMA::CacheHintSm90::EVICT_FIRST : TMA::CacheHintSm90::EVICT_NORMAL;
-#else
-  static constexpr TMA::CacheHintSm90 kQHint = TMA::CacheHintSm90::EVICT_NORMAL;
-#endif
   // Q's buffer is released by the tile's last Q.K^T GEMM (not by its epilogue), and only by tiles
   // that loaded Q.
   static constexpr bool kEarlyQ = kSeparateO || kDirectO;
@@ -454,12 +441,12 @@ struct FwdKernel {
 
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state_k);
-      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k), 0, TMA::CacheHintSm90{kKVHint}), tKgK(_, n), tKsK(_, state_k.index()));
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
       ++state_k;
     };
     auto load_v = [&](int n) {
       pipeline_v.producer_acquire(state_v);
-      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v), 0, TMA::CacheHintSm90{kKVHint}), tVgV(_, n), tVsV(_, state_v.index()));
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
       ++state_v;
     };
     int n = range.n_block_max - 1;
@@ -469,7 +456,7 @@ struct FwdKernel {
     // the one before the previous).
     if (q_empty_phase >= 0) { q_empty(smem, q_slot).wait(q_empty_phase); }
     q_full(smem, q_slot).arrive_and_expect_tx(kBytesQ);
-    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(q_full(smem, q_slot)), 0, TMA::CacheHintSm90{kQHint}), tQgQ, tQsQ);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(q_full(smem, q_slot))), tQgQ, tQsQ);
     for (; n > range.n_block_min; --n) {
       load_k(n - 1);
       load_v(n);
