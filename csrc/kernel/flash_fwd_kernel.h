@@ -78,30 +78,6 @@ struct FwdKernel {
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutMNK{}));
-  // Experiment FLASH_FWD_DEV_NARROW_FIRST=1 (twenty-ninth session; non-causal, kBlockN not a
-  // multiple of 32 only, i.e. the 128x176 tile): the partial last key block (the tile's first) is
-  // computed with a narrower Q.K^T (N = its valid keys rounded up to 32; the accumulator's other
-  // columns are left as they are and masked) and its P.V over that many keys only, so that a
-  // sequence length that the tile does not divide (8192 = 46 x 176 + 96) costs no padded work.
-#ifdef FLASH_FWD_DEV_NARROW_FIRST
-  static constexpr bool kNarrowFirst = bool(FLASH_FWD_DEV_NARROW_FIRST) && !kLocal_ && kBlockN % 32 != 0;
-#else
-  static constexpr bool kNarrowFirst = false;
-#endif
-  template <int kW>
-  using TiledMmaQKNarrow = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kW>, Int<kHeadDim>>>(), AtomLayoutMNK{}));
-  // Calls f(Int<W>{}) for the W in {32, 64, ...} below kBlockN that equals w (none: nothing).
-  template <int kW, typename F>
-  CUTLASS_DEVICE static void with_narrow_width(int w, F&& f) {
-    if constexpr (kW < kBlockN) {
-      if (w == kW) {
-        f(Int<kW>{});
-      } else {
-        with_narrow_width<kW + 32>(w, f);
-      }
-    }
-  }
 
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   // Q tiles in row-major order of atoms so that each warpgroup's 64 rows form one contiguous
@@ -573,32 +549,9 @@ struct FwdKernel {
       }
 
       int n = range.n_block_max - 1;
-      // kNarrowFirst: the valid keys of block n rounded up to 32, if fewer than kBlockN (else 0);
-      // the first block() call's P.V then runs over that many keys only.
-      int narrow_w = 0;
-      if constexpr (kNarrowFirst) {
-        int const w = (params.seqlen_k - n * kBlockN + 31) / 32 * 32;
-        narrow_w = w < kBlockN ? w : 0;
-      }
       scheduler_sync(wg);
       pipeline_k.consumer_wait(state_k);
-      if constexpr (kNarrowFirst) {
-        if (narrow_w != 0) {
-          with_narrow_width<32>(narrow_w, [&](auto width) CUTLASS_LAMBDA_FUNC_INLINE {
-            using MmaW = TiledMmaQKNarrow<decltype(width)::value>;
-            MmaW mma_w;
-            // The first W columns of the accumulator, in the narrow GEMM's fragment layout (the
-            // same registers: column groups of 8 are the fragment's outermost mode).
-            Tensor tSrS_w = make_tensor(tSrS.data(),
-                                        partition_fragment_C(mma_w, Shape<Int<kBlockM>, decltype(width)>{}).layout());
-            wgmma_async</*kZeroInit=*/true>(mma_w, tSrQ, tSrK(_, _, _, state_k.index()), tSrS_w);
-          });
-        } else {
-          wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
-        }
-      } else {
-        wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
-      }
+      wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
       scheduler_arrive(wg);
       warpgroup_wait<0>();
       release_k(n);
@@ -622,19 +575,7 @@ struct FwdKernel {
         wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
         if (softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
         pipeline_v.consumer_wait(state_v);
-        if constexpr (kNarrowFirst) {
-          if (narrow_w != 0) {  // the previous block is the narrow first one: its P is 0 past narrow_w
-            with_narrow_width<32>(narrow_w, [&](auto width) CUTLASS_LAMBDA_FUNC_INLINE {
-              wgmma_async_k_range<0, decltype(width)::value / 16, /*kZeroInit=*/false>(
-                  tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
-            });
-            narrow_w = 0;
-          } else {
-            wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
-          }
-        } else {
-          wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
-        }
+        wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
         scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
         warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
         auto mask_block = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
