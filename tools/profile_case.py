@@ -5,7 +5,8 @@ backward kernel. Prints the median time of the last runs.
     ncu --clock-control none -k regex:flash_bwd_kernel -s 2 -c 1 --section SpeedOfLight \\
         python3 tools/profile_case.py --hdim 128 --seqlen 8192 --bwd
     --provider fa3 runs FlashAttention-3 instead (flash_attn_interface, e.g. built by
-    tools/fa3_peer.py; its backward kernel matches regex:FlashAttnBwdSm90).
+    tools/fa3_peer.py; its backward kernel matches regex:FlashAttnBwdSm90); --provider cudnn runs
+    torch SDPA forced to cuDNN (layout (batch, heads, seqlen, hdim) views of the same tensors).
 """
 import argparse
 import statistics
@@ -21,7 +22,7 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="also run the backward op")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--runs", type=int, default=4)
-    ap.add_argument("--provider", choices=["ours", "fa3"], default="ours")
+    ap.add_argument("--provider", choices=["ours", "fa3", "cudnn"], default="ours")
     args = ap.parse_args()
     d, s = args.hdim, args.seqlen
     b, h = 16384 // s, 2048 // d
@@ -37,6 +38,19 @@ def main():
             out = out[0] if isinstance(out, tuple) else out
             if args.bwd:
                 torch.autograd.grad(out, (q, k, v), dout)
+    elif args.provider == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
+        if args.bwd:
+            qt, kt, vt = (x.requires_grad_() for x in (qt, kt, vt))
+
+        def run():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = sdpa(qt, kt, vt, is_causal=args.causal)
+                if args.bwd:
+                    torch.autograd.grad(out, (qt, kt, vt), dot)
     else:
         import flash_attn_hopper._C  # noqa: F401
         op = torch.ops.flash_attn_hopper
