@@ -79,6 +79,20 @@ struct FwdKernel {
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutMNK{}));
 
+  // Experiment FLASH_FWD_DEV_HALF_SOFTMAX=1 (thirty-first session; causal/local 128-key tiles): a
+  // warpgroup whose rows see at most the first half of the tile's first key block (the causal
+  // diagonal block of the tile's upper 64 rows) masks and exponentiates only that half; the other
+  // half of P is set to 0. The GEMMs stay full width (a run-time choice between two WGMMA shapes
+  // serializes them: ptxas C7518, thirtieth session).
+#ifdef FLASH_FWD_DEV_HALF_SOFTMAX
+  static constexpr bool kHalfSoftmax = bool(FLASH_FWD_DEV_HALF_SOFTMAX) && kLocal_ && kBlockN_ == 128;
+#else
+  static constexpr bool kHalfSoftmax = false;
+#endif
+  using TiledMmaQKHalf = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN / 2>, Int<kHeadDim>>>(),
+      AtomLayoutMNK{}));
+
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   // Q tiles in row-major order of atoms so that each warpgroup's 64 rows form one contiguous
   // block laid out exactly like SmemLayoutO64: the epilogue reuses them for O.
@@ -555,8 +569,36 @@ struct FwdKernel {
       scheduler_arrive(wg);
       warpgroup_wait<0>();
       release_k(n);
-      mask(n);
-      softmax.first_block(tSrS_rc);
+      if constexpr (kHalfSoftmax) {
+        // This warpgroup's last row sees no key past the first half of block n (BlockRange's
+        // bound, for this warpgroup's rows).
+        int const wg_last_row = min(row0 + 64 * wg + 63, params.seqlen_q - 1);
+        int const hi = min(params.seqlen_k, wg_last_row + params.diag_offset + params.window_right + 1);
+        if (hi - n * kBlockN <= kBlockN / 2) {
+          // The first kBlockN / 2 columns are the first half of the accumulator's registers
+          // (column groups of 8 are the fragment's outermost value mode).
+          TiledMmaQKHalf mma_half;
+          auto half_layout = partition_fragment_C(mma_half, Shape<Int<kBlockM>, Int<kBlockN / 2>>{}).layout();
+          Tensor s_half_rc = make_tensor(tSrS.data(), acc_layout_rowcol(half_layout));
+          Tensor c_half = mma_half.get_thread_slice(mma_tidx).partition_C(
+              make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN / 2>>{}));
+          Tensor c_half_rc = make_tensor(c_half.data(), acc_layout_rowcol(c_half.layout()));
+          static_assert(decltype(size(half_layout))::value * 2 == decltype(size(tSrS))::value);
+          if (range.needs_mask(n)) {
+            apply_mask<kLocal>(s_half_rc, c_half_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+                               params.window_left, params.window_right, n < range.n_unmasked_lo);
+          }
+          softmax.first_block(s_half_rc);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = size(tSrS) / 2; i < size(tSrS); ++i) { tSrS(i) = 0.f; }
+        } else {
+          mask(n);
+          softmax.first_block(tSrS_rc);
+        }
+      } else {
+        mask(n);
+        softmax.first_block(tSrS_rc);
+      }
       convert_into(tSrS, tOrP);
       clear(tOrO);
       // Factor for O before P(n+1).V(n+1) is added; applied while S(n) runs on the tensor cores.
