@@ -86,8 +86,10 @@ struct FwdKernel {
   // serializes them: ptxas C7518, thirtieth session).
 #ifdef FLASH_FWD_DEV_HALF_SOFTMAX
   static constexpr bool kHalfSoftmax = bool(FLASH_FWD_DEV_HALF_SOFTMAX) && kLocal_ && kBlockN_ == 128;
+  static constexpr bool kHalfSoftmaxMaskHalf = FLASH_FWD_DEV_HALF_SOFTMAX >= 2;
 #else
   static constexpr bool kHalfSoftmax = false;
+  static constexpr bool kHalfSoftmaxMaskHalf = false;
 #endif
   using TiledMmaQKHalf = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN / 2>, Int<kHeadDim>>>(),
@@ -592,7 +594,28 @@ struct FwdKernel {
           CUTLASS_PRAGMA_UNROLL
           for (int i = size(tSrS) / 2; i < size(tSrS); ++i) { tSrS(i) = 0.f; }
         } else {
-          mask(n);
+          // FLASH_FWD_DEV_HALF_SOFTMAX=2: a warpgroup whose rows all see the first half of block n
+          // whole masks only the second half (the same coordinates, 64 columns on).
+          int const wg_first_row = row0 + 64 * wg;
+          bool const first_half_whole = kHalfSoftmaxMaskHalf &&
+              min(params.seqlen_k, wg_first_row + params.diag_offset + params.window_right + 1) >=
+                  n * kBlockN + kBlockN / 2 &&
+              wg_last_row + params.diag_offset - params.window_left <= n * kBlockN;
+          if (first_half_whole) {
+            TiledMmaQKHalf mma_half;
+            auto half_layout = partition_fragment_C(mma_half, Shape<Int<kBlockM>, Int<kBlockN / 2>>{}).layout();
+            Tensor s_upper_rc = make_tensor(tSrS.data() + size(half_layout), acc_layout_rowcol(half_layout));
+            Tensor c_half = mma_half.get_thread_slice(mma_tidx).partition_C(
+                make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN / 2>>{}));
+            Tensor c_half_rc = make_tensor(c_half.data(), acc_layout_rowcol(c_half.layout()));
+            if (range.needs_mask(n)) {
+              apply_mask<kLocal>(s_upper_rc, c_half_rc, row0, n * kBlockN + kBlockN / 2, params.seqlen_k,
+                                 params.diag_offset, params.window_left, params.window_right,
+                                 n < range.n_unmasked_lo);
+            }
+          } else {
+            mask(n);
+          }
           softmax.first_block(tSrS_rc);
         }
       } else {
