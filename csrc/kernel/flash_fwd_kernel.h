@@ -79,17 +79,18 @@ struct FwdKernel {
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutMNK{}));
 
-  // Experiment FLASH_FWD_DEV_HALF_SOFTMAX=1 (thirty-first session; causal/local 128-key tiles): a
-  // warpgroup whose rows see at most the first half of the tile's first key block (the causal
-  // diagonal block of the tile's upper 64 rows) masks and exponentiates only that half; the other
-  // half of P is set to 0. The GEMMs stay full width (a run-time choice between two WGMMA shapes
-  // serializes them: ptxas C7518, thirtieth session).
+  // The causal diagonal block (thirty-first session; causal/local 128-key tiles, hdim 64): a
+  // warpgroup whose rows see at most the first half of the tile's first key block (the diagonal
+  // block of the tile's upper 64 rows) masks and exponentiates only that half and sets the other
+  // half of P to 0; one whose rows all see the first half whole masks only the second half. The
+  // GEMMs stay full width: a run-time choice between two WGMMA shapes serializes them (ptxas
+  // C7518, thirtieth session). hdim 64 causal x cuDNN 512 / 1k / 8k / 16k: 0.976 / 0.981 / 1.174 /
+  // 1.218 -> 1.004 / 1.021 / 1.185 / 1.240; hdim 128 within the spread (-1.2 to +0.5 %): off.
+  // FLASH_FWD_DEV_HALF_SOFTMAX=0/1 forces it.
 #ifdef FLASH_FWD_DEV_HALF_SOFTMAX
   static constexpr bool kHalfSoftmax = bool(FLASH_FWD_DEV_HALF_SOFTMAX) && kLocal_ && kBlockN_ == 128;
-  static constexpr bool kHalfSoftmaxMaskHalf = FLASH_FWD_DEV_HALF_SOFTMAX >= 2;
 #else
-  static constexpr bool kHalfSoftmax = false;
-  static constexpr bool kHalfSoftmaxMaskHalf = false;
+  static constexpr bool kHalfSoftmax = kHeadDim_ == 64 && kLocal_ && kBlockN_ == 128;
 #endif
   using TiledMmaQKHalf = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN / 2>, Int<kHeadDim>>>(),
@@ -594,10 +595,10 @@ struct FwdKernel {
           CUTLASS_PRAGMA_UNROLL
           for (int i = size(tSrS) / 2; i < size(tSrS); ++i) { tSrS(i) = 0.f; }
         } else {
-          // FLASH_FWD_DEV_HALF_SOFTMAX=2: a warpgroup whose rows all see the first half of block n
-          // whole masks only the second half (the same coordinates, 64 columns on).
+          // A warpgroup whose rows all see the first half of block n whole masks only the second
+          // half (the first half's coordinates, 64 columns on).
           int const wg_first_row = row0 + 64 * wg;
-          bool const first_half_whole = kHalfSoftmaxMaskHalf &&
+          bool const first_half_whole =
               min(params.seqlen_k, wg_first_row + params.diag_offset + params.window_right + 1) >=
                   n * kBlockN + kBlockN / 2 &&
               wg_last_row + params.diag_offset - params.window_left <= n * kBlockN;
