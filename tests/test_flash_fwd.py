@@ -250,11 +250,15 @@ def test_lone_key_in_the_first_key_block(dtype, hdim, causal, seqlen_k):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (799, 3), (1024, 1024), (1, 239)])
 @pytest.mark.parametrize("gqa", [1, 6])
-def test_local_window(window, causal, seqlen_q, seqlen_k, gqa):
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_local_window(window, causal, seqlen_q, seqlen_k, gqa, d):
+    """Every head dim's local kernels: hdim 64's diagonal block masks and exponentiates only the
+    half of it that a warpgroup needs, with bounds taken from the window."""
     if not manifest.FEATURES["local_window"]:
         pytest.skip("this version has no local-window kernels (manifest feature 'local_window' is off)")
-    d, dtype = compiled_config()
-    seed = hash((window, causal, seqlen_q, seqlen_k, gqa)) % (2**31)
+    _, dtype = compiled_config()
+    skip_unless_compiled(d, dtype)
+    seed = hash((window, causal, seqlen_q, seqlen_k, gqa, d)) % (2**31)
     q, k, v = random_qkv(2, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, d, dtype, seed)
     run_and_check(q, k, v, causal, window_size=window)
 
