@@ -6,7 +6,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -46,17 +45,13 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   using M = Int<Kernel::kBlockM>;
   using N = Int<Kernel::kBlockN>;
   using D = Int<Kernel::kHeadDim>;
-  constexpr int kClusterM = Kernel::kClusterM;
-  // Clusters take neighbouring tiles of one head: the tile rows padded to a multiple of the cluster.
-  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM * kClusterM - 1) / (Kernel::kBlockM * kClusterM) * kClusterM;
+  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM;
   int const heads_per_group = Kernel::Scheduler::heads_per_group(
       p.heads_q, p.heads_q / p.heads_kv, p.batch, int64_t(p.seqlen_k) * p.head_dim * int64_t(sizeof(Element)));
   typename Kernel::Params params{
       make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Kernel::SmemLayoutQ{}, Shape<M, D>{}, _1{}),
-      make_tma_copy(typename Kernel::CopyOpKV{}, mK, take<0, 2>(typename Kernel::SmemLayoutKV{}), Shape<N, D>{},
-                    Int<Kernel::kClusterM>{}),
-      make_tma_copy(typename Kernel::CopyOpKV{}, mV, take<0, 2>(typename Kernel::SmemLayoutKV{}), Shape<N, D>{},
-                    Int<Kernel::kClusterM>{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kernel::SmemLayoutKV{}), Shape<N, D>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Kernel::SmemLayoutKV{}), Shape<N, D>{}, _1{}),
       make_tma_copy(SM90_TMA_STORE{}, mO, typename Kernel::SmemLayoutO64{}, Shape<_64, D>{}, _1{}),
       shape_q,
       shape_k,
@@ -84,33 +79,13 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
     throw std::runtime_error("flash_attn_hopper: dynamic tile scheduling needs the binding's tile counter");
   }
 
+  dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms * Kernel::kCtasPerSm);
   auto kernel = &flash_fwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
              "raising the kernel's shared-memory limit");
-  if constexpr (kClusterM > 1) {
-    cudaLaunchConfig_t config{};
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = kClusterM;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    config.blockDim = dim3(Kernel::kNumThreads);
-    config.dynamicSmemBytes = smem_size;
-    config.stream = stream;
-    config.gridDim = dim3(p.num_sms / kClusterM * kClusterM);
-    int clusters = 0;  // how many clusters fit on the device at once (GPCs may leave SMs out)
-    check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), "querying the cluster occupancy");
-    int const ctas = std::min(p.num_sms / kClusterM, std::max(clusters, 1)) * kClusterM;
-    config.gridDim = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, ctas);
-    check_cuda(cudaLaunchKernelEx(&config, kernel, params), "launching the forward kernel");
-  } else {
-    dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms * Kernel::kCtasPerSm);
-    kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
-    check_cuda(cudaGetLastError(), "launching the forward kernel");
-  }
+  kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
+  check_cuda(cudaGetLastError(), "launching the forward kernel");
 }
 
 template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>

@@ -112,22 +112,9 @@ struct FwdKernel {
   using TmaQ = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  // Developer measurement (FLASH_FWD_DEV_CLUSTER=2): static persistent non-causal kernels at
-  // hdim >= 128 run in 2x1 clusters whose two CTAs take neighbouring query tiles of one head and
-  // walk the same key blocks, each loading half of every K/V block and multicasting it to both
-  // (half the K/V traffic from L2). The host pads the tile rows to an even count (a phantom
-  // tile past seqlen_q loads Q as zeros and stores nothing).
-#ifndef FLASH_FWD_DEV_CLUSTER
-#define FLASH_FWD_DEV_CLUSTER 1
-#endif
-  static constexpr int kClusterM =
-      !kLocal && kPersistent_ && !fwd_dynamic_schedule(kPersistent_, kLocal) && kHeadDim >= 128 ? FLASH_FWD_DEV_CLUSTER : 1;
-  static_assert(kClusterM == 1 || kClusterM == 2);
-  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
-  using CopyOpKV = std::conditional_t<(kClusterM > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
   using TmaKV = decltype(make_tma_copy(
-      CopyOpKV{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, Int<kClusterM>{}));
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaO = decltype(make_tma_copy(
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutO64{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
@@ -347,14 +334,9 @@ struct FwdKernel {
                                                : Pipeline::ThreadCategory::Consumer;
     pipeline_params.is_leader = threadIdx.x == 0;
     pipeline_params.num_consumers = kNumMmaThreads;
-    Pipeline pipeline_k(smem.pipeline_k, pipeline_params, ClusterShape{});
-    Pipeline pipeline_v(smem.pipeline_v, pipeline_params, ClusterShape{});
-    if constexpr (kClusterM > 1) {  // both CTAs' barriers initialised before either signals the other's
-      cute::cluster_arrive_relaxed();
-      cute::cluster_wait();
-    } else {
-      __syncthreads();  // barriers initialised before anyone waits on them
-    }
+    Pipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    __syncthreads();  // barriers initialised before anyone waits on them
 
     Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group);
     auto decoded = [&](auto const& tile) {
@@ -418,10 +400,6 @@ struct FwdKernel {
             produce(tile, iteration);
           }
         }
-        if constexpr (kClusterM > 1) {  // the other CTA's last releases of our stages have landed
-          pipeline_k.producer_tail(state_k);
-          pipeline_v.producer_tail(state_v);
-        }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
@@ -474,28 +452,18 @@ struct FwdKernel {
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});   // (N, D, stages)
 
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    // kClusterM > 1: this CTA's share of each K/V block, multicast to every CTA of the cluster.
-    auto const kv_rank = [] {
-      if constexpr (kClusterM > 1) { return int(cute::block_rank_in_cluster()); } else { return _0{}; }
-    }();
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, kv_rank, Layout<Int<kClusterM>>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(params.tma_v, kv_rank, Layout<Int<kClusterM>>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    auto with_kv = [](auto const& tma, auto& barrier) {
-      if constexpr (kClusterM > 1) {
-        return tma.with(barrier, uint16_t((1 << kClusterM) - 1));
-      } else {
-        return tma.with(barrier);
-      }
-    };
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
 
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state_k);
-      copy(with_kv(params.tma_k, *pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
       ++state_k;
     };
     auto load_v = [&](int n) {
       pipeline_v.producer_acquire(state_v);
-      copy(with_kv(params.tma_v, *pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
       ++state_v;
     };
     int n = range.n_block_max - 1;
