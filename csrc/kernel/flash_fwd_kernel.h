@@ -577,16 +577,16 @@ struct FwdKernel {
         // bound, for this warpgroup's rows).
         int const wg_last_row = min(row0 + 64 * wg + 63, params.seqlen_q - 1);
         int const hi = min(params.seqlen_k, wg_last_row + params.diag_offset + params.window_right + 1);
+        // Views of one half of S: the first kBlockN / 2 columns are the first half of the
+        // accumulator's registers (column groups of 8 are the fragment's outermost value mode).
+        TiledMmaQKHalf mma_half;
+        auto const half_layout = partition_fragment_C(mma_half, Shape<Int<kBlockM>, Int<kBlockN / 2>>{}).layout();
+        static_assert(decltype(size(half_layout))::value * 2 == decltype(size(tSrS))::value);
+        Tensor c_half = mma_half.get_thread_slice(mma_tidx).partition_C(
+            make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN / 2>>{}));
+        Tensor c_half_rc = make_tensor(c_half.data(), acc_layout_rowcol(c_half.layout()));
         if (hi - n * kBlockN <= kBlockN / 2) {
-          // The first kBlockN / 2 columns are the first half of the accumulator's registers
-          // (column groups of 8 are the fragment's outermost value mode).
-          TiledMmaQKHalf mma_half;
-          auto half_layout = partition_fragment_C(mma_half, Shape<Int<kBlockM>, Int<kBlockN / 2>>{}).layout();
           Tensor s_half_rc = make_tensor(tSrS.data(), acc_layout_rowcol(half_layout));
-          Tensor c_half = mma_half.get_thread_slice(mma_tidx).partition_C(
-              make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN / 2>>{}));
-          Tensor c_half_rc = make_tensor(c_half.data(), acc_layout_rowcol(c_half.layout()));
-          static_assert(decltype(size(half_layout))::value * 2 == decltype(size(tSrS))::value);
           if (range.needs_mask(n)) {
             apply_mask<kLocal>(s_half_rc, c_half_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
                                params.window_left, params.window_right, n < range.n_unmasked_lo);
@@ -603,12 +603,7 @@ struct FwdKernel {
                   n * kBlockN + kBlockN / 2 &&
               wg_last_row + params.diag_offset - params.window_left <= n * kBlockN;
           if (first_half_whole) {
-            TiledMmaQKHalf mma_half;
-            auto half_layout = partition_fragment_C(mma_half, Shape<Int<kBlockM>, Int<kBlockN / 2>>{}).layout();
             Tensor s_upper_rc = make_tensor(tSrS.data() + size(half_layout), acc_layout_rowcol(half_layout));
-            Tensor c_half = mma_half.get_thread_slice(mma_tidx).partition_C(
-                make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN / 2>>{}));
-            Tensor c_half_rc = make_tensor(c_half.data(), acc_layout_rowcol(c_half.layout()));
             if (range.needs_mask(n)) {
               apply_mask<kLocal>(s_upper_rc, c_half_rc, row0, n * kBlockN + kBlockN / 2, params.seqlen_k,
                                  params.diag_offset, params.window_left, params.window_right,
