@@ -17,14 +17,14 @@
 #include <string>
 #include <type_traits>
 
-#include "flash_fwd_params.h"
-#include "kernel/tile_size.h"
+#include "kernel/common/policy.h"
+#include "params/fwd_params.h"
 #ifndef FLASH_ATTN_HOPPER_REGISTRY_PROVIDED  // developer variant builds define their own list
 #include "generated/fwd_registry.h"
 #endif
 
 #if defined(FLASH_ATTN_HOPPER_HAS_BWD) && FLASH_ATTN_HOPPER_HAS_BWD
-#include "flash_bwd_params.h"
+#include "params/bwd_params.h"
 #define FLASH_ATTN_HOPPER_BUILD_BWD 1
 #else
 #define FLASH_ATTN_HOPPER_BUILD_BWD 0
@@ -335,7 +335,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
 
 }  // namespace
 
-// Developer builds of kernel variants (tools/variants.py) load side by side under other names.
+// Developer builds of kernel variants (tools/gpu/variants.py) load side by side under other names.
 #ifndef FLASH_ATTN_HOPPER_OP_NAMESPACE
 #define FLASH_ATTN_HOPPER_OP_NAMESPACE flash_attn_hopper
 #endif

@@ -91,11 +91,11 @@ class Direction:
 DIRECTIONS: Mapping[str, Direction] = {
     "fwd": Direction(
         "fwd", "flash::run_flash_fwd", "FLASH_ATTN_HOPPER_FOR_EACH_FWD", "forward",
-        "flash_fwd_launch.cuh", "flash::FwdParams",
+        "launch/fwd_launch.cuh", "flash::FwdParams",
     ),
     "bwd": Direction(
         "bwd", "flash::run_flash_bwd", "FLASH_ATTN_HOPPER_FOR_EACH_BWD", "backward",
-        "flash_bwd_launch.cuh", "flash::BwdParams",
+        "launch/bwd_launch.cuh", "flash::BwdParams",
     ),
 }
 

@@ -1,18 +1,18 @@
-// Host-only check of a layout fact the backward's dK/dV epilogue relies on (flash_bwd_kernel.h,
-// epilogue + quad_transpose): in every consumer thread's dK/dV accumulator, viewed as (rows,
+// Host-only check of a layout fact the backward's dK/dV epilogue relies on (kernel/bwd/epilogue.h
+// + quad_transpose): in every consumer thread's dK/dV accumulator, viewed as (rows,
 // columns), each row holds groups of 8 columns = 4 chunks of 8 head-dim columns, 2 columns per
 // chunk, at consecutive 8-column offsets from (first column - 2 * lane % 4); the 4 lanes of a
 // quad share their rows. Prints one line per head dim and exits non-zero on any mismatch.
-#include "kernel/flash_bwd_kernel.h"
+#include "kernel/bwd/kernel.h"
 
 #include <cstdio>
 
 template <int kHeadDim>
 int check() {
   using namespace cute;
-  constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
-  using Kernel = flash::BwdKernel<kHeadDim, 64, kBlockN, (kHeadDim > 192 ? 1 : 2), cutlass::bfloat16_t, false>;
-  typename Kernel::TiledMmadKV mma;
+  using Kernel = flash::BwdKernelFor<kHeadDim, cutlass::bfloat16_t, /*kLocal=*/false, /*kDeterministic=*/false>;
+  constexpr int kBlockN = Kernel::kBlockN;
+  typename Kernel::Mainloop::TiledMmadKV mma;
   auto coords = [&](int thread) {
     Tensor tc = mma.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
     return make_tensor(tc.data(), flash::acc_layout_rowcol(tc.layout()));

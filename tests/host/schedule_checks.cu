@@ -6,10 +6,13 @@
 // 2. Forward tile scheduler: decode maps the tile ids onto every (m_block, head, batch) exactly
 //    once, and the causal persistent order is heaviest first inside each group of heads.
 // 3. The forward's dynamic tile counter: the binding and the launched kernel agree on it.
+// 4. Forward block range: every key a tile's rows see lies in the visited key blocks, and a block
+//    the range calls unmasked holds only keys that every row of the tile sees.
 // Random shapes from a fixed seed; prints a summary and exits non-zero on any failure.
-#include "kernel/flash_bwd_kernel.h"
-#include "kernel/flash_fwd_kernel.h"
-#include "kernel/tile_scheduler.h"
+#include "kernel/bwd/kernel.h"
+#include "kernel/common/block_range.h"
+#include "kernel/common/tile_scheduler.h"
+#include "kernel/fwd/kernel.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -21,11 +24,10 @@ namespace {
 std::mt19937 rng(20261130);
 int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
 
-// kHeadDim: 64 (128-query steps, 128 keys), 128 (64 x 128) or 256 (64 x 64), as tile_size.h picks.
+// kHeadDim: 64 (128-query steps, 128 keys), 128 (64 x 128) or 256 (64 x 64), as policy.h picks.
 template <int kHeadDim, bool kLocal>
 int check_dq_turns(int cases) {
-  constexpr auto kTile = flash::bwd_tile<kHeadDim>();
-  using Kernel = flash::BwdKernel<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages, cutlass::bfloat16_t, kLocal>;
+  using Kernel = flash::BwdKernelFor<kHeadDim, cutlass::bfloat16_t, kLocal, /*kDeterministic=*/true>;
   constexpr int kBlockM = Kernel::kBlockM;
   constexpr int kBlockN = Kernel::kBlockN;
   int failures = 0;
@@ -52,7 +54,7 @@ int check_dq_turns(int cases) {
     }
     for (int m = 0; m < num_m; ++m) {
       std::vector<std::pair<int, int>> turns;  // (turn, n)
-      for (int n : contributors[m]) { turns.push_back({Kernel::dq_turn(m, n, params), n}); }
+      for (int n : contributors[m]) { turns.push_back({Kernel::DqReducer::dq_turn(m, n, params), n}); }
       std::sort(turns.begin(), turns.end());
       bool ok = true;
       for (size_t i = 0; i < turns.size(); ++i) {
@@ -124,7 +126,7 @@ int check_scheduler(int cases) {
   return failures;
 }
 
-// 3. The binding allocates the dynamic scheduler's tile counter when tile_size.h's
+// 3. The binding allocates the dynamic scheduler's tile counter when policy.h's
 //    fwd_needs_tile_counter says so; the kernel the dispatch launches must agree, at every
 //    (head dim, mask, key-length class), or the launch refuses to run without a counter.
 template <int kHeadDim, bool kLocal>
@@ -176,6 +178,44 @@ int check_tile_counters() {
 #endif
 }
 
+template <int kBlockM, int kBlockN, bool kLocal>
+int check_fwd_block_range(int cases) {
+  int failures = 0;
+  for (int c = 0; c < cases; ++c) {
+    int const seqlen_q = uniform(1, 700), seqlen_k = uniform(1, 700);
+    int const unbounded = seqlen_q + seqlen_k;  // as the binding stores an open side
+    int const diag = uniform(0, 1) ? seqlen_k - seqlen_q : 0;  // bottom-right or top-left
+    int left = uniform(0, 2) ? unbounded : uniform(0, 300);
+    int right = uniform(0, 2) ? 0 : (uniform(0, 1) ? unbounded : uniform(0, 300));
+    if (!kLocal) { left = right = unbounded; }
+    auto sees = [&](int i, int j) { return j >= 0 && j < seqlen_k && i + diag - left <= j && j <= i + diag + right; };
+    int const num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+    bool ok = true;
+    for (int m = 0; m < num_m && ok; ++m) {
+      flash::BlockRange<kBlockM, kBlockN, kLocal> const range(m, seqlen_q, seqlen_k, diag, left, right);
+      int const first_row = m * kBlockM, last_row = std::min((m + 1) * kBlockM, seqlen_q) - 1;
+      for (int i = first_row; i <= last_row && ok; ++i) {
+        for (int j = 0; j < seqlen_k; ++j) {
+          if (sees(i, j) && (j / kBlockN < range.n_block_min || j / kBlockN >= range.n_block_max)) { ok = false; }
+        }
+      }
+      for (int n = range.n_block_min; n < range.n_block_max && ok; ++n) {
+        if (range.needs_mask(n)) { continue; }
+        for (int i = first_row; i <= last_row; ++i) {
+          for (int j = n * kBlockN; j < (n + 1) * kBlockN; ++j) { ok &= sees(i, j); }
+        }
+      }
+      if (!ok && failures++ < 5) {
+        std::printf("fwd block range wrong: %dx%d local %d seqlen_q %d seqlen_k %d diag %d left %d right %d m %d\n",
+                    kBlockM, kBlockN, int(kLocal), seqlen_q, seqlen_k, diag, left, right, m);
+      }
+    }
+  }
+  std::printf("fwd block range (%d x %d, %s): %d random shapes, %d failures\n", kBlockM, kBlockN,
+              kLocal ? "causal/local" : "no mask", cases, failures);
+  return failures;
+}
+
 }  // namespace
 
 int main() {
@@ -191,5 +231,9 @@ int main() {
   failures += check_scheduler<false, true>(500);
   failures += check_scheduler<false, false>(500);
   failures += check_tile_counters();
+  failures += check_fwd_block_range<128, 128, true>(400);
+  failures += check_fwd_block_range<128, 64, true>(400);
+  failures += check_fwd_block_range<192, 128, false>(200);
+  failures += check_fwd_block_range<128, 176, false>(200);
   return failures != 0;
 }

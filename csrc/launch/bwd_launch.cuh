@@ -3,7 +3,7 @@
 // dQ accumulator (and the deterministic mode's counters).
 #pragma once
 
-#include "kernel/config.h"
+#include "kernel/common/config.h"
 
 #include <algorithm>
 #include <type_traits>
@@ -13,11 +13,11 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "flash_bwd_params.h"
-#include "flash_fwd_launch.cuh"  // check_cuda
-#include "kernel/flash_bwd_kernel.h"
-#include "kernel/flash_bwd_prepost.h"
-#include "kernel/tile_size.h"
+#include "kernel/bwd/kernel.h"
+#include "kernel/bwd/prepost.h"
+#include "kernel/common/policy.h"
+#include "launch/fwd_launch.cuh"  // check_cuda
+#include "params/bwd_params.h"
 
 namespace flash {
 
@@ -109,14 +109,9 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
 
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
-  constexpr FwdTileShape tile = bwd_tile<kHeadDim>();
   // The default and the deterministic mode share one kernel unless a policy tells them apart.
-  using Default = BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal,
-                            bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/false>(),
-                            bwd_persistent<kHeadDim, kLocal, /*kDeterministic=*/false>()>;
-  using Deterministic = BwdKernel<kHeadDim, tile.block_m, tile.block_n, tile.stages, Element, kLocal,
-                                  bwd_dv_after_ds<kHeadDim, kLocal, /*kDeterministic=*/true>(),
-                                  bwd_persistent<kHeadDim, kLocal, /*kDeterministic=*/true>()>;
+  using Default = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/false>;
+  using Deterministic = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/true>;
   if constexpr (!std::is_same_v<Default, Deterministic>) {
     if (p.dq_semaphore_ptr != nullptr) {
       launch_bwd<Deterministic>(p, stream);

@@ -1,8 +1,8 @@
-// Small device helpers shared by the forward kernel: WGMMA issue, register layout
+// Small device helpers shared by the kernels: WGMMA issue, register layout
 // conversions between the accumulator and the A operand, quad reductions.
 #pragma once
 
-#include "kernel/config.h"
+#include "kernel/common/config.h"
 
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
@@ -100,13 +100,8 @@ CUTLASS_DEVICE void wgmma_async_k_range(TiledMma& tiled_mma, TA const& tCrA, TB 
 // descriptors depend on the warpgroup only, so a TiledMMA spanning several warpgroups, sliced at
 // this thread, has them built in uniform registers. Sliced at the thread's own index, the compiler
 // built each descriptor in vector registers and moved it with R2UR before every HGMMA (backward,
-// hdim 128: 48 R2UR, 54 UMOV among 515 instructions per step and warp).
-// FLASH_DEV_THREAD_SLICE=1 slices at the thread's own index again (for comparison).
-#ifndef FLASH_DEV_THREAD_SLICE
-#define FLASH_DEV_THREAD_SLICE 0
-#endif
+// hdim 128: 48 R2UR, 54 UMOV among 515 instructions per step and warp) [D:018].
 CUTLASS_DEVICE int warpgroup_first_thread(int tidx) {
-  if constexpr (bool(FLASH_DEV_THREAD_SLICE)) { return tidx; }
   int const wg = __shfl_sync(0xffffffff, tidx / cutlass::NumThreadsPerWarpGroup, 0);
   return wg * cutlass::NumThreadsPerWarpGroup;
 }
@@ -126,6 +121,13 @@ CUTLASS_DEVICE bool named_barrier_all(bool pred, int hw_id, int num_threads) {
       : "=r"(result)
       : "r"(int(pred)), "r"(hw_id), "r"(num_threads));
   return result != 0;
+}
+
+// An acquire load from global memory (the deterministic backward's dQ turn counters).
+CUTLASS_DEVICE int load_acquire(int const* ptr) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
+  return value;
 }
 
 // The SM90 accumulator fragment of one warpgroup is ((2, 2, N/8), MMA_M, MMA_N):
@@ -199,8 +201,7 @@ CUTLASS_DEVICE float quad_allreduce(float x, Op op) {
 // k = 0..3; afterwards it holds all of chunk L, pieces in lane order: a 4x4 transpose in two
 // butterfly steps of two shuffles each (lane bit 1 swaps the off-diagonal 2x2 blocks, lane bit 0
 // transposes each 2x2 block). Used by the backward's dK/dV epilogue and the forward's direct O
-// store. Measured in the forward (twenty-sixth session, hdim 256 direct O, 512-2k keys): a
-// three-shuffle form whose lane-dependent indices need selects lost 3-12 % against this one.
+// store; a three-shuffle form with lane-dependent indices was slower [D:015].
 CUTLASS_DEVICE uint4 quad_transpose(uint32_t const (&in)[4], int lane_in_quad) {
   bool const hi = lane_in_quad & 2, lo = lane_in_quad & 1;
   uint32_t a0 = in[0], a1 = in[1], a2 = in[2], a3 = in[3];

@@ -39,7 +39,7 @@ struct FwdParams {
   int diag_offset;
   int num_sms;               // multiprocessors of the device (for the scheduler)
   // A zeroed int of this call's own: the tile counter of dynamic persistent scheduling
-  // (persistent causal/local kernels, tile_size.h fwd_needs_tile_counter); null otherwise.
+  // (persistent causal/local kernels, policy.h fwd_needs_tile_counter); null otherwise.
   int* tile_counter = nullptr;
 };
 

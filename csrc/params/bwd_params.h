@@ -5,18 +5,12 @@
 
 namespace flash {
 
-// Query rows per main-loop step of the backward kernel (kernel/tile_size.h, bwd_tile): 128 for
-// head dims <= 64, 64 above. The binding pads the per-row float32 buffers (LSE, D, dQ
+// Query rows per main-loop step of the backward kernel (kernel/common/policy.h, bwd_tile): 128
+// for head dims <= 64, 64 above. The binding pads the per-row float32 buffers (LSE, D, dQ
 // accumulator) to a multiple of kBwdPadM, which every head dim's step divides, and sizes the
-// deterministic mode's per-block counters for the smallest step. FLASH_BWD_DEV_BLOCK_M forces the
-// step for every head dim (tools/variants.py defines it for the binding too).
-#ifdef FLASH_BWD_DEV_BLOCK_M
-constexpr int kBwdPadM = FLASH_BWD_DEV_BLOCK_M;
-constexpr int kBwdMinBlockM = FLASH_BWD_DEV_BLOCK_M;
-#else
+// deterministic mode's per-block counters for the smallest step.
 constexpr int kBwdPadM = 128;
 constexpr int kBwdMinBlockM = 64;
-#endif
 
 struct BwdParams {
   // (batch, seqlen, heads, head_dim) with a unit head_dim stride.
@@ -30,14 +24,14 @@ struct BwdParams {
   void* dk_ptr;  // (batch, seqlen_k, heads_kv, head_dim), contiguous
   void* dv_ptr;
   // Workspaces. dq_accum: (batch, heads_q, seqlen_q_padded / kBwdBlockM) blocks of kBwdBlockM x head_dim_rounded
-  // float32, zeroed, unscaled, in the order the kernel chooses (flash_bwd_kernel.h).
+  // float32, zeroed, unscaled, in the order the kernel chooses (kernel/bwd/dq_reducer.h).
   float* dq_accum_ptr;
   float* lse_log2_ptr;  // (batch, heads_q, seqlen_q_padded): LSE * log2(e), +inf for empty/pad rows (preprocess)
   float* dsum_ptr;      // (batch, heads_q, seqlen_q_padded): rowsum(dO * O), 0 for pad rows (preprocess)
   // deterministic mode: (batch, heads_q, seqlen_q_padded / kBwdBlockM) zeroed counters that order
   // the key blocks' dQ additions; nullptr otherwise.
   int* dq_semaphore_ptr;
-  // An int the persistent causal/local kernel draws its tiles from (tile_size.h,
+  // An int the persistent causal/local kernel draws its tiles from (policy.h,
   // bwd_needs_tile_counter), zeroed by the preprocess kernel launched before it; nullptr otherwise.
   int* tile_counter = nullptr;
 

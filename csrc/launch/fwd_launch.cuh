@@ -1,8 +1,8 @@
 // Host side of the forward kernel: builds the TMA descriptors from FwdParams, picks the tile
-// for (head dim, causal) and launches on the caller's stream. No torch headers.
+// for (head dim, mask, key length) and launches on the caller's stream. No torch headers.
 #pragma once
 
-#include "kernel/config.h"
+#include "kernel/common/config.h"
 
 #include <cuda_runtime.h>
 
@@ -12,9 +12,9 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "flash_fwd_params.h"
-#include "kernel/flash_fwd_kernel.h"
-#include "kernel/tile_size.h"
+#include "kernel/common/policy.h"
+#include "kernel/fwd/kernel.h"
+#include "params/fwd_params.h"
 
 namespace flash {
 
@@ -70,7 +70,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       heads_per_group,
       p.tile_counter,
       Kernel::Scheduler::divisors(num_m_blocks, p.heads_q, heads_per_group),
-      {},  // direct_o (FLASH_FWD_DEV_DIRECT_O), set below
+      {},  // direct_o, set below
   };
   if constexpr (Kernel::kDirectO) {
     params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
@@ -79,7 +79,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
     throw std::runtime_error("flash_attn_hopper: dynamic tile scheduling needs the binding's tile counter");
   }
 
-  dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms * Kernel::kCtasPerSm);
+  dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms);
   auto kernel = &flash_fwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
@@ -93,7 +93,7 @@ void run_flash_fwd_tile(FwdParams& p, cudaStream_t stream) {
   launch_fwd<FwdKernelFor<kHeadDim, Element, kLocal, kKeys>>(p, stream);
 }
 
-// The tile of the key-length class of seqlen_k (tile_size.h); classes sharing a tile share a kernel.
+// The tile of the key-length class of seqlen_k (policy.h); classes sharing a tile share a kernel.
 template <int kHeadDim, typename Element, bool kLocal>
 void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
   FwdKeys const keys = fwd_keys_class_for<kHeadDim, kLocal>(p.seqlen_k);

@@ -5,12 +5,12 @@
 //   into dq in the input dtype.
 #pragma once
 
-#include "kernel/config.h"
+#include "kernel/common/config.h"
 
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
-#include "flash_bwd_params.h"
+#include "params/bwd_params.h"
 
 namespace flash {
 
@@ -18,8 +18,8 @@ using namespace cute;
 
 // kGroup lanes per query row, 16 bytes of O and dO each per lane (kGroup * 8 >= the padded head
 // dim); a warp covers 32 / kGroup rows per pass and kPrepPasses passes, all loads issued before
-// any arithmetic so that enough bytes are in flight (one row per warp, half the lanes idle at
-// hdim 128, measured 92 us against cuDNN's 68 us for 16k tokens x 2048; this version 55 us).
+// any arithmetic so that enough bytes are in flight (one row per warp left half the lanes idle)
+// [D:044].
 constexpr int kPrepWarps = 8;
 constexpr int kPrepPasses = 4;
 
@@ -35,11 +35,8 @@ constexpr int prep_rows_per_cta() {
 
 // A grid of resident CTAs striding over the units (prep_rows_per_cta padded query rows of one
 // (head, batch)), each warp loading the next unit's O and dO before it reduces the current one, so
-// that every SM keeps loads in flight from start to end. One unit per CTA ran in ~10 waves of
-// load-wait-reduce-exit at half of HBM bandwidth (55-69 us for 16k tokens x 2048); this kernel:
-// x cuDNN, whole backward, hdim 128 at 512 / 2k / 8k, non-causal 1.015 / 1.028 / 0.999 -> 1.037 /
-// 1.035 / 1.008, causal 0.935 / 0.964 / 0.984 -> 0.956 / 0.977 / 0.987. Zeroing the dQ
-// accumulator here as well (instead of the binding's fill) measured within 1 % of this: not done.
+// that every SM keeps loads in flight from start to end (one unit per CTA ran in waves of
+// load-wait-reduce-exit at half of HBM bandwidth) [D:044].
 // Block 0 also zeroes the persistent causal kernel's tile counter (BwdParams::tile_counter), which
 // the main kernel, launched next on the stream, draws from.
 template <typename Element, int kHeadDim>

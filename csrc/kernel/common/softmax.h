@@ -2,39 +2,25 @@
 //
 // Scores S = Q.K^T arrive unscaled. With c = softmax_scale * log2(e), the kernel keeps the
 // running row max m (of the raw scores) and computes p = exp2(s * c - m * c): one FFMA and one
-// MUFU.EX2 per element. A row's max used for p is moved only when a block's scores exceed it by
-// more than kMaxSlack (in the exp2 domain), so p may reach 2^kMaxSlack: still exact maths (the
-// sum and O use the same max, LSE = max + log(sum)), and bf16 and fp16 round p with the same
-// relative error at any magnitude (2^8 is far inside fp16's range). O is rescaled only when
-// some row of the warp moved its max (a warp-uniform branch around the multiplies), which after
-// the first blocks is rare.
-// Measured (3 rounds, x cuDNN, against rescaling every block): hdim 256 non-causal 1k / 2k / 8k
-// 0.963 / 0.977 / 1.031 -> 1.032 / 1.046 / 1.102, causal 2k / 8k 0.936 / 1.023 -> 0.996 / 1.085;
-// hdim 128 non-causal 2k / 8k 0.967 / 1.085 -> 1.008 / 1.126, causal 8k 1.102 -> 1.127. Skipping
-// only when no row moved at all (no slack) measured 0-4 % slower than rescaling every block.
-// FLASH_FWD_DEV_LAZY_RESCALE=0 restores the old behaviour (exact max, rescale every block).
-// Kernels with max-free blocks go one step further (block_without_max; the kernel's kMaxFree
-// says which): a block after the tile's first full unmasked one computes p with the current max
-// without searching the block's max, and only a warpgroup in which some p could exceed the slack
-// searches it (with S computed again). Those kernels take every searched max exactly
-// (next_block<kExact>), so that a max from a short first block does not linger.
+// MUFU.EX2 per element. A row's max is moved only when a block's scores exceed it by more than
+// kMaxSlack (exp2 domain), so p may reach 2^kMaxSlack: still exact maths (sum, O and LSE use the
+// same max), and O is rescaled only when some row of the warp moved its max [D:009].
+// Max-free blocks go further (block_without_max): after the tile's first full unmasked block, p
+// is computed with the current max without searching the block's max; a warpgroup in which some
+// p could exceed the slack computes S again and searches it [D:010].
 #pragma once
 
-#include "kernel/config.h"
+#include "kernel/common/config.h"
 
 #include <cmath>
 #include <cute/tensor.hpp>
 
-#include "utils.h"
+#include "kernel/common/utils.h"
 
 namespace flash {
 
 using namespace cute;
 
-#ifndef FLASH_FWD_DEV_LAZY_RESCALE
-#define FLASH_FWD_DEV_LAZY_RESCALE 1
-#endif
-constexpr bool kLazyRescale = FLASH_FWD_DEV_LAZY_RESCALE;
 constexpr float kMaxSlack = 8.f;
 
 template <int kRows>
@@ -87,7 +73,7 @@ struct OnlineSoftmax {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
       m = quad_allreduce(m, MaxOp{});
-      if constexpr (kLazyRescale && !kExact) {
+      if constexpr (!kExact) {
         // Keep the old max unless the new one is more than kMaxSlack above it (an old max of
         // -inf is always replaced by a finite one; -inf - -inf is NaN: kept, p = 0).
         if (!(m * scale_log2 - row_max(r) * scale_log2 > kMaxSlack)) { m = row_max(r); }
@@ -96,13 +82,9 @@ struct OnlineSoftmax {
       // Nothing seen before (old max -inf): O and the sum are 0, so the factor is 0 (never inf*0).
       // Otherwise the new max is finite too and the factor is exp2 of a non-positive number.
       float const factor = row_max(r) == -INFINITY ? 0.f : exp2f(row_max(r) * scale_log2 - m_scaled);
-      if constexpr (!kLazyRescale) {
-        rescale(r) = factor;
-      } else {
-        bool const row_moved = m != row_max(r);
-        rescale(r) = row_moved ? factor : 1.f;
-        moved |= row_moved;
-      }
+      bool const row_moved = m != row_max(r);
+      rescale(r) = row_moved ? factor : 1.f;
+      moved |= row_moved;
       row_max(r) = m;
       row_sum(r) = row_sum(r) * rescale(r) + exponentiate_row(s, r, m_scaled);
     }
@@ -139,11 +121,7 @@ struct OnlineSoftmax {
   // Whether the warp has O to rescale: a warp-uniform answer, so that the branch around the
   // multiplies does not diverge.
   CUTLASS_DEVICE static bool warp_needs_rescale(bool moved) {
-    if constexpr (!kLazyRescale) {
-      return true;
-    } else {
-      return __any_sync(0xffffffffu, moved);
-    }
+    return __any_sync(0xffffffffu, moved);
   }
 
   template <typename TensorO, typename TensorR>

@@ -1,0 +1,279 @@
+// Every tile size and every per-head-dim / per-mask choice of the kernels, in one place, with the
+// why in a line and the measurement in docs/decisions/ ([D:NNN] names the page). This is also the
+// only header that reads developer overrides (docs/dev-knobs.md). Host-safe: the binding includes
+// it to size workspaces.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "params/bwd_params.h"  // kBwdPadM, kBwdMinBlockM
+
+namespace flash {
+
+// The mask as a type, so that kernel names in a profiler say which one runs.
+struct NoMask {
+  static constexpr bool kLocal = false;
+};
+struct LocalMask {  // causal (bottom-right or top-left) or a sliding window
+  static constexpr bool kLocal = true;
+};
+template <bool kLocal>
+using MaskFor = std::conditional_t<kLocal, LocalMask, NoMask>;
+
+// ------------------------------------------------------------------------------------------
+// Forward
+// ------------------------------------------------------------------------------------------
+
+struct FwdTileShape {
+  int block_m;              // query rows per CTA tile, 64 per consumer warpgroup
+  int block_n;              // keys per pipeline stage
+  int stages;               // K/V pipeline stages
+  bool persistent = false;  // one CTA per SM striding over the tiles
+  bool own_o = false;       // persistent only: O staged in its own buffer (and a second Q buffer)
+};
+
+// Key-length classes of the tile choice: short keys, mid (from kFwdMidKeysFrom), long (from
+// kFwdLongKeysFrom). A class whose tile equals the class below it costs no extra kernel.
+#ifndef FLASH_FWD_LONG_KEYS_FROM
+#define FLASH_FWD_LONG_KEYS_FROM 4096
+#endif
+constexpr int kFwdMidKeysFrom = 1024;
+constexpr int kFwdLongKeysFrom = FLASH_FWD_LONG_KEYS_FROM;
+enum FwdKeys : int { kShortKeys = 0, kMidKeys = 1, kLongKeys = 2 };
+
+constexpr FwdKeys fwd_keys_class(int seqlen_k) {
+  return seqlen_k >= kFwdLongKeysFrom ? kLongKeys : seqlen_k >= kFwdMidKeysFrom ? kMidKeys : kShortKeys;
+}
+
+// The forward tile table. Bounded by shared memory (Q + stages * (K + V) [+ O + second Q] <= 227
+// KB) and the consumers' registers (S + P + O accumulators per thread).
+// - Persistent with an own O buffer where it fits (hdim <= 128), so the next tile's Q and K load
+//   under this tile's epilogue [D:004]; causal/local persistent tiles are drawn
+//   dynamically, heaviest first [D:005].
+// - hdim 128 non-causal long keys: 128x176 (persistent, O stored from registers) where it pads
+//   fewer keys than 128x128 [D:006].
+// - hdim 256: 128x80 (causal/local 128x64), persistent below the long-keys class [D:016].
+template <int kHeadDim, bool kLocal, FwdKeys kKeys = kShortKeys>
+constexpr FwdTileShape fwd_tile_table() {
+  if constexpr (kHeadDim <= 64) {
+    if constexpr (kLocal && kKeys != kLongKeys) { return {128, 128, 2, true, true}; }
+    return {192, 128, 2, !kLocal, !kLocal};  // non-causal, or causal with long keys (one CTA per tile)
+  } else if constexpr (kHeadDim <= 96) {
+    return {128, 128, 2};
+  } else if constexpr (kHeadDim <= 128) {
+    if constexpr (kLocal) { return {128, 128, 2, true, true}; }
+    return kKeys != kLongKeys ? FwdTileShape{128, 128, 2, true, true} : FwdTileShape{128, 176, 2, true, false};
+  } else if constexpr (kHeadDim <= 192) {
+    return {128, 112, 2};
+  } else {
+    if constexpr (kLocal) {
+      return kKeys != kLongKeys ? FwdTileShape{128, 64, 2, true, false} : FwdTileShape{128, 64, 2};
+    }
+    return kKeys != kLongKeys ? FwdTileShape{128, 80, 2, true, false} : FwdTileShape{128, 80, 2};
+  }
+}
+
+// The table, or (developer builds sweeping tiles) FLASH_FWD_DEV_BLOCK_M / _BLOCK_N / _STAGES.
+template <int kHeadDim, bool kLocal, FwdKeys kKeys = kShortKeys>
+constexpr FwdTileShape fwd_tile() {
+  FwdTileShape tile = fwd_tile_table<kHeadDim, kLocal, kKeys>();
+#if defined(FLASH_FWD_DEV_BLOCK_M) && defined(FLASH_FWD_DEV_BLOCK_N) && defined(FLASH_FWD_DEV_STAGES)
+  tile = {FLASH_FWD_DEV_BLOCK_M, FLASH_FWD_DEV_BLOCK_N, FLASH_FWD_DEV_STAGES};
+#endif
+  return tile;
+}
+
+// Persistent causal/local kernels take their tiles from a zeroed counter (FwdParams::tile_counter).
+constexpr bool fwd_dynamic_schedule(bool persistent, bool local) { return persistent && local; }
+
+constexpr bool same_tile(FwdTileShape a, FwdTileShape b) {
+  return a.block_m == b.block_m && a.block_n == b.block_n && a.stages == b.stages &&
+         a.persistent == b.persistent && a.own_o == b.own_o;
+}
+
+// Whether key-length class kKeys of (head dim, mask) has a tile of its own, unlike the class
+// below it (one more kernel to compile).
+template <int kHeadDim, bool kLocal, FwdKeys kKeys>
+constexpr bool fwd_keys_class_differs() {
+  return !same_tile(fwd_tile<kHeadDim, kLocal, kKeys>(), fwd_tile<kHeadDim, kLocal, FwdKeys(kKeys - 1)>());
+}
+
+// The key class that runs: a long-keys problem takes the mid-keys tile instead when that tile
+// pads fewer keys, its padded length weighted by FLASH_FWD_LONG_TILE_RATIO / 1000 (the long tile's
+// speed advantage on whole key blocks; 0 = always the long tile) [D:006].
+#ifndef FLASH_FWD_LONG_TILE_RATIO
+#define FLASH_FWD_LONG_TILE_RATIO 1000
+#endif
+template <int kHeadDim, bool kLocal>
+inline FwdKeys fwd_keys_class_for(int seqlen_k) {
+  FwdKeys const keys = fwd_keys_class(seqlen_k);
+#if FLASH_FWD_LONG_TILE_RATIO
+  if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kLongKeys>()) {
+    if (keys == kLongKeys) {
+      constexpr int kLongN = fwd_tile<kHeadDim, kLocal, kLongKeys>().block_n;
+      constexpr int kMidN = fwd_tile<kHeadDim, kLocal, kMidKeys>().block_n;
+      int64_t const padded_long = int64_t((seqlen_k + kLongN - 1) / kLongN) * kLongN;
+      int64_t const padded_mid = int64_t((seqlen_k + kMidN - 1) / kMidN) * kMidN;
+      if (padded_mid * FLASH_FWD_LONG_TILE_RATIO < padded_long * 1000) { return kMidKeys; }
+    }
+  }
+#endif
+  return keys;
+}
+
+// What the forward kernel of (head dim, dtype, mask, tile) does beyond its tile.
+template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_>
+struct FwdPolicy {
+  using Element = Element_;
+  using Mask = Mask_;
+  static constexpr FwdTileShape kTile = kTile_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kLocal = Mask::kLocal;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr bool kPersistent = kTile.persistent;
+
+  // Persistent with its own O buffer: O is staged there and a second Q buffer alternates with the
+  // first, so the next tile's Q loads while this tile still reads its own [D:012]; the O
+  // store's wait for its shared-memory read is deferred to the next tile's O [D:013].
+  static constexpr bool kSeparateO = kPersistent && kTile.own_o;
+  // Persistent without room for an own O: O goes from registers straight to global memory in
+  // 16-byte stores, so Q is released after the tile's last Q.K^T GEMM all the same [D:015].
+  static constexpr bool kDirectO = kPersistent && !kTile.own_o;
+  // Q's buffer is released by the tile's last Q.K^T GEMM (not by the epilogue's O store).
+  static constexpr bool kEarlyQ = kSeparateO || kDirectO;
+  // Persistent causal/local: tiles drawn from an atomic counter, heaviest first [D:005].
+  static constexpr bool kDynamic = fwd_dynamic_schedule(kPersistent, kLocal);
+  // The dynamic ring carries decoded tiles at hdim 64 (at 128 / 256 the producer then spills)
+  // [D:014].
+  static constexpr bool kRingDecode = kHeadDim <= 64;
+  // Causal/local: the key-block loop in three parts around its unmasked middle [D:008].
+  static constexpr bool kSplitMask = kLocal;
+  // hdim 64 causal/local 128-key tiles: the diagonal block's mask and softmax over the half each
+  // warpgroup needs [D:017].
+  static constexpr bool kHalfSoftmax = kHeadDim == 64 && kLocal && kBlockN == 128;
+  // Key blocks after the first full unmasked one skip the row-max search [D:010].
+  static constexpr bool kMaxFree =
+      kHeadDim == 96 || (kHeadDim == 64 && (!kLocal || kBlockM == 192)) ||
+      (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent)));
+};
+
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>
+using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_tile<kHeadDim, kLocal, kKeys>()>;
+
+// For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
+// to needs a tile counter. A class that does not differ from the one below has the same tile, so
+// fwd_tile of the key class itself is the tile that runs.
+template <int kHeadDim, bool kLocal>
+constexpr bool fwd_needs_tile_counter(FwdKeys keys) {
+  FwdTileShape const tile = keys == kLongKeys  ? fwd_tile<kHeadDim, kLocal, kLongKeys>()
+                            : keys == kMidKeys ? fwd_tile<kHeadDim, kLocal, kMidKeys>()
+                                               : fwd_tile<kHeadDim, kLocal, kShortKeys>();
+  return fwd_dynamic_schedule(tile.persistent, kLocal);
+}
+
+inline bool fwd_needs_tile_counter(int head_dim_rounded, bool local, int seqlen_k) {
+  auto pick = [&](auto hdim) {
+    constexpr int kD = decltype(hdim)::value;
+    return local ? fwd_needs_tile_counter<kD, true>(fwd_keys_class_for<kD, true>(seqlen_k))
+                 : fwd_needs_tile_counter<kD, false>(fwd_keys_class_for<kD, false>(seqlen_k));
+  };
+  switch (head_dim_rounded) {
+    case 64: return pick(std::integral_constant<int, 64>{});
+    case 96: return pick(std::integral_constant<int, 96>{});
+    case 128: return pick(std::integral_constant<int, 128>{});
+    case 192: return pick(std::integral_constant<int, 192>{});
+    default: return pick(std::integral_constant<int, 256>{});
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Backward
+// ------------------------------------------------------------------------------------------
+
+// kBlockM query rows per step, kBlockN keys per CTA. Two consumer warpgroups split 128 keys up to
+// hdim 128; past that dK + dV need too many registers, so 64 keys and the warpgroups split the head
+// dim. 128-query steps at hdim <= 64 [D:035]. Q/dO stages: 2, one past hdim 192 (two would
+// leave no shared memory to stage dQ in).
+template <int kHeadDim>
+constexpr FwdTileShape bwd_tile() {
+  constexpr int kStages = kHeadDim > 192 ? 1 : 2;
+  constexpr int kBlockM = kHeadDim <= 64 ? 128 : 64;
+  return kHeadDim <= 128 ? FwdTileShape{kBlockM, 128, kStages} : FwdTileShape{kBlockM, 64, kStages};
+}
+
+// RS path (hdim <= 128): the dV GEMM issued after dS^T is in shared memory, FA3's order; not in
+// deterministic mode at hdim 96 / 128 [D:036].
+template <int kHeadDim, bool kLocal, bool kDeterministic>
+constexpr bool bwd_dv_after_ds() {
+  return bwd_tile<kHeadDim>().block_m == 128 || (kHeadDim <= 128 && !kDeterministic);
+}
+
+// Persistent (one CTA per SM) at hdim <= 128 in the default mode; causal/local ones draw their
+// tiles from a counter, longest first [D:033, D:034].
+template <int kHeadDim, bool kLocal, bool kDeterministic>
+constexpr bool bwd_persistent() {
+  return kHeadDim <= 128 && !kDeterministic;
+}
+
+// For the binding: whether the backward kernel for (rounded head dim, mask, mode) draws its tiles
+// from a counter (persistent and causal/local).
+inline bool bwd_needs_tile_counter(int head_dim_rounded, bool local, bool deterministic) {
+  if (!local || deterministic) { return false; }
+  switch (head_dim_rounded) {
+    case 64: return bwd_persistent<64, true, false>();
+    case 96: return bwd_persistent<96, true, false>();
+    case 128: return bwd_persistent<128, true, false>();
+    case 192: return bwd_persistent<192, true, false>();
+    default: return bwd_persistent<256, true, false>();
+  }
+}
+
+// What the backward kernel of (head dim, dtype, mask, dV order, persistence) does beyond its tile.
+// The default and deterministic modes share a kernel where these agree.
+template <int kHeadDim_, typename Element_, typename Mask_, bool kDvAfterDs_, bool kPersistent_>
+struct BwdPolicy {
+  using Element = Element_;
+  using Mask = Mask_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kLocal = Mask::kLocal;
+  static constexpr FwdTileShape kTile = bwd_tile<kHeadDim>();
+  static constexpr int kBlockM = kTile.block_m;  // queries per step
+  static constexpr int kBlockN = kTile.block_n;  // keys per CTA
+  static constexpr int kStages = kTile.stages;
+  // RS: P^T and dS^T stay in registers as the A operand of dV / dK (hdim <= 128); SS: through
+  // shared memory.
+  static constexpr bool kRS = kBlockN == 128;
+  static constexpr bool kDvAfterDs = kDvAfterDs_;
+  static constexpr bool kPersistent = kPersistent_;
+  static constexpr bool kDynamic = kPersistent && kLocal;
+  // SS with one Q/dO stage: Q and dO in two pipelines, so each stage is released as soon as its
+  // GEMM has read it [D:041].
+  static constexpr bool kSplitQdO = !kRS && kStages == 1;
+  // RS causal/local: steps in alternating masked / unmasked loops; not in the dynamic hdim 128
+  // kernel, where the two loops spill [D:042].
+  static constexpr bool kSplitSteps = kHeadDim <= 64 || !kDynamic;
+  // RS: each consumer warpgroup stages its half of the dQ block under its own barriers [D:038].
+  static constexpr bool kDqPerWG = kRS && kHeadDim != 96;
+  // With kDvAfterDs: the dV GEMM's first kDvFirstKBlocks K blocks go before the dP^T wait, so that
+  // their exps overlap the dP^T GEMM [D:037]; where the rest goes: 0 before the warpgroups
+  // meet for dQ, 1 after dQ and dK, 2 between them [D:037].
+  static constexpr bool kDvSplit = kDvAfterDs && kHeadDim != 96;
+  static constexpr int kDvFirstKBlocks = (kHeadDim == 64 && kLocal) ? 2 : 1;
+  static constexpr int kDvLate = !kDvSplit ? 0 : kHeadDim == 128 ? 2 : (kHeadDim == 64 && kLocal) ? 1 : 0;
+  // hdim 64: the 16-bit P^T for dV is made after dS^T (FA3's order), so that dS^T uses the float32
+  // P^T without both copies live at once [D:039].
+  static constexpr bool kLateP16 = kDvAfterDs && kHeadDim == 64;
+  // 128-query steps: the dQ GEMM split over queries between the warpgroups (m64n64 WGMMAs).
+  static constexpr bool kDqSplitQueries = kBlockM == 128;
+  // hdim 128: dS stored keys-contiguous with transposing stmatrix [D:043].
+  static constexpr bool kDsKMajor = kRS && kHeadDim == 128;
+};
+
+template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic>
+using BwdPolicyFor = BwdPolicy<kHeadDim, Element, MaskFor<kLocal>, bwd_dv_after_ds<kHeadDim, kLocal, kDeterministic>(),
+                               bwd_persistent<kHeadDim, kLocal, kDeterministic>()>;
+
+}  // namespace flash

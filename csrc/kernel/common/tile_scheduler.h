@@ -1,0 +1,247 @@
+// Which tiles a CTA computes: forward (m_block, head, batch), backward (key block, KV head, batch).
+//
+// Tile ids run m_block fastest, so CTAs working at the same time share a head and its K/V stay
+// in L2. One CTA per tile (grid = (m_blocks, heads, batch)), or persistent: one CTA per SM
+// striding over the tile ids, so a CTA's producer loads the next tile's K/V while its consumers
+// are still busy with the current tile's epilogue. With a causal/local mask the heavier tiles
+// (larger m_block) go first.
+//
+// Persistent with a causal/local mask, m_block fastest would be a trap: a CTA's tiles are
+// id, id + grid, id + 2 grid ..., and when grid is a multiple of num_m_blocks (132 = 12 x 11, hdim
+// 64 at 2k) every tile of a CTA has the same m_block, so some CTAs get only the heaviest tiles
+// [D:005]. There the order is instead: groups of
+// heads_per_group (batch x head)s, whose K/V fit in L2 together; inside a group m_block slowest,
+// heaviest first, and the group's heads fastest. CTAs draw these ids from an atomic counter
+// (FwdPolicy::kDynamic), not by a static stride: a static order left CTAs idle [D:005].
+#pragma once
+
+#include "kernel/common/config.h"
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/fast_math.h>
+
+#include "kernel/common/block_range.h"
+
+namespace flash {
+
+// decode divides by run-time values with cutlass::FastDivmod (a multiply-high and a shift, the
+// divisors prepared on the host) instead of ~25-instruction integer divisions [D:011].
+struct FwdTile {
+  int m_block;
+  int head;
+  int batch;
+};
+
+template <bool kPersistent, bool kHeavyLast>
+struct FwdTileScheduler {
+  static constexpr bool kGrouped = kPersistent && kHeavyLast;
+  // decode's divisors, built on the host into the kernel's parameters.
+  struct Divisors {
+    cutlass::FastDivmod m_blocks, heads, group_tiles, group;
+  };
+  static Divisors divisors(int num_m_blocks, int heads, int heads_per_group) {
+    return {cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(heads),
+            cutlass::FastDivmod(num_m_blocks * heads_per_group), cutlass::FastDivmod(heads_per_group)};
+  }
+
+  int num_m_blocks;
+  int heads;
+  int num_tiles;
+  int head_batches;
+  int group;  // (batch x head)s per group (kGrouped)
+
+  CUTLASS_HOST_DEVICE FwdTileScheduler(int num_m_blocks_, int heads_, int batch, int heads_per_group_)
+      : num_m_blocks(num_m_blocks_),
+        heads(heads_),
+        num_tiles(num_m_blocks_ * heads_ * batch),
+        head_batches(heads_ * batch),
+        group(heads_per_group_) {}
+
+  // How many (batch x head)s kGrouped walks together: as many as keep their K/V within a share of
+  // L2 (H100/H200: 50 MB; a third is kept for Q, O and the other heads' tails), whole GQA groups.
+  static int heads_per_group(int heads, int q_per_kv, int batch, int64_t kv_bytes_per_head) {
+    int64_t const budget = 16ll << 20;
+    int64_t const kv_heads = kv_bytes_per_head > 0 ? budget / (2 * kv_bytes_per_head) : heads;
+    int64_t const per_group = (kv_heads < 1 ? 1 : kv_heads) * q_per_kv;
+    int64_t const all = int64_t(heads) * batch;
+    return int(per_group < all ? per_group : all);
+  }
+
+  static dim3 grid(int num_m_blocks, int heads, int batch, int num_sms) {
+    if constexpr (kPersistent) {
+      long const tiles = long(num_m_blocks) * heads * batch;
+      return dim3(unsigned(tiles < num_sms ? tiles : num_sms));
+    } else {
+      return dim3(num_m_blocks, heads, batch);
+    }
+  }
+
+  CUTLASS_DEVICE int first() const {
+    if constexpr (kPersistent) {
+      return blockIdx.x;
+    } else {
+      return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    }
+  }
+  // The static order (kGrouped kernels draw from a counter instead and never call it).
+  CUTLASS_DEVICE int next(int tile) const {
+    static_assert(!kGrouped, "grouped (persistent causal/local) tiles are drawn dynamically");
+    return kPersistent ? tile + int(gridDim.x) : num_tiles;
+  }
+  CUTLASS_DEVICE bool valid(int tile) const { return tile < num_tiles; }
+
+  // div: the kernel parameters' divisors, read where they are (not copied into registers).
+  CUTLASS_HOST_DEVICE FwdTile decode(int tile, Divisors const& div) const {
+    if constexpr (kGrouped) {
+      int g, rest;
+      div.group_tiles(g, rest, tile);
+      int const first_hb = g * group;
+      int const hbs = min(group, head_batches - first_hb);  // the last group may be smaller
+      int q, r;
+      if (hbs == group) {
+        div.group(q, r, rest);
+      } else {
+        q = rest / hbs;
+        r = rest - q * hbs;
+      }
+      int batch, head;
+      div.heads(batch, head, first_hb + r);
+      return {num_m_blocks - 1 - q, head, batch};
+    } else {
+      int head_batch, m, batch, head;
+      div.m_blocks(head_batch, m, tile);
+      div.heads(batch, head, head_batch);
+      return {kHeavyLast ? num_m_blocks - 1 - m : m, head, batch};
+    }
+  }
+};
+
+// Tile items (ids, or decoded tiles) from the producer thread, which draws them from the
+// scheduler's counter, to the other roles of the CTA, through two slots in shared memory. Item
+// k goes to slot k % 2; the producer waits on empty with parity ((k / 2) & 1) ^ 1 before writing
+// it, the readers on full with parity (k / 2) & 1 before reading it.
+template <typename Item_>
+struct TileRing {
+  using Item = Item_;
+  Item items[2];
+  alignas(16) cutlass::arch::ClusterBarrier full[2];   // item written (1 arrival: the producer)
+  alignas(16) cutlass::arch::ClusterBarrier empty[2];  // item read (every reader thread)
+
+  CUTLASS_DEVICE void init(int readers) {
+    for (int slot = 0; slot < 2; ++slot) {
+      full[slot].init(1);
+      empty[slot].init(readers);
+    }
+  }
+};
+
+// Backward tiles: (key block, KV head, batch). One CTA per tile (grid = (key blocks, KV heads,
+// batch)); persistent non-causal: a static stride over the tiles, key blocks fastest
+// [D:033]; persistent causal/local (kDynamic): tile ids drawn from an atomic counter, longest
+// first [D:034]. Every role of the CTA walks the same tiles; the producer thread draws them and
+// hands them on through the ring.
+struct BwdProgress {
+  int steps = 0;     // steps of the CTA's earlier tiles
+  int kv_loads = 0;  // K/V blocks loaded for them (tiles without steps load none)
+};
+
+template <int kBlockM, int kBlockN, bool kLocal, bool kPersistent, bool kDynamic>
+struct BwdTileScheduler {
+  using Range = BwdBlockRange<kBlockM, kBlockN, kLocal>;
+  struct Tile {
+    int n_block, head_kv, batch;
+    Range range;
+    int num_steps;
+  };
+  // Deterministic mode with a causal/local mask orders each dQ block's additions by descending key
+  // block (dq_reducer.h, dq_turn), so those CTAs launch first (key_block_of_cta).
+  static constexpr bool kDetDescending = kLocal;
+
+  // The CTA's tiles in order: its blockIdx one; (kPersistent, non-causal) tiles blockIdx.x,
+  // + gridDim.x, ... of the (key blocks, KV heads, batch) grid, key blocks fastest; (kDynamic)
+  // tile ids blockIdx.x, then from the counter, decoded by tile_coords. kDraws: the producer
+  // thread, which draws the ids and writes them into the ring; every other role reads them there.
+  template <bool kDraws, typename Params, typename Storage, typename Fn>
+  CUTLASS_DEVICE static void for_each_tile(Params const& params, Storage& smem, Fn&& fn) {
+    BwdProgress progress;
+    auto visit = [&](int n_block, int head_kv, int batch) {
+      BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n_block, params.seqlen_q, params.diag_offset,
+                                                          params.window_left, params.window_right);
+      Tile const tile{n_block, head_kv, batch, range, range.count() * params.q_heads_per_kv_head};
+      fn(tile, progress);
+      progress.steps += tile.num_steps;
+      progress.kv_loads += tile.num_steps > 0 ? 1 : 0;
+    };
+    int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
+    int const tiles = n_blocks * params.heads_kv * int(get<3>(params.shape_q));
+    if constexpr (kDynamic) {
+      int tile = blockIdx.x;
+      for (int iteration = 0;; ++iteration) {
+        int const slot = iteration & 1;
+        if constexpr (kDraws) {
+          smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // every reader has read its last id
+          smem.ring.items[slot] = tile;
+          smem.ring.full[slot].arrive();
+          if (tile >= tiles) { break; }
+          int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+          BwdCoords const c = tile_coords(params, tile, n_blocks);
+          visit(c.n_block, c.head_kv, c.batch);
+          tile = next;
+        } else {
+          smem.ring.full[slot].wait((iteration >> 1) & 1);
+          tile = smem.ring.items[slot];
+          smem.ring.empty[slot].arrive();
+          if (tile >= tiles) { break; }
+          BwdCoords const c = tile_coords(params, tile, n_blocks);
+          visit(c.n_block, c.head_kv, c.batch);
+        }
+      }
+    } else if constexpr (kPersistent) {
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        visit(t % n_blocks, (t / n_blocks) % params.heads_kv, t / (n_blocks * params.heads_kv));
+      }
+    } else {
+      visit(key_block_of_cta(params), int(blockIdx.y), int(blockIdx.z));
+    }
+  }
+
+  // kDynamic: tile id -> (key block, KV head, batch), longest first over all heads. The ids run in
+  // sections of up to kLptBytes of Q, dO and dQ accumulator ((KV head, batch) pairs, a power of
+  // two of them, as L2 reuse wants), key blocks major and pairs minor within a section: every
+  // pair's key block 0 (which sees the most queries under a causal mask) comes before any pair's
+  // block 1.
+  struct BwdCoords {
+    int n_block, head_kv, batch;
+  };
+  static constexpr int64_t kLptBytes = 40ll << 20;
+  template <typename Params>
+  CUTLASS_DEVICE static BwdCoords tile_coords(Params const& params, int tile, int n_blocks) {
+    int const pairs = params.heads_kv * int(get<3>(params.shape_q));
+    int64_t const bytes_per_pair = int64_t(params.seqlen_q_padded) * params.q_heads_per_kv_head * params.head_dim *
+                                   (2 * 2 + 4);  // Q + dO (16-bit) + dQ (float)
+    int const fit = int(max(int64_t(1), min(int64_t(pairs), kLptBytes / bytes_per_pair)));
+    int const section_pairs = 1 << (31 - __clz(fit));  // a power of two <= fit
+    int const section = tile / (section_pairs * n_blocks);
+    int const first_pair = section * section_pairs;
+    int const in_section = tile - first_pair * n_blocks;
+    int const size = min(section_pairs, pairs - first_pair);  // the last section may be short
+    int const pair = first_pair + in_section % size;
+    return {in_section / size, pair % params.heads_kv, pair / params.heads_kv};
+  }
+
+  // The key block of this CTA: blockIdx.x, reversed in deterministic descending mode so that the
+  // key blocks a CTA waits for were launched before it.
+  template <typename Params>
+  CUTLASS_DEVICE static int key_block_of_cta(Params const& params) {
+    if constexpr (kDetDescending) {
+      if (params.dq_semaphore != nullptr) { return int(gridDim.x) - 1 - int(blockIdx.x); }
+    }
+    return blockIdx.x;
+  }
+};
+
+}  // namespace flash

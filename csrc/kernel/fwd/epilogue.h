@@ -1,0 +1,147 @@
+// The forward epilogue: O from the consumers' registers to global memory, through shared memory
+// and a TMA store (which clips rows past seqlen_q and columns past the real head dim), or
+// (kDirectO) straight from registers in 16-byte stores; the LSE per row.
+#pragma once
+
+#include "kernel/common/config.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+
+#include "kernel/common/named_barriers.h"
+#include "kernel/common/utils.h"
+#include "kernel/fwd/shared_storage.h"
+
+namespace flash {
+
+using namespace cute;
+
+// kDirectO: where O goes when it skips shared memory.
+template <typename Element>
+struct DirectOArgs {
+  Element* ptr;
+  int64_t row_stride, head_stride, batch_stride;
+};
+struct NoDirectO {};
+
+template <typename Policy, typename TiledMmaPV>
+struct FwdEpilogue {
+  using Element = typename Policy::Element;
+  static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kBlockM = Policy::kBlockM;
+  static constexpr int kNumMmaWarpGroups = kBlockM / 64;
+  static constexpr bool kSeparateO = Policy::kSeparateO;
+  static constexpr bool kDirectO = Policy::kDirectO;
+  // kSeparateO: the thread that issued a tile's O store waits for the store to have read shared
+  // memory only when the next tile's O is about to be written there [D:013].
+  static constexpr bool kLazyStore = Policy::kSeparateO;
+
+  using Layouts = FwdSmemLayouts<Policy>;
+  using SharedStorage = FwdSharedStorage<Policy>;
+  using SmemLayoutQ = typename Layouts::SmemLayoutQ;
+  using SmemLayoutO64 = typename Layouts::SmemLayoutO64;
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaO = decltype(make_tma_copy(
+      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutO64{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
+  using DirectO = std::conditional_t<kDirectO, DirectOArgs<Element>, NoDirectO>;
+
+  // kDirectO: O straight to global memory in 16-byte stores. A quad of lanes holds a row's 8-column
+  // chunks in pairs (lane q: columns 2q, 2q + 1 of every chunk); a 4 x 4 transpose across the quad
+  // (utils.h quad_transpose, two butterfly steps) leaves lane q the whole chunk 4g + q of each group of four
+  // chunks. Rows past seqlen_q and chunks past the real head dim (a multiple of 8) are left out.
+  template <typename Params, typename TensorO>
+  CUTLASS_DEVICE void store_o_direct(Params const& params, TiledMmaPV const& tiled_mma_pv, TensorO const& tOrO_out,
+                                     int m_block, int head, int batch, int mma_tidx) const {
+    static_assert(kHeadDim % 32 == 0, "groups of four 8-column chunks");
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
+    Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
+    Tensor tOrO_rc = make_tensor(tOrO_out.data(), acc_layout_rowcol(tOrO_out.layout()));
+    constexpr int kCols = decltype(size<1>(tOrO_rc))::value;  // pairs of 2: kCols / 2 chunks
+    static_assert(kCols % 8 == 0);
+    int const head_dim = get<1>(params.shape_q);
+    int const quad_lane = threadIdx.x % 4;
+    Element* const o_head = params.direct_o.ptr + int64_t(batch) * params.direct_o.batch_stride +
+                            int64_t(head) * params.direct_o.head_stride;
+    auto pack = [&](int r, int c) {
+      cutlass::Array<Element, 2> pair;
+      pair[0] = tOrO_rc(r, c);
+      pair[1] = tOrO_rc(r, c + 1);
+      return reinterpret_cast<uint32_t const&>(pair);
+    };
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(tOrO_rc); ++r) {
+      int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
+      Element* const o_row = o_head + int64_t(row) * params.direct_o.row_stride;
+      CUTLASS_PRAGMA_UNROLL
+      for (int g = 0; g < kCols / 8; ++g) {
+        uint32_t a[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < 4; ++i) { a[i] = pack(r, 8 * g + 2 * i); }
+        uint4 const chunk = quad_transpose(a, quad_lane);  // utils.h
+        // Chunk 4g + q starts 8 q columns after chunk 4g, whose first column lane 0 holds.
+        int const col = get<1>(tOcO_rc(r, 8 * g)) - 2 * quad_lane + 8 * quad_lane;
+        if (row < params.seqlen_q && col < head_dim) { *reinterpret_cast<uint4*>(o_row + col) = chunk; }
+      }
+    }
+  }
+
+  // O goes registers -> shared memory (the O buffer, or this warpgroup's own Q rows, no longer
+  // read) -> TMA store, which clips rows past seqlen_q and columns past the real head dim. LSE goes
+  // straight out.
+  template <typename Params, typename TensorO, typename TensorL>
+  CUTLASS_DEVICE void store(Params const& params, SharedStorage& smem, TiledMmaPV const& tiled_mma_pv,
+                            TensorO const& tOrO, TensorL const& lse, int m_block, int head, int batch, int mma_tidx,
+                            int wg) const {
+    Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
+    convert_into(tOrO, tOrO_out);
+    int const warp_idx_in_wg = (threadIdx.x / 32) % 4;
+    if constexpr (kDirectO) {
+      store_o_direct(params, tiled_mma_pv, tOrO_out, m_block, head, batch, mma_tidx);
+    } else {
+      if constexpr (kLazyStore) {
+        // The previous O store of this warpgroup has read the buffer before anyone writes it.
+        if (warp_idx_in_wg == 0 && cute::elect_one_sync()) { tma_store_wait<0>(); }
+        cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
+      }
+      auto smem_tiled_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
+      auto smem_thr_copy_o = smem_tiled_copy_o.get_thread_slice(mma_tidx);
+      Element* const o_buffer = smem.o_data();
+      Tensor sO = make_tensor(make_smem_ptr(o_buffer), SmemLayoutQ{});
+      Tensor taccOrO = smem_thr_copy_o.retile_S(tOrO_out);
+      Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
+      copy(smem_tiled_copy_o, taccOrO, taccOsO);
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, seen by the TMA engine
+      cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
+
+      if (warp_idx_in_wg == 0 && cute::elect_one_sync()) {
+        Tensor mO = params.tma_o.get_tma_tensor(params.shape_q)(_, _, head, batch);
+        Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(m_block * kNumMmaWarpGroups + wg, _0{}));
+        Tensor sOwg = make_tensor(make_smem_ptr(o_buffer + wg * 64 * kHeadDim), SmemLayoutO64{});
+        auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
+        copy(params.tma_o, tOsO, tOgO);
+        tma_store_arrive();
+        if constexpr (!kLazyStore) { tma_store_wait<0>(); }  // the store has read shared memory (Q's, or the O buffer)
+        if constexpr (!kSeparateO) { smem.barrier_q_empty.arrive(); }  // the producer may refill Q
+      }
+    }
+
+    // One lane of each quad holds a row's LSE.
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
+    Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
+    if (get<1>(tOcO_rc(0, 0)) == 0) {
+      float* lse_row = params.lse + (int64_t(batch) * params.heads_q + head) * params.seqlen_q;
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size(lse); ++r) {
+        int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
+        if (row < params.seqlen_q) { lse_row[row] = lse(r); }
+      }
+    }
+  }
+};
+
+}  // namespace flash

@@ -1,0 +1,237 @@
+// The SM90 forward kernel shell: one CTA computes O and LSE for kBlockM query rows of one head per
+// tile, one tile (or, persistent, a stride or a counter's worth of tiles) per CTA.
+//
+// Warpgroup 0 is the producer: after giving registers back (setmaxnreg), one elected thread issues
+// the TMA loads of the mainloop (Q once per tile, K/V blocks through a kStages pipeline) and, in
+// dynamic kernels, draws the tiles and hands them to the consumers through a ring in shared
+// memory. Warpgroups 1..kBlockM/64 are consumers: each owns 64 query rows, runs the mainloop's
+// GEMMs and softmax and then the epilogue. docs/architecture.md walks one tile through the files.
+#pragma once
+
+#include "kernel/common/config.h"
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernel/common/block_range.h"
+#include "kernel/common/policy.h"
+#include "kernel/common/tile_scheduler.h"
+#include "kernel/common/utils.h"
+#include "kernel/fwd/epilogue.h"
+#include "kernel/fwd/mainloop.h"
+#include "kernel/fwd/shared_storage.h"
+
+namespace flash {
+
+using namespace cute;
+
+template <typename Policy_>
+struct FwdKernel {
+  using Policy = Policy_;
+  using Element = typename Policy::Element;
+  static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kBlockM = Policy::kBlockM;
+  static constexpr int kBlockN = Policy::kBlockN;
+  static constexpr bool kLocal = Policy::kLocal;
+  static constexpr bool kDynamic = Policy::kDynamic;
+  static constexpr bool kDirectO = Policy::kDirectO;
+  static constexpr bool kRingDecode = Policy::kRingDecode;
+
+  using Mainloop = FwdMainloop<Policy>;
+  using Epilogue = FwdEpilogue<Policy, typename Mainloop::TiledMmaPV>;
+  using Scheduler = FwdTileScheduler<Policy::kPersistent, kLocal>;
+  using SharedStorage = FwdSharedStorage<Policy>;
+  using Layouts = FwdSmemLayouts<Policy>;
+  using SmemLayoutQ = typename Layouts::SmemLayoutQ;
+  using SmemLayoutKV = typename Layouts::SmemLayoutKV;
+  using SmemLayoutO64 = typename Layouts::SmemLayoutO64;
+  using ShapeQKV = typename Mainloop::ShapeQKV;
+  using Pipeline = typename Mainloop::Pipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+
+  static constexpr int kNumMmaWarpGroups = Mainloop::kNumMmaWarpGroups;
+  static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
+  static constexpr int kNumThreads = kNumMmaThreads + 128;
+
+  static constexpr int kSharedStorageSize = sizeof(SharedStorage);
+  static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
+
+  // setmaxnreg budgets: the producer keeps the minimum, the consumers share the rest of the CTA's
+  // launch pool (launch_register_pool: 168 x 384 with two consumer warpgroups, 64K with three). A
+  // consumer's count must not be below what the kernel starts with, since setmaxnreg.inc may
+  // only raise it.
+  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : 240;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= launch_register_pool(kNumThreads, 1),
+                "setmaxnreg.inc would wait forever for registers the CTA does not hold");
+  static_assert(kConsumerRegs >= 64 * 1024 / kNumThreads, "consumers would start above their setmaxnreg count");
+
+  struct Params {
+    typename Mainloop::TmaQ tma_q;
+    typename Mainloop::TmaKV tma_k;
+    typename Mainloop::TmaKV tma_v;
+    typename Epilogue::TmaO tma_o;
+    ShapeQKV shape_q;
+    ShapeQKV shape_k;
+    float* lse;  // (batch, heads_q, seqlen_q)
+    int seqlen_q;
+    int seqlen_k;
+    int heads_q;
+    int q_heads_per_kv_head;
+    int num_m_blocks;
+    int batch;
+    int diag_offset;  // local attention (kLocal): see FwdParams
+    int window_left;
+    int window_right;
+    float softmax_scale;
+    float softmax_scale_log2;
+    int heads_per_group;  // persistent causal/local order: (batch x head)s walked together (tile_scheduler.h)
+    int* tile_counter;    // kDynamic: zeroed before the launch
+    typename Scheduler::Divisors divisors;
+    [[no_unique_address]] typename Epilogue::DirectO direct_o;
+  };
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
+    SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    int const warp_group_idx = cutlass::canonical_warp_group_idx();
+    int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
+    bool const lane_predicate = cute::elect_one_sync();
+
+    if (warp_group_idx == 0 && warp_idx_in_wg == 0 && lane_predicate) {
+      cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+      smem.barrier_q.init(/*arrive_count=*/1);
+      smem.barrier_q_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
+      if constexpr (Policy::kSeparateO) {
+        smem.o.barrier_q2.init(/*arrive_count=*/1);
+        smem.o.barrier_q2_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
+      }
+      if constexpr (kDynamic) { smem.ring.init(kNumMmaThreads); }
+    }
+    typename Pipeline::Params pipeline_params;
+    pipeline_params.transaction_bytes = Mainloop::kBytesKV;
+    pipeline_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer
+                                               : Pipeline::ThreadCategory::Consumer;
+    pipeline_params.is_leader = threadIdx.x == 0;
+    pipeline_params.num_consumers = kNumMmaThreads;
+    Pipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    __syncthreads();  // barriers initialised before anyone waits on them
+
+    Mainloop const mainloop;
+    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group);
+    auto decoded = [&](auto const& tile) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(tile)>, FwdTile>) {
+        return tile;
+      } else {
+        return scheduler.decode(tile, params.divisors);
+      }
+    };
+    auto range_of = [&](FwdTile const& t) {
+      return BlockRange<kBlockM, kBlockN, kLocal>(t.m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
+                                                  params.window_left, params.window_right);
+    };
+
+    if (warp_group_idx == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if (warp_idx_in_wg == 0 && lane_predicate) {
+        PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
+        PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
+        // Which release of the Q buffer to wait for before loading Q (-1: none). Without
+        // kEarlyQ every tile releases it (a tile with nothing to attend writes its zero O
+        // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
+        int q_loads = 0;
+        auto produce = [&](auto const& tile, int iteration) {  // a tile id, or (kRingDecode) a decoded tile
+          FwdTile const t = decoded(tile);
+          auto const range = range_of(t);
+          // kSeparateO: load k into Q slot k % 2 waits for that slot's release number k / 2 - 1.
+          int const wait_phase = Policy::kSeparateO ? (q_loads > 1 ? ((q_loads >> 1) - 1) & 1 : -1)
+                                 : Policy::kEarlyQ  ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
+                                                    : (iteration > 0 ? (iteration - 1) & 1 : -1);
+          if (range.empty()) {  // nothing to load: consumers write zeros
+            if (!Policy::kEarlyQ && wait_phase >= 0) { smem.barrier_q_empty.wait(wait_phase); }
+            return;
+          }
+          mainloop.load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase,
+                        Policy::kSeparateO ? q_loads & 1 : 0);
+          ++q_loads;
+        };
+        if constexpr (kDynamic) {
+          int tile = scheduler.first();
+          for (int iteration = 0;; ++iteration) {
+            int const slot = iteration & 1;
+            smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // the consumers read its last item
+            bool const valid = scheduler.valid(tile);
+            auto const item = [&] {
+              if constexpr (kRingDecode) {
+                return valid ? scheduler.decode(tile, params.divisors) : FwdTile{-1, 0, 0};
+              } else {
+                return tile;
+              }
+            }();
+            smem.ring.items[slot] = item;
+            smem.ring.full[slot].arrive();
+            if (!valid) { break; }
+            int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+            produce(item, iteration);
+            tile = next;
+          }
+        } else {
+          int iteration = 0;
+          for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile), ++iteration) {
+            produce(tile, iteration);
+          }
+        }
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      int const wg = warp_group_idx - 1;
+      Mainloop::scheduler_init(wg);
+      PipelineState state_k;
+      PipelineState state_v;
+      int q_phase = 0;
+      Epilogue const epilogue;
+      auto consume_tile = [&](auto const& tile) {  // a tile id, or (kRingDecode) a decoded tile
+        FwdTile const t = decoded(tile);
+        mainloop.mma(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
+                     threadIdx.x - 128, wg, epilogue);
+      };
+      if constexpr (kDynamic) {
+        for (int iteration = 0;; ++iteration) {
+          int const slot = iteration & 1;
+          smem.ring.full[slot].wait((iteration >> 1) & 1);
+          auto const item = smem.ring.items[slot];
+          smem.ring.empty[slot].arrive();
+          bool valid;
+          if constexpr (kRingDecode) { valid = item.m_block >= 0; } else { valid = scheduler.valid(item); }
+          if (!valid) { break; }
+          consume_tile(item);
+        }
+      } else {
+        for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) { consume_tile(tile); }
+      }
+      if constexpr (Epilogue::kLazyStore) {  // shared memory stays valid until the last O store has read it
+        if (warp_idx_in_wg == 0 && lane_predicate) { tma_store_wait<0>(); }
+      }
+    }
+  }
+};
+
+// The kernel of (head dim, dtype, mask, key-length class): the tile of policy.h's table.
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>
+using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys>>;
+
+template <typename Kernel>
+__global__ void __launch_bounds__(Kernel::kNumThreads, 1)
+    flash_fwd_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+  extern __shared__ __align__(1024) char smem_buf[];
+  Kernel{}(params, smem_buf);
+}
+
+}  // namespace flash

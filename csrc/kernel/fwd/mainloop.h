@@ -1,0 +1,367 @@
+// The forward mainloop: the producer's TMA loads of Q and the K/V blocks, and a consumer
+// warpgroup's key-block loop: S = Q.K^T (WGMMA, shared memory operands), the online softmax in
+// registers, O += P.V (P from registers). S(n) and P(n+1).V(n+1) are issued together, so the
+// softmax of one block runs while the tensor cores still work on the previous P.V
+// (intra-warpgroup overlap), and the consumer warpgroups take turns issuing their GEMMs
+// (inter-warpgroup ping-pong) [D:001].
+#pragma once
+
+#include "kernel/common/config.h"
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernel/common/block_range.h"
+#include "kernel/common/mask.h"
+#include "kernel/common/named_barriers.h"
+#include "kernel/common/softmax.h"
+#include "kernel/common/tile_scheduler.h"
+#include "kernel/common/utils.h"
+#include "kernel/fwd/shared_storage.h"
+
+namespace flash {
+
+using namespace cute;
+
+template <typename Policy>
+struct FwdMainloop {
+  using Element = typename Policy::Element;
+  static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kBlockM = Policy::kBlockM;
+  static constexpr int kBlockN = Policy::kBlockN;
+  static constexpr bool kLocal = Policy::kLocal;
+  static constexpr bool kQ2 = Policy::kSeparateO;  // a second Q buffer, used by every other tile
+  static constexpr bool kEarlyQ = Policy::kEarlyQ;
+  static constexpr bool kSplitMask = Policy::kSplitMask;
+  static constexpr bool kHalfSoftmax = Policy::kHalfSoftmax;
+  static constexpr bool kMaxFree = Policy::kMaxFree;
+
+  static constexpr int kNumMmaWarpGroups = kBlockM / 64;
+  static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 2 && kNumMmaWarpGroups <= 3);
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+  static_assert(!kMaxFree || kFwdVoteHwBarrier + kNumMmaWarpGroups <= 8, "vote barriers past CUTLASS's reserved ids");
+
+  using Layouts = FwdSmemLayouts<Policy>;
+  using SharedStorage = FwdSharedStorage<Policy>;
+  using SmemLayoutQ = typename Layouts::SmemLayoutQ;
+  using SmemLayoutKV = typename Layouts::SmemLayoutKV;
+  using SmemLayoutVt = typename Layouts::SmemLayoutVt;
+  using Pipeline = typename Layouts::Pipeline;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  using TileShapeMNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using AtomLayoutMNK = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
+  // S = Q.K^T: both operands K-major in shared memory.
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>(), AtomLayoutMNK{}));
+  // O += P.V: P from registers, V^T read MN-major (V is stored as it arrives, head dim fastest).
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayoutMNK{}));
+  // kHalfSoftmax: views of one half of the diagonal block's S (the GEMMs stay full width: a
+  // run-time choice between two WGMMA shapes serializes them).
+  using TiledMmaQKHalf = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN / 2>, Int<kHeadDim>>>(),
+      AtomLayoutMNK{}));
+
+  // Global tensors are (seqlen, head_dim, heads, batch) with a unit head_dim stride.
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  struct MaskIfNeeded {};  // a block() argument: the range decides at run time
+
+  // Producer: K(n_max-1), then Q once (after the previous tile released the Q buffer: persistent
+  // mode), then K(n-1) ahead of V(n), matching the consumers' order.
+  template <typename Params>
+  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
+                           Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
+                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
+                           int q_empty_phase, int q_slot) const {
+    int const m_block = t.m_block, head = t.head, batch = t.batch;
+    int const head_kv = head / params.q_heads_per_kv_head;
+    Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);     // (seqlen_q, d)
+    Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);  // (seqlen_k, d)
+    Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});  // (M, D)
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});   // (N, D, stages)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});   // (N, D, stages)
+
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+
+    auto load_k = [&](int n) {
+      pipeline_k.producer_acquire(state_k);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
+      ++state_k;
+    };
+    auto load_v = [&](int n) {
+      pipeline_v.producer_acquire(state_v);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
+      ++state_v;
+    };
+    int n = range.n_block_max - 1;
+    load_k(n);  // may stream in while the previous tile still holds the Q buffer
+    // The Q buffer is free once the previous tile that used it released it (its epilogue's O
+    // store has read it, or with kEarlyQ its last Q.K^T GEMM is done; with kQ2 that tile is
+    // the one before the previous).
+    if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
+    smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+    for (; n > range.n_block_min; --n) {
+      load_k(n - 1);
+      load_v(n);
+    }
+    load_v(range.n_block_min);
+  }
+
+  // Inter-warpgroup ping-pong: the consumer warpgroups take turns issuing GEMMs, so one
+  // warpgroup's softmax runs while the tensor cores serve another's. Warpgroup w syncs on its
+  // barrier (128 threads) and its predecessor arrives there (128 more).
+  static constexpr int kPingPongThreads = 2 * 128;
+  CUTLASS_DEVICE static void scheduler_sync(int wg) {
+    cutlass::arch::NamedBarrier::sync(kPingPongThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1) + wg);
+  }
+  CUTLASS_DEVICE static void scheduler_arrive(int wg) {
+    int const next = wg + 1 == kNumMmaWarpGroups ? 0 : wg + 1;
+    cutlass::arch::NamedBarrier::arrive(kPingPongThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1) + next);
+  }
+  // The first warpgroup's first turn needs no predecessor: it arrives on its own barrier.
+  CUTLASS_DEVICE static void scheduler_init(int wg) {
+    if (wg == 0) {
+      cutlass::arch::NamedBarrier::arrive(kPingPongThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1));
+    }
+  }
+
+  // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
+  // The epilogue (epilogue.h) stores the tile's O and LSE.
+  template <typename Params, typename Epilogue>
+  CUTLASS_DEVICE void mma(Params const& params, SharedStorage& smem, Pipeline& pipeline_k, Pipeline& pipeline_v,
+                          PipelineState& state_k, PipelineState& state_v, int& q_phase, FwdTile const& t,
+                          BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
+                          Epilogue const& epilogue) const {
+    int const m_block = t.m_block, head = t.head, batch = t.batch;
+    TiledMmaQK tiled_mma_qk;
+    TiledMmaPV tiled_mma_pv;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
+    // Operands through the warpgroup's first thread: Q's descriptors, which depend on the
+    // warpgroup's rows, are then built in uniform registers (warpgroup_first_thread, utils.h).
+    int const wg_thread = warpgroup_first_thread(mma_tidx);
+    auto wg_mma_qk = tiled_mma_qk.get_thread_slice(wg_thread);
+    auto wg_mma_pv = tiled_mma_pv.get_thread_slice(wg_thread);
+
+    // kQ2: q_phase counts the tiles that loaded Q (slot = its low bit, phase = the next bit).
+    int const q_slot = kQ2 ? q_phase & 1 : 0;
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
+    Tensor tSrQ = wg_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
+    Tensor tSrK = wg_mma_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
+    Tensor tOrV = wg_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
+
+    Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // fp32
+    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // fp32
+    Tensor tOrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
+    Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));  // (rows, cols)
+    Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
+    Tensor tScS = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+    constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
+
+    OnlineSoftmax<kRows> softmax(params.softmax_scale_log2);
+    Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
+    int const row0 = m_block * kBlockM;
+    auto mask = [&](int n) {
+      if (range.needs_mask(n)) {
+        apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+                           params.window_left, params.window_right, n < range.n_unmasked_lo);
+      }
+    };
+
+    // S(n) is final: K's stage is free, and after the tile's last block (n_block_min) Q's buffer.
+    auto release_k = [&](int n) CUTLASS_LAMBDA_FUNC_INLINE {
+      if (n == range.n_block_min) { release_q(smem, mma_tidx, q_slot); }
+      pipeline_k.consumer_release(state_k);
+      ++state_k;
+    };
+
+    if (!range.empty()) {
+      if constexpr (kQ2) {
+        smem.q_full(q_slot).wait((q_phase >> 1) & 1);
+        ++q_phase;
+      } else {
+        smem.barrier_q.wait(q_phase);
+        q_phase ^= 1;
+      }
+
+      int n = range.n_block_max - 1;
+      scheduler_sync(wg);
+      pipeline_k.consumer_wait(state_k);
+      wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+      scheduler_arrive(wg);
+      warpgroup_wait<0>();
+      release_k(n);
+      if constexpr (kHalfSoftmax) {
+        // This warpgroup's last row sees no key past the first half of block n (BlockRange's
+        // bound, for this warpgroup's rows).
+        int const wg_last_row = min(row0 + 64 * wg + 63, params.seqlen_q - 1);
+        int const hi = min(params.seqlen_k, wg_last_row + params.diag_offset + params.window_right + 1);
+        // Views of one half of S: the first kBlockN / 2 columns are the first half of the
+        // accumulator's registers (column groups of 8 are the fragment's outermost value mode).
+        TiledMmaQKHalf mma_half;
+        auto const half_layout = partition_fragment_C(mma_half, Shape<Int<kBlockM>, Int<kBlockN / 2>>{}).layout();
+        static_assert(decltype(size(half_layout))::value * 2 == decltype(size(tSrS))::value);
+        Tensor c_half = mma_half.get_thread_slice(mma_tidx).partition_C(
+            make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN / 2>>{}));
+        Tensor c_half_rc = make_tensor(c_half.data(), acc_layout_rowcol(c_half.layout()));
+        if (hi - n * kBlockN <= kBlockN / 2) {
+          Tensor s_half_rc = make_tensor(tSrS.data(), acc_layout_rowcol(half_layout));
+          if (range.needs_mask(n)) {
+            apply_mask<kLocal>(s_half_rc, c_half_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+                               params.window_left, params.window_right, n < range.n_unmasked_lo);
+          }
+          softmax.first_block(s_half_rc);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = size(tSrS) / 2; i < size(tSrS); ++i) { tSrS(i) = 0.f; }
+        } else {
+          // A warpgroup whose rows all see the first half of block n whole masks only the second
+          // half (the first half's coordinates, 64 columns on).
+          int const wg_first_row = row0 + 64 * wg;
+          bool const first_half_whole =
+              min(params.seqlen_k, wg_first_row + params.diag_offset + params.window_right + 1) >=
+                  n * kBlockN + kBlockN / 2 &&
+              wg_last_row + params.diag_offset - params.window_left <= n * kBlockN;
+          if (first_half_whole) {
+            Tensor s_upper_rc = make_tensor(tSrS.data() + size(half_layout), acc_layout_rowcol(half_layout));
+            if (range.needs_mask(n)) {
+              apply_mask<kLocal>(s_upper_rc, c_half_rc, row0, n * kBlockN + kBlockN / 2, params.seqlen_k,
+                                 params.diag_offset, params.window_left, params.window_right,
+                                 n < range.n_unmasked_lo);
+            }
+          } else {
+            mask(n);
+          }
+          softmax.first_block(tSrS_rc);
+        }
+      } else {
+        mask(n);
+        softmax.first_block(tSrS_rc);
+      }
+      convert_into(tSrS, tOrP);
+      clear(tOrO);
+      // Factor for O before P(n+1).V(n+1) is added; applied while S(n) runs on the tensor cores.
+      Tensor rescale = make_tensor<float>(Shape<Int<kRows>>{});
+      fill(rescale, 1.f);
+      bool moved = false;  // some factor of `rescale` differs from 1
+
+      // The first key block that every row of the tile sees whole (no mask); the blocks below
+      // it may skip the max search (kMaxFree).
+      int const n_free_from = min(range.n_block_max, range.n_unmasked_hi) - 1;
+      // One K/V block after the first. masked: std::true_type (it crosses the sequence end or a
+      // window edge), std::false_type (it does not), MaskIfNeeded (the range decides at run time).
+      auto block = [&](int n, auto masked) CUTLASS_LAMBDA_FUNC_INLINE {  // inlined: its tensors stay in registers
+        scheduler_sync(wg);
+        pipeline_k.consumer_wait(state_k);
+        wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+        if (softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
+        pipeline_v.consumer_wait(state_v);
+        wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
+        scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
+        warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
+        auto mask_block = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
+          if constexpr (std::is_same_v<decltype(masked), MaskIfNeeded>) {
+            mask(n);
+          } else if constexpr (decltype(masked)::value) {
+            apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+                               params.window_left, params.window_right, n < range.n_unmasked_lo);
+          }
+        };
+        if constexpr (kMaxFree) {
+          // Only blocks after a full unmasked one (n < n_free_from) go without the max search:
+          // before that some row's max may stand on a few keys. Q and this K stage stay held
+          // until the softmax knows it needs no second S(n).
+          mask_block();
+          bool done = false;
+          if (n < n_free_from) {  // uniform over the warpgroup
+            Tensor sums = make_tensor<float>(Shape<Int<kRows>>{});
+            bool const fits = softmax.block_without_max(tSrS_rc, sums);
+            if (named_barrier_all(fits, kFwdVoteHwBarrier + wg, 128)) {
+              softmax.add_sums(sums);
+              moved = false;
+              done = true;
+            } else {  // some p would exceed the slack (or a row has no max yet): S(n) again
+              wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+              warpgroup_wait<0>();
+              mask_block();
+            }
+          }
+          if (!done) { moved = softmax.next_block</*kExact=*/true>(tSrS_rc, rescale); }
+          release_k(n);
+        } else {
+          release_k(n);
+          mask_block();
+          moved = softmax.next_block(tSrS_rc, rescale);
+        }
+        warpgroup_wait<0>();   // P.V done: V's stage and the P registers are free
+        pipeline_v.consumer_release(state_v);
+        ++state_v;
+        convert_into(tSrS, tOrP);
+      };
+      // kSplitMask: three loops, as FA3, so that the long middle one carries no mask code or
+      // registers: the blocks at the sequence end / right window edge (masked), the inner blocks,
+      // the blocks past the left window edge (masked). Otherwise one loop masks where needed.
+      if constexpr (kSplitMask) {
+        for (--n; n >= range.n_block_min && n >= range.n_unmasked_hi; --n) { block(n, std::true_type{}); }
+        for (; n >= range.n_block_min && n >= range.n_unmasked_lo; --n) { block(n, std::false_type{}); }
+        if constexpr (kLocal) {
+          for (; n >= range.n_block_min; --n) { block(n, std::true_type{}); }
+        }
+      } else {
+        for (--n; n >= range.n_block_min; --n) { block(n, MaskIfNeeded{}); }
+      }
+      scheduler_sync(wg);
+      if (softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
+      pipeline_v.consumer_wait(state_v);
+      wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
+      scheduler_arrive(wg);
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(state_v);
+      ++state_v;  // persistent mode: the next tile's first V is the next stage
+      softmax.finalize(tOrO_rc, params.softmax_scale, lse);
+    } else {
+      clear(tOrO);
+      fill(lse, -INFINITY);
+    }
+    epilogue.store(params, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg);
+  }
+
+  // kEarlyQ (own O buffer, or O stored from registers): this warpgroup's last Q.K^T GEMM of the
+  // tile has completed, so the producer may load the next tile's Q; one arrival per warpgroup and
+  // tile that loaded Q. Otherwise Q is released by the epilogue, after O's TMA store has read it.
+  CUTLASS_DEVICE static void release_q(SharedStorage& smem, int mma_tidx, int q_slot) {
+    if constexpr (kEarlyQ) {
+      if (mma_tidx % 128 == 0) { smem.q_empty(q_slot).arrive(); }
+    }
+  }
+
+};
+
+}  // namespace flash

@@ -1,0 +1,84 @@
+// The forward kernel's shared memory: the Q buffer(s), the K/V pipeline stages, the O buffer of
+// kernels that have one, their barriers and the dynamic scheduler's ring.
+#pragma once
+
+#include "kernel/common/config.h"
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernel/common/tile_scheduler.h"
+#include "kernel/common/utils.h"
+
+namespace flash {
+
+using namespace cute;
+
+template <typename Policy>
+struct FwdSmemLayouts {
+  using Element = typename Policy::Element;
+  static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kBlockM = Policy::kBlockM;
+  static constexpr int kBlockN = Policy::kBlockN;
+  static constexpr int kStages = Policy::kStages;
+
+  using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+  // Q tiles in row-major order of atoms so that each warpgroup's 64 rows form one contiguous
+  // block laid out exactly like SmemLayoutO64: the epilogue reuses them for O.
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, Step<_2, _1>{}));
+  using SmemLayoutO64 = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}, Step<_2, _1>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // (head_dim, block_n, stages) view of V: the B operand of P.V.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+};
+
+template <typename Policy>
+struct FwdSharedStorage {
+  using L = FwdSmemLayouts<Policy>;
+  using Element = typename Policy::Element;
+  static constexpr bool kSeparateO = Policy::kSeparateO;
+
+  struct NoO {};
+  // kSeparateO: the O buffer and a second Q buffer, used by every other tile.
+  struct BufferOQ2 {
+    alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQ>> o;
+    alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQ>> q2;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q2;
+    alignas(16) cutlass::arch::ClusterBarrier barrier_q2_empty;
+  };
+  struct NoRing {};
+  // kDynamic: tile ids (kRingDecode: decoded tiles) from the producer to the consumers.
+  using Ring = TileRing<std::conditional_t<Policy::kRingDecode, FwdTile, int>>;
+
+  alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQ>> q;  // O reuses it unless kSeparateO
+  alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutKV>> k;
+  alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutKV>> v;
+  std::conditional_t<kSeparateO, BufferOQ2, NoO> o;
+  alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q tile landed
+  alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
+  alignas(16) typename L::Pipeline::SharedStorage pipeline_k;
+  alignas(16) typename L::Pipeline::SharedStorage pipeline_v;
+  std::conditional_t<Policy::kDynamic, Ring, NoRing> ring;
+
+  // Q buffer `slot` (always 0 without a second one) and its barriers.
+  CUTLASS_DEVICE Element* q_data(int slot) {
+    if constexpr (kSeparateO) { return slot ? o.q2.data() : q.data(); } else { return q.data(); }
+  }
+  CUTLASS_DEVICE cutlass::arch::ClusterTransactionBarrier& q_full(int slot) {
+    if constexpr (kSeparateO) { return slot ? o.barrier_q2 : barrier_q; } else { return barrier_q; }
+  }
+  CUTLASS_DEVICE cutlass::arch::ClusterBarrier& q_empty(int slot) {
+    if constexpr (kSeparateO) { return slot ? o.barrier_q2_empty : barrier_q_empty; } else { return barrier_q_empty; }
+  }
+  // The O staging buffer of the epilogue: its own, or the Q buffer it no longer reads.
+  CUTLASS_DEVICE Element* o_data() {
+    if constexpr (kSeparateO) { return o.o.data(); } else { return q.data(); }
+  }
+};
+
+}  // namespace flash
