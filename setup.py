@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "build"))
 
-import build_support  # noqa: E402  (tools/, needs no torch)
+import build_support  # noqa: E402  (tools/build/, needs no torch)
 import generate_instantiations  # noqa: E402
 
 manifest = generate_instantiations.load_manifest(ROOT)

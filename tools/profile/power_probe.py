@@ -8,7 +8,7 @@ clocks (TFLOP/s per GHz) and by energy (GFLOP per joule). The grid read our hdim
 under a single-process timing of the same kernel (nineteenth session) while FA3 read its
 yardstick figure: this tells power-bound from scheduling.
 
-    python3 tools/power_probe.py --hdim 128 --seqlen 8192 [--causal] [--fwd] [--seconds 3]
+    python3 tools/profile/power_probe.py --hdim 128 --seqlen 8192 [--causal] [--fwd] [--seconds 3]
 """
 import argparse
 import statistics

@@ -2,17 +2,21 @@
 separate effects that the benchmark grid confounds (waves of tiles, a partial last key block,
 batch), timed in rounds with the shapes' order rotated, each with its tile and wave counts.
 
-    python3 tools/shape_probe.py --hdim 128 --shapes 8192:2:16,8448:2:16,8192:2:33 [--causal] [--rounds 3]
+    python3 tools/profile/shape_probe.py --hdim 128 --shapes 8192:2:16,8448:2:16,8192:2:33 [--causal] [--rounds 3]
 
 A shape is SEQLEN:BATCH:HEADS (seqlen_q = seqlen_k).
 """
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import torch
 
 from flash_attn_hopper import flash_attn_func
-from variants import time_in_rounds  # tools/, beside this script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from variants import time_in_rounds  # noqa: E402  (tools/gpu/)
 
 
 def main():

@@ -11,9 +11,9 @@ yardstick's build left out compiled out too (varlen, split-KV, paged KV, append-
 softcap, PackGQA, fp16, fp8, sm80), then lays out a directory which, on PYTHONPATH, makes
 `flash_attn_interface` importable: benchmarks/benchmark_attn.py's `fa3` provider then runs.
 
-    python3 tools/fa3_peer.py pack --fa-repo /work/.mirror/Dao-AILab+flash-attention/repo \\
+    python3 tools/gpu/fa3_peer.py pack --fa-repo /work/.mirror/Dao-AILab+flash-attention/repo \\
         --cutlass-repo /work/.mirror/NVIDIA+cutlass/repo            # here, once
-    python3 tools/fa3_peer.py build --out /tmp/fa3peer              # on the GPU machine
+    python3 tools/gpu/fa3_peer.py build --out /tmp/fa3peer              # on the GPU machine
     PYTHONPATH=/tmp/fa3peer python3 benchmarks/benchmark_attn.py --providers flash_attn_hopper,fa3
 """
 
@@ -28,7 +28,7 @@ import tarfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PEERS = REPO_ROOT / ".peers"
 FA3_COMMIT = "0251105"
 CUTLASS_COMMIT = "7127592069c2fe01b041e174ba4345ef9b279671"
@@ -75,7 +75,7 @@ def _feature_defines() -> list[str]:
 def build(out: Path, jobs: int) -> None:
     for a in (FA3_ARCHIVE, CUTLASS_ARCHIVE):
         if not a.exists():
-            sys.exit(f"{a} is missing: run `tools/fa3_peer.py pack` here and carry .peers/")
+            sys.exit(f"{a} is missing: run `tools/gpu/fa3_peer.py pack` here and carry .peers/")
     src = out / "src"
     if not src.exists():
         src.mkdir(parents=True)
@@ -89,7 +89,7 @@ def build(out: Path, jobs: int) -> None:
     flags = {f"FLASHATTENTION_DISABLE_{k}": v for k, v in DISABLED.items()}
     flags |= {f"FLASH_ATTENTION_DISABLE_{k}": v for k, v in DISABLED_DIFF.items()}
     flags["FLASHATTENTION_ENABLE_VCOLMAJOR"] = False
-    (out / "flash_attn_config.py").write_text(f"# written by tools/fa3_peer.py\nCONFIG = {{'build_flags': {flags!r}}}\n")
+    (out / "flash_attn_config.py").write_text(f"# written by tools/gpu/fa3_peer.py\nCONFIG = {{'build_flags': {flags!r}}}\n")
     package = out / "flash_attn_3"
     package.mkdir(exist_ok=True)
     (package / "__init__.py").write_text("")

@@ -1,14 +1,14 @@
 """Developer check on the GPU, meant to run under compute-sanitizer: one small forward and
 backward call for every kernel class of a build (tile_size.h: short / long keys, persistent with
 an own O buffer or O stored from registers, dynamic causal, deterministic, GQA), on odd sizes, each
-checked against the float32 reference as in tools/fwd_check.py / tools/bwd_check.py.
+checked against the float32 reference as in tools/check/fwd_check.py / tools/check/bwd_check.py.
 
 Run it with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so that every tensor is its own allocation and
 memcheck sees an access past a tensor's end (the caching allocator would hide it inside a
 larger segment):
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \\
-        python3 tools/sanitize_check.py [--hdims 64,128,256] [--dtype bf16] [--quick]
+        python3 tools/check/sanitize_check.py [--hdims 64,128,256] [--dtype bf16] [--quick]
 
 Exits 1 if a result is wrong; compute-sanitizer's own exit code (9 above) reports its errors.
 `--probe` instead launches one Triton kernel whose name contains "flash" and which stores one

@@ -3,7 +3,7 @@ float32 reference, by FlashAttention's rule (error <= 2x the same maths in the i
 noise). Needs a build with the backward (see the README's build knobs). The real tests are
 tests/test_flash_bwd.py.
 
-    python3 tools/bwd_check.py [--hdims 64,128] [--dtypes bf16]
+    python3 tools/check/bwd_check.py [--hdims 64,128] [--dtypes bf16]
 """
 import argparse
 import math

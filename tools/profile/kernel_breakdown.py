@@ -1,9 +1,9 @@
 """Developer tool for the GPU machine: where the time of one benchmark-method problem goes, kernel
 by kernel (torch.profiler), for our ops, cuDNN SDPA and FlashAttention-3 (when importable, e.g.
-built by tools/fa3_peer.py) side by side. Average microseconds
+built by tools/gpu/fa3_peer.py) side by side. Average microseconds
 per call of every kernel that ran, the memsets and copies included.
 
-    python3 tools/kernel_breakdown.py --hdim 128 --seqlens 512,8192 [--causal] [--bwd]
+    python3 tools/profile/kernel_breakdown.py --hdim 128 --seqlens 512,8192 [--causal] [--bwd]
 """
 import argparse
 from collections import defaultdict

@@ -7,7 +7,7 @@ clock and power (nvidia-smi, every 50 ms) while it runs:
 Where `bench` is far above `b2b`, the flush's cold L2 or a host path slower than the flush
 kernel adds to the timed region; where the clock under load is low, power limits the pace.
 
-    python3 tools/clock_probe.py --hdim 128 --seqlen 8192 [--causal] [--rounds 2] [--batch B] [--profile]
+    python3 tools/profile/clock_probe.py --hdim 128 --seqlen 8192 [--causal] [--rounds 2] [--batch B] [--profile]
 """
 import argparse
 import statistics

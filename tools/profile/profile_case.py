@@ -3,9 +3,9 @@ raw ops, so that a profiler (ncu) can capture a representative launch of the for
 backward kernel. Prints the median time of the last runs.
 
     ncu --clock-control none -k regex:flash_bwd_kernel -s 2 -c 1 --section SpeedOfLight \\
-        python3 tools/profile_case.py --hdim 128 --seqlen 8192 --bwd
+        python3 tools/profile/profile_case.py --hdim 128 --seqlen 8192 --bwd
     --provider fa3 runs FlashAttention-3 instead (flash_attn_interface, e.g. built by
-    tools/fa3_peer.py; its backward kernel matches regex:FlashAttnBwdSm90); --provider cudnn runs
+    tools/gpu/fa3_peer.py; its backward kernel matches regex:FlashAttnBwdSm90); --provider cudnn runs
     torch SDPA forced to cuDNN (layout (batch, heads, seqlen, hdim) views of the same tensors).
 """
 import argparse

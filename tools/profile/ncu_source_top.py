@@ -4,7 +4,7 @@ most warp-stall samples (and the samples per SASS opcode), so that the stalls of
 be read next to its code without the GUI. Columns are found by name; an unknown layout prints
 its header instead.
 
-    python3 tools/ncu_source_top.py src.csv [--top 40]
+    python3 tools/profile/ncu_source_top.py src.csv [--top 40]
 """
 import argparse
 import csv

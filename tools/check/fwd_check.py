@@ -1,7 +1,7 @@
 """Developer check on the GPU: forward correctness on awkward shapes, then a quick timing
 against torch's cuDNN SDPA. The real test suite is tests/; the real benchmark is benchmarks/.
 
-    python3 tools/fwd_check.py [--hdims 64,128] [--dtypes bf16] [--bench]
+    python3 tools/check/fwd_check.py [--hdims 64,128] [--dtypes bf16] [--bench]
 """
 import argparse
 import math

@@ -3,8 +3,8 @@
 against cuDNN in one run. Each variant is its own extension with its own op namespace.
 With --bwd the variants also build the backward, and the backward is checked and timed instead.
 
-    python3 tools/variants.py --hdim 128 --variant base --variant n128:M=128,N=128,S=2 ...
-    python3 tools/variants.py --bwd --hdim 256 --variant base --variant s1:FLASH_BWD_DEV_STAGES=1
+    python3 tools/gpu/variants.py --hdim 128 --variant base --variant n128:M=128,N=128,S=2 ...
+    python3 tools/gpu/variants.py --bwd --hdim 256 --variant base --variant s1:FLASH_BWD_DEV_STAGES=1
 
 A variant is NAME[:KEY=VALUE,...] with keys M, N, S (block M, block N, stages; all three or
 none) or any other macro (passed as -DKEY=VALUE).
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("FLASH_VARIANTS_BUILD", "/tmp/flash_variants"))
 
 
@@ -139,7 +139,7 @@ def main():
 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "check"))
     from fwd_check import reference
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     ops = {}
@@ -210,7 +210,7 @@ def main():
 def main_bwd(args, variants):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "check"))
     from bwd_check import check
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     ops = {}
