@@ -11,6 +11,7 @@ import importlib.util
 import os
 import pprint
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -37,12 +38,32 @@ NVCC_FLAGS = [
 NVCC_VERBOSE_FLAGS = ["-Xptxas=-v"]
 CXX_FLAGS = ["-O3", "-std=c++20"]
 ENV_VERBOSE_PTXAS = "FLASH_ATTN_HOPPER_VERBOSE_PTXAS"
+#: Developer builds: flags appended to nvcc's (shell-split), e.g. "-DFLASH_FWD_DEV_X=1 -Xptxas=-warn-spills".
+ENV_EXTRA_NVCC_FLAGS = "FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS"
+
+
+def extra_nvcc_flags(env=None) -> list[str]:
+    env = os.environ if env is None else env
+    return shlex.split(env.get(ENV_EXTRA_NVCC_FLAGS, ""))
 
 
 def nvcc_flags(env=None) -> list[str]:
     env = os.environ if env is None else env
     verbose = env.get(ENV_VERBOSE_PTXAS, "").strip().lower() in ("1", "true", "yes", "on")
-    return NVCC_FLAGS + (NVCC_VERBOSE_FLAGS if verbose else [])
+    return NVCC_FLAGS + (NVCC_VERBOSE_FLAGS if verbose else []) + extra_nvcc_flags(env)
+
+
+def cxx_flags(env=None) -> list[str]:
+    """CXX_FLAGS plus the macro definitions (-D / -U) among the extra nvcc flags: the binding
+    (flash_api.cpp, compiled by the host compiler) sees the same developer macros as the kernels."""
+    extra = extra_nvcc_flags(env)
+    macros = []
+    for i, flag in enumerate(extra):
+        if flag in ("-D", "-U") and i + 1 < len(extra):
+            macros += [flag, extra[i + 1]]
+        elif flag.startswith(("-D", "-U")) and len(flag) > 2:
+            macros.append(flag)
+    return CXX_FLAGS + macros
 
 
 # --------------------------------------------------------------------------
