@@ -10,7 +10,6 @@ A variant is NAME[:KEY=VALUE,...] with keys M, N, S (block M, block N, stages; a
 none) or any other macro (passed as -DKEY=VALUE).
 """
 import argparse
-import importlib.util
 import math
 import multiprocessing as mp
 import os
@@ -20,13 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("FLASH_VARIANTS_BUILD", "/tmp/flash_variants"))
-
-
-def cutlass_root():
-    if os.environ.get("CUTLASS_HOME"):
-        return Path(os.environ["CUTLASS_HOME"])
-    spec = importlib.util.find_spec("cutlass_library")
-    return Path(spec.submodule_search_locations[0]) / "source"
+sys.path.insert(0, str(ROOT / "tools" / "build"))
+import build_support  # noqa: E402  (the package build's flags and CUTLASS lookup)
 
 
 def parse_variant(text):
@@ -73,20 +67,17 @@ def sources(name, hdim, dtype, bwd=False):
 def build(args):
     name, defines, hdim, dtype, bwd = args
     from torch.utils.cpp_extension import load
-    cutlass = cutlass_root()
+    cutlass = build_support.find_cutlass(ROOT)
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     ns = f"fahv_{name}"
-    common = [f"-DFLASH_ATTN_HOPPER_OP_NAMESPACE={ns}", "-std=c++20", "-O3"]
-    nvcc = common + ["-gencode=arch=compute_90a,code=sm_90a", "-DNDEBUG", "--expt-relaxed-constexpr",
-                     "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__", "-lineinfo",
-                     "-Xptxas=-v"] + [f"-D{k}={v}" for k, v in defines.items()]
+    # The package build's flags ($FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS included), ptxas -v, then the
+    # variant's macros; the binding sees the macros too (a block size can size its workspaces).
+    macros = [f"-DFLASH_ATTN_HOPPER_OP_NAMESPACE={ns}"] + [f"-D{k}={v}" for k, v in defines.items()]
+    nvcc = build_support.nvcc_flags({**os.environ, build_support.ENV_VERBOSE_PTXAS: "1"}) + macros
+    cxx = build_support.cxx_flags() + macros
     start = time.time()
-    # The binding sees the defines too (FLASH_BWD_DEV_BLOCK_M sizes its workspaces).
-    cxx = common + [f"-D{k}={v}" for k, v in defines.items()]
     load(name=ns, sources=sources(name, hdim, dtype, bwd), extra_cflags=cxx, extra_cuda_cflags=nvcc,
-         extra_include_paths=[str(ROOT / "csrc"), str(cutlass / "include"), str(cutlass / "tools/util/include"),
-                              f"{cuda_home}/include/cccl"],
+         extra_include_paths=[str(ROOT / "csrc"), *cutlass.include_dirs, f"{cuda_home}/include/cccl"],
          build_directory=str(BUILD / name), verbose=False)
     return name, time.time() - start
 
