@@ -4,9 +4,8 @@ provider (ours through autograd as benchmarks/benchmark_attn.py times it, cuDNN 
 FlashAttention-3 when importable), while nvidia-smi samples the SM clock, power and temperature
 every 50 ms. Per provider it prints the TFLOP/s of the first 0.2 s and of the last second, with
 the mean clock and power over that second, so that two kernels can be compared at equal
-clocks (TFLOP/s per GHz) and by energy (GFLOP per joule). The grid read our hdim 128 backward 4 %
-under a single-process timing of the same kernel (nineteenth session) while FA3 read its
-yardstick figure: this tells power-bound from scheduling.
+clocks (TFLOP/s per GHz) and by energy (GFLOP per joule): this tells power-bound from scheduling
+(e.g. when the grid reads a kernel under a single-process timing of it).
 
     python3 tools/profile/power_probe.py --hdim 128 --seqlen 8192 [--causal] [--fwd] [--seconds 3]
 """
