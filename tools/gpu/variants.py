@@ -7,7 +7,9 @@ With --bwd the variants also build the backward, and the backward is checked and
     python3 tools/gpu/variants.py --bwd --hdim 256 --variant base --variant s1:FLASH_BWD_DEV_STAGES=1
 
 A variant is NAME[:KEY=VALUE,...] with keys M, N, S (block M, block N, stages; all three or
-none) or any other macro (passed as -DKEY=VALUE).
+none) or any other macro (passed as -DKEY=VALUE). Every variant compiles with the package build's
+flags (tools/build/build_support.py, $FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS included). On the device,
+tools/gpu/run.sh's variants step builds several sets side by side and times each under a timeout.
 """
 import argparse
 import math
