@@ -7,7 +7,9 @@ FLASH_ATTN_HOPPER_DTYPES=bf16, FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1 (no backward
 kernels; they are built by default), FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1
 (still accepted; no effect while nothing is experimental),
 MAX_JOBS=N, CUDA_HOME=<toolkit root>, CUTLASS_HOME=<cutlass checkout>,
-FLASH_ATTN_HOPPER_VERBOSE_PTXAS=1 (register/spill report per kernel).
+FLASH_ATTN_HOPPER_VERBOSE_PTXAS=1 (register/spill report per kernel),
+FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS="-DKEY=VALUE ..." (developer builds: appended to nvcc's
+flags; its -D/-U macros reach the binding too; see tools/README.md).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "build"))
 
-import build_support  # noqa: E402  (tools/, needs no torch)
+import build_support  # noqa: E402  (tools/build/, needs no torch)
 import generate_instantiations  # noqa: E402
 
 manifest = generate_instantiations.load_manifest(ROOT)
@@ -79,6 +81,7 @@ if not binding.is_file():
     fail(f"{binding.relative_to(ROOT)} is missing: this checkout has no torch binding to build")
 sources = [str(binding.relative_to(ROOT))] + [str(p.relative_to(ROOT)) for p in generated.sources]
 NVCC_FLAGS = build_support.nvcc_flags()
+CXX_FLAGS = build_support.cxx_flags()
 
 
 def nvcc_version() -> str | None:
@@ -120,6 +123,9 @@ class FlashBuildExtension(BuildExtension):
             f"instantiations: {', '.join(inst.filename for inst in selection.instantiations()) or 'none'}"
         )
         say(f"CUDA {cuda_home} (via {cuda_origin}); CUTLASS {cutlass.version()} from {cutlass.origin}: {cutlass.root}")
+        extra = build_support.extra_nvcc_flags()
+        if extra:
+            say(f"extra nvcc flags from ${build_support.ENV_EXTRA_NVCC_FLAGS}: {' '.join(extra)}")
         ninja_log = Path(self.build_temp) / ".ninja_log"
         log_offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
         start = time.time()
@@ -143,7 +149,7 @@ class FlashBuildExtension(BuildExtension):
             "cutlass_origin": cutlass.origin,
             "cutlass_path": str(cutlass.root),
             "nvcc_flags": NVCC_FLAGS,
-            "cxx_flags": build_support.CXX_FLAGS,
+            "cxx_flags": CXX_FLAGS,
             "max_jobs": jobs,
             "build_seconds": round(wall, 1),
             "compile_seconds": {Path(r.output).name: r.seconds for r in records},
@@ -164,7 +170,7 @@ setup(
             name="flash_attn_hopper._C",
             sources=sources,
             include_dirs=[str(ROOT / "csrc"), *cutlass.include_dirs, str(Path(cuda_home) / "include" / "cccl")],
-            extra_compile_args={"cxx": build_support.CXX_FLAGS, "nvcc": NVCC_FLAGS},
+            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
         )
     ],
     cmdclass={"build_ext": FlashBuildExtension.with_options(use_ninja=True)},

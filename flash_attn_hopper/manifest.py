@@ -1,7 +1,7 @@
 """The one feature manifest of flash_attn_hopper.
 
 Everything that decides *what* gets compiled and *what* a build can do reads
-this file: the instantiation generator (``tools/generate_instantiations.py``),
+this file: the instantiation generator (``tools/build/generate_instantiations.py``),
 ``setup.py``'s build filter, the runtime "not compiled in" errors and the
 tests' skip lists.  Pure Python on purpose: it is imported by ``setup.py``
 before torch is known to be usable, so it must not import torch.

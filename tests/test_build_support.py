@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "tools"))
+sys.path.insert(0, str(REPO_ROOT / "tools" / "build"))
 import build_support as bs  # noqa: E402
 
 
@@ -33,6 +33,17 @@ def test_nvcc_flags_follow_the_contract():
     assert "-Xptxas=-v" not in flags
     assert "-Xptxas=-v" in bs.nvcc_flags({"FLASH_ATTN_HOPPER_VERBOSE_PTXAS": "1"})
     assert bs.CXX_FLAGS == ["-O3", "-std=c++20"]
+    assert bs.cxx_flags({}) == bs.CXX_FLAGS
+
+
+def test_extra_nvcc_flags_reach_nvcc_and_their_macros_reach_the_binding():
+    env = {"FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS": "-DFLASH_FWD_DEV_X=1 -Xptxas=-warn-spills -D FLASH_BWD_DEV_Y -UZ"}
+    flags = bs.nvcc_flags(env)
+    assert flags[: len(bs.NVCC_FLAGS)] == bs.NVCC_FLAGS
+    assert flags[len(bs.NVCC_FLAGS):] == ["-DFLASH_FWD_DEV_X=1", "-Xptxas=-warn-spills", "-D", "FLASH_BWD_DEV_Y", "-UZ"]
+    # The host compiler gets the macros only (it knows no -Xptxas).
+    assert bs.cxx_flags(env) == bs.CXX_FLAGS + ["-DFLASH_FWD_DEV_X=1", "-D", "FLASH_BWD_DEV_Y", "-UZ"]
+    assert bs.extra_nvcc_flags({"FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS": "  "}) == []
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""tools/fa3_peer.py: the FlashAttention-3 peer build's configuration (no GPU, no FA3 sources needed)."""
+"""tools/gpu/fa3_peer.py: the FlashAttention-3 peer build's configuration (no GPU, no FA3 sources needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 from conftest import REPO_ROOT
 
-_spec = importlib.util.spec_from_file_location("fa3_peer", REPO_ROOT / "tools" / "fa3_peer.py")
+_spec = importlib.util.spec_from_file_location("fa3_peer", REPO_ROOT / "tools" / "gpu" / "fa3_peer.py")
 peer = importlib.util.module_from_spec(_spec)
 sys.modules["fa3_peer"] = peer
 _spec.loader.exec_module(peer)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "tools"))
+sys.path.insert(0, str(REPO_ROOT / "tools" / "build"))
 import build_support as bs  # noqa: E402
 
 

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Build FlashAttention-3 as a benchmark peer on the GPU machine (it has no network).
+
+FA3 is not part of this package and none of its code is in this repository. `pack` (run here,
+where the mirrors are) writes two archives into .peers/ (git-ignored): FA3's hopper/ sources at
+one upstream commit (the one shared/BENCHMARKS.md measured, 0251105) and the CUTLASS headers that
+commit pins as its submodule (7127592, CUTLASS 4.3.4+; the nvidia-cutlass wheel we build with is
+4.2). A device call carries .peers/; `build` there unpacks them and compiles bf16 forward +
+backward for head dims 64 / 128 / 256 with FA3's own nvcc flags and with the features the
+yardstick's build left out compiled out too (varlen, split-KV, paged KV, append-KV, local,
+softcap, PackGQA, fp16, fp8, sm80), then lays out a directory which, on PYTHONPATH, makes
+`flash_attn_interface` importable: benchmarks/benchmark_attn.py's `fa3` provider then runs.
+
+    python3 tools/gpu/fa3_peer.py pack --fa-repo /work/.mirror/Dao-AILab+flash-attention/repo \\
+        --cutlass-repo /work/.mirror/NVIDIA+cutlass/repo            # here, once
+    python3 tools/gpu/fa3_peer.py build --out /tmp/fa3peer              # on the GPU machine
+    PYTHONPATH=/tmp/fa3peer python3 benchmarks/benchmark_attn.py --providers flash_attn_hopper,fa3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PEERS = REPO_ROOT / ".peers"
+FA3_COMMIT = "0251105"
+CUTLASS_COMMIT = "7127592069c2fe01b041e174ba4345ef9b279671"
+FA3_ARCHIVE = PEERS / f"fa3-hopper-{FA3_COMMIT}.tar.gz"
+CUTLASS_ARCHIVE = PEERS / f"cutlass-include-{CUTLASS_COMMIT[:7]}.tar.gz"
+HDIMS = (64, 128, 256)
+
+# FA3's setup.py switches, as the yardstick's build set them (BENCHMARKS.md): True = compiled out.
+DISABLED = {
+    "BACKWARD": False, "SPLIT": True, "PAGEDKV": True, "APPENDKV": True, "LOCAL": True,
+    "SOFTCAP": True, "PACKGQA": True, "FP16": True, "FP8": True, "VARLEN": True, "CLUSTER": False,
+    "HDIM64": False, "HDIM96": True, "HDIM128": False, "HDIM192": True, "HDIM256": False, "SM8x": True,
+}
+DISABLED_DIFF = {"HDIMDIFF64": True, "HDIMDIFF192": True}  # config keys FLASH_ATTENTION_DISABLE_* upstream
+
+
+def _sources() -> list[str]:
+    kernels = [f"instantiations/flash_{kind}_hdim{d}_bf16_sm90.cu" for d in HDIMS for kind in ("fwd", "bwd")]
+    return ["flash_api_stable.cpp", *kernels, "flash_prepare_scheduler.cu"]
+
+
+def pack(fa_repo: Path, cutlass_repo: Path) -> None:
+    PEERS.mkdir(exist_ok=True)
+    listing = subprocess.run(["git", "-C", str(fa_repo), "ls-tree", "-r", "--name-only", FA3_COMMIT, "hopper/"],
+                             check=True, capture_output=True, text=True).stdout.split()
+    wanted = {f"hopper/{s}" for s in _sources()}
+    files = [f for f in listing if f in wanted or (not f.startswith("hopper/instantiations/")
+                                                  and f.endswith((".h", ".hpp", ".cpp", ".cu", ".py")))]
+    missing = wanted - set(files)
+    if missing:
+        sys.exit(f"not in FA3 {FA3_COMMIT}: {sorted(missing)}")
+    subprocess.run(["git", "-C", str(fa_repo), "archive", "--format=tar.gz", "-o", str(FA3_ARCHIVE), FA3_COMMIT, *files],
+                   check=True)
+    subprocess.run(["git", "-C", str(cutlass_repo), "archive", "--format=tar.gz", "-o", str(CUTLASS_ARCHIVE),
+                    CUTLASS_COMMIT, "include"], check=True)
+    for a in (FA3_ARCHIVE, CUTLASS_ARCHIVE):
+        print(f"{a.relative_to(REPO_ROOT)}: {a.stat().st_size / 1e6:.1f} MB")
+
+
+def _feature_defines() -> list[str]:
+    return [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in (DISABLED | DISABLED_DIFF).items() if off]
+
+
+def build(out: Path, jobs: int) -> None:
+    for a in (FA3_ARCHIVE, CUTLASS_ARCHIVE):
+        if not a.exists():
+            sys.exit(f"{a} is missing: run `tools/gpu/fa3_peer.py pack` here and carry .peers/")
+    src = out / "src"
+    if not src.exists():
+        src.mkdir(parents=True)
+        for a in (FA3_ARCHIVE, CUTLASS_ARCHIVE):
+            with tarfile.open(a) as t:
+                t.extractall(src, filter="data")
+    hopper, cutlass_include = src / "hopper", src / "include"
+
+    # The interface module and the build-flag record it reads (FA3's setup.py writes the latter).
+    shutil.copy(hopper / "flash_attn_interface.py", out / "flash_attn_interface.py")
+    flags = {f"FLASHATTENTION_DISABLE_{k}": v for k, v in DISABLED.items()}
+    flags |= {f"FLASH_ATTENTION_DISABLE_{k}": v for k, v in DISABLED_DIFF.items()}
+    flags["FLASHATTENTION_ENABLE_VCOLMAJOR"] = False
+    (out / "flash_attn_config.py").write_text(f"# written by tools/gpu/fa3_peer.py\nCONFIG = {{'build_flags': {flags!r}}}\n")
+    package = out / "flash_attn_3"
+    package.mkdir(exist_ok=True)
+    (package / "__init__.py").write_text("")
+
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # sm_90a only (wgmma / setmaxnreg)
+    os.environ["MAX_JOBS"] = str(jobs)
+    from torch.utils.cpp_extension import load
+
+    nvcc = ["-O3", "-std=c++17", "--ftemplate-backtrace-limit=0", "--use_fast_math", "-lineinfo",
+            "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED", "-DCUTLASS_ENABLE_GDC_FOR_SM90",
+            "-DCUTLASS_DEBUG_TRACE_LEVEL=0", "-DNDEBUG"]
+    cxx = ["-O3", "-std=c++17", "-DPy_LIMITED_API=0x03090000", "-DTORCH_TARGET_VERSION=0x0209000000000000"]
+    start = time.time()
+    load(name="_C", sources=[str(hopper / s) for s in _sources()], extra_cflags=cxx + _feature_defines(),
+         extra_cuda_cflags=nvcc + _feature_defines(), extra_include_paths=[str(hopper), str(cutlass_include)],
+         build_directory=str(package), is_python_module=False, verbose=False)
+    print(f"FA3 {FA3_COMMIT} built in {time.time() - start:.0f} s ({len(_sources())} files, {jobs} jobs) -> {out}")
+
+
+def check() -> None:
+    """FA3 against our (GPU-tested) kernels on one shape, forward and backward: a broken peer build
+    would otherwise show only as odd timings."""
+    import torch
+    import flash_attn_interface as fa3
+    import flash_attn_hopper as ours
+
+    torch.manual_seed(0)
+    for causal in (False, True):
+        shape = (2, 1000, 16, 128)
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        dout = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        results = []
+        for f in (fa3.flash_attn_func, ours.flash_attn_func):
+            o = f(q, k, v, causal=causal)
+            o = o[0] if isinstance(o, tuple) else o
+            results.append((o, *torch.autograd.grad(o, (q, k, v), dout)))
+        errs = [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(*results)]
+        print(f"fa3 against ours, causal={causal}: relative L2 of out / dq / dk / dv",
+              " / ".join(f"{e:.1e}" for e in errs))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pk = sub.add_parser("pack", help="write the archives into .peers/ (needs the two git mirrors)")
+    pk.add_argument("--fa-repo", type=Path, required=True)
+    pk.add_argument("--cutlass-repo", type=Path, required=True)
+    bd = sub.add_parser("build", help="unpack and compile (on the GPU machine)")
+    bd.add_argument("--out", type=Path, default=Path("/tmp/fa3peer"))
+    bd.add_argument("--jobs", type=int, default=int(os.environ.get("MAX_JOBS", "16")))
+    sub.add_parser("check", help="FA3 against flash_attn_hopper on one shape (on the GPU machine)")
+    args = p.parse_args()
+    if args.cmd == "check":
+        check()
+    elif args.cmd == "pack":
+        pack(args.fa_repo, args.cutlass_repo)
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        build(args.out.resolve(), args.jobs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+#!/bin/bash
+# The device runner: one bounded GPU call (build, checks, tests, benchmarks, variants, profilers),
+# parametrized by environment variables. Run from the repository root on the GPU machine:
+#
+#   [STEPS=build,check,pytest] [HDIMS=64,128,256] [DTYPES=bf16] [VAR=value ...] bash tools/gpu/run.sh ["VARIANT SET" ...]
+#
+# Carry .whl/ (the nvidia-cutlass wheel and anything else to pip-install, e.g. triton) and, for the
+# fa3 step, .peers/ (tools/gpu/fa3_peer.py pack). Every step writes its log under $OUT as it goes
+# (a cut-off call still reports) and prints a short summary; a failed step does not stop the
+# later ones, except a failed build. The exit status is 1 if any step failed.
+#
+# STEPS (comma list; they run in this order whatever order they are given in):
+#   fa3        build FlashAttention-3 (tools/gpu/fa3_peer.py) in the background beside our build;
+#              bench / breakdown / power / ncu wait for it, and bench then times the fa3 provider
+#   build      build HDIMS x DTYPES in place (MAX_JOBS=16, ptxas -v), $OUT/build.log
+#   wheel      pack that build as a wheel into $OUT/wheel/ (reuses the compiled objects)
+#   check      tools/check/fwd_check.py and bwd_check.py on HDIMS x DTYPES
+#   pytest     pytest $PYTEST_FILES (default tests) -n $PYTEST_WORKERS (4; 0: no xdist) $PYTEST_ARGS (-q -rs);
+#              FULL=1 sets FLASH_ATTN_HOPPER_FULL_TESTS=1
+#   bench      benchmarks/benchmark_attn.py: $PROVIDERS on $BENCH_HDIMS (default HDIMS), forward and
+#              backward (BENCH_FWD_ONLY=1: forward), $BENCH_ARGS (default --rounds 3), $OUT/bench/
+#   variants   tools/gpu/variants.py on each VARIANT SET given as an argument: "[@SECONDS] <variants.py
+#              arguments>", e.g. "@200 --bwd --hdim 128 --variant a --variant b:FLASH_BWD_DEV_X=1";
+#              $VARIANTS_COMMON is prepended to every set. The sets build side by side (beside the
+#              main build when STEPS has build), then each is checked and timed under its own
+#              timeout (@SECONDS, else $SET_TIMEOUT, 110 s); timings in $OUT/variants.log
+#   breakdown  tools/profile/kernel_breakdown.py per case of $BREAKDOWN_CASES ("args|args",
+#              default "--bwd --hdim 128 --seqlens 8192")
+#   power      tools/profile/power_probe.py per case of $POWER_CASES ("args|args",
+#              default "--hdim 128 --seqlen 8192")
+#   ncu        Nsight Compute on one launch per case of $NCU_CASES (tools/profile/profile_case.py
+#              arguments, "args|args", default "--hdim 128 --seqlen 8192 --bwd") and per provider of
+#              $NCU_PROVIDERS (ours, fa3, cudnn; default ours); the kernel regex is $NCU_KERNEL or
+#              the provider's main kernel. $NCU_SECTIONS (default: speed of light, compute, memory,
+#              warp state, scheduler, occupancy; empty: none), $NCU_METRICS (comma list, e.g.
+#              dram__bytes_read.sum; `ncu --query-metrics` lists them), $NCU_EXTRA (more options);
+#              NCU_SOURCE=1 adds the source counters and prints the SASS lines with the most stall
+#              samples (tools/profile/ncu_source_top.py). Reports: $OUT/ncu_*.ncu-rep
+#   sanitize   compute-sanitizer over tools/check/sanitize_check.py (HDIMS, first dtype): first
+#              the planted-overrun probe (must be caught), then each of $SANITIZE_TOOLS (default
+#              memcheck,synccheck,racecheck; all but memcheck on the --quick cases)
+#   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, clock_probe.py, ...)
+# Default STEPS: build,check,pytest.
+#
+# Build knobs: HDIMS (64,128,256), DTYPES (bf16), DISABLE_BACKWARD=1 (forward kernels only),
+# DEFINES="KEY=VALUE,KEY2" (developer macros, added as -D flags to
+# FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS, which passes through too), MAX_JOBS (16).
+# Timeouts in seconds: BUILD_TIMEOUT 480, CHECK_TIMEOUT 200, TEST_TIMEOUT 300, BENCH_TIMEOUT 330,
+# SET_TIMEOUT 110, BREAKDOWN_TIMEOUT 60, POWER_TIMEOUT 90, NCU_TIMEOUT 150 (per case),
+# MEMCHECK_SECS 200, SYNCCHECK_SECS 80, RACECHECK_SECS 120, CMD_TIMEOUT 300, FA3_WAIT 300.
+#
+# Examples (tools/README.md has more):
+#   STEPS=build,pytest,bench PROVIDERS=flash_attn_hopper,sdpa-cudnn,sdpa-flash,flash_attn_hopper-det bash tools/gpu/run.sh
+#   STEPS=build,pytest HDIMS=64,96,128,192,256 DTYPES=fp16,bf16 FULL=1 bash tools/gpu/run.sh
+#   STEPS=variants VARIANTS_COMMON="--bwd --rounds 3 --seqlens 1024,8192" bash tools/gpu/run.sh \
+#     "@200 --hdim 128 --variant a0 --variant a1:FLASH_BWD_DEV_X=1" "@150 --hdim 64 --variant b0 --variant b1:FLASH_BWD_DEV_X=1"
+set -o pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+REPO=$PWD
+export OUT=${OUT:-/tmp/flash_attn_hopper_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+STEPS=${STEPS:-build,check,pytest}
+HDIMS=${HDIMS:-64,128,256}
+DTYPES=${DTYPES:-bf16}
+known=",fa3,build,wheel,check,pytest,bench,variants,breakdown,power,ncu,sanitize,cmd,"
+for s in ${STEPS//,/ }; do
+  case "$known" in *",$s,"*) ;; *) echo "run.sh: unknown step '$s' (known: ${known:1:-1})"; exit 2;; esac
+done
+has() { case ",$STEPS," in *",$1,"*) return 0;; esac; return 1; }
+failed=""
+step() { echo; echo "== $1 ($(date -u +%H:%M:%S))"; }
+result() {  # $1 step, $2 exit status
+  echo "$1 exit $2"
+  [ "$2" -eq 0 ] || failed="$failed $1"
+}
+split_cases() {  # "a|b|c" -> one case per line
+  tr '|' '\n' <<< "$1" | sed '/^ *$/d'
+}
+
+# Carried wheels (nvidia-cutlass, ...), installed beside the machine's own packages.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "run.sh: installing .whl/*.whl failed"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+
+# Build configuration (setup.py and tools/gpu/variants.py read these).
+export FLASH_ATTN_HOPPER_HDIMS=$HDIMS FLASH_ATTN_HOPPER_DTYPES=$DTYPES MAX_JOBS=${MAX_JOBS:-16}
+export FLASH_ATTN_HOPPER_VERBOSE_PTXAS=${FLASH_ATTN_HOPPER_VERBOSE_PTXAS:-1}  # spills, "Performance Loss"
+[ "${DISABLE_BACKWARD:-0}" = 1 ] && export FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1
+if [ -n "${DEFINES:-}" ]; then
+  for d in ${DEFINES//,/ }; do FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS="${FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS:+$FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS }-D$d"; done
+  export FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS
+fi
+[ "${FULL:-0}" = 1 ] && export FLASH_ATTN_HOPPER_FULL_TESTS=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee "$OUT/gpu.txt"
+echo "steps $STEPS; hdims $HDIMS; dtypes $DTYPES; extra nvcc flags: ${FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS:-none}"
+
+# fa3: FlashAttention-3 builds in the background; $FA3_DONE holds its exit status when it ends.
+FA3_DIR=/tmp/fa3peer FA3_DONE=/tmp/fa3peer.rc
+fa3_wait() {
+  has fa3 || return 0
+  local waited=0
+  while [ ! -f "$FA3_DONE" ] && [ $waited -lt "${FA3_WAIT:-300}" ]; do sleep 2; waited=$((waited + 2)); done
+  if [ -z "$fa3_reported" ]; then
+    fa3_reported=1
+    echo "FA3 build rc=$(cat "$FA3_DONE" 2>/dev/null || echo timeout) (waited ${waited} s)"
+    grep -E "built in|rror" "$OUT/fa3_build.log" 2>/dev/null | cut -c1-300 | tail -8
+    python3 tools/gpu/fa3_peer.py check 2>&1 | tail -4
+  fi
+}
+if has fa3; then
+  step fa3
+  rm -f "$FA3_DONE"
+  export PYTHONPATH=$FA3_DIR:$PYTHONPATH
+  (python3 tools/gpu/fa3_peer.py build --out "$FA3_DIR" --jobs "${FA3_JOBS:-8}" > "$OUT/fa3_build.log" 2>&1
+   echo $? > "$FA3_DONE") &
+  echo "building FA3 into $FA3_DIR in the background (log $OUT/fa3_build.log)"
+fi
+
+# variants: the sets' builds start now, beside the main build.
+args_of() { case "$1" in @*) echo "${1#* }";; *) echo "$1";; esac; }
+timeout_of() { case "$1" in @*) local t="${1%% *}"; echo "${t#@}";; *) echo "${SET_TIMEOUT:-110}";; esac; }
+variant_pids=()
+if has variants; then
+  [ $# -gt 0 ] || { echo "run.sh: the variants step needs variant sets as arguments"; exit 2; }
+  # Each variant builds in /tmp/flash_variants/<name>: a name in two sets would load the other's library.
+  dup=$(for set in "$@"; do args_of "$set"; echo; done | grep -o -- "--variant [^: ]*" | awk '{print $2}' | sort | uniq -d)
+  [ -z "$dup" ] || { echo "run.sh: variant names repeat across sets: $dup"; exit 2; }
+  i=0
+  for set in "$@"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2046
+    python3 tools/gpu/variants.py ${VARIANTS_COMMON:-} $(args_of "$set") --build-only > "$OUT/variants_build$i.log" 2>&1 &
+    variant_pids+=($!)
+  done
+  variants_start=$(date +%s)
+fi
+
+if has build; then
+  step build
+  start=$(date +%s)
+  timeout "${BUILD_TIMEOUT:-480}" python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+  rc=$?
+  echo "built in $(( $(date +%s) - start )) s"
+  grep -E "error|flash_attn_hopper: |^ +[0-9.]+ s  |Performance Loss" "$OUT/build.log" | cut -c1-400 | tail -30
+  result build $rc
+  if [ $rc -ne 0 ]; then tail -60 "$OUT/build.log"; echo "run.sh: build failed, stopping"; exit 1; fi
+fi
+
+if has wheel; then
+  step wheel
+  timeout "${BUILD_TIMEOUT:-480}" python3 -m pip wheel --no-build-isolation --no-deps -w "$OUT/wheel" . > "$OUT/wheel.log" 2>&1
+  rc=$?; ls -l "$OUT/wheel" 2>/dev/null; [ $rc -eq 0 ] || tail -20 "$OUT/wheel.log"
+  result wheel $rc
+fi
+
+if has check; then
+  step check
+  timeout "${CHECK_TIMEOUT:-200}" python3 tools/check/fwd_check.py --hdims "$HDIMS" --dtypes "$DTYPES" > "$OUT/fwd_check.log" 2>&1
+  rc=$?; grep -v "^ok" "$OUT/fwd_check.log" | tail -20; echo "$(grep -c '^ok' "$OUT/fwd_check.log") forward cases ok"
+  result fwd_check $rc
+  if [ "${DISABLE_BACKWARD:-0}" != 1 ]; then
+    timeout "${CHECK_TIMEOUT:-200}" python3 tools/check/bwd_check.py --hdims "$HDIMS" --dtypes "$DTYPES" > "$OUT/bwd_check.log" 2>&1
+    rc=$?; grep -v "^ok" "$OUT/bwd_check.log" | tail -20; echo "$(grep -c '^ok' "$OUT/bwd_check.log") backward cases ok"
+    result bwd_check $rc
+  fi
+fi
+
+if has pytest; then
+  step pytest
+  workers=""; [ "${PYTEST_WORKERS:-4}" = 0 ] || workers="-n ${PYTEST_WORKERS:-4}"  # 0: no pytest-xdist
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${PYTEST_FILES:-tests} $workers -p no:cacheprovider \
+    ${PYTEST_ARGS:--q -rs} > "$OUT/pytest.log" 2>&1
+  rc=$?
+  grep -E "FAILED|ERROR|SKIPPED|passed|failed|crashed" "$OUT/pytest.log" | sort | uniq -c | sort -rn | head -30
+  result pytest $rc
+fi
+
+if has bench; then
+  step bench
+  fa3_wait
+  providers=${PROVIDERS:-flash_attn_hopper,sdpa-cudnn,sdpa-flash}
+  if has fa3 && [ -z "${PROVIDERS:-}" ]; then providers=flash_attn_hopper,sdpa-cudnn,fa3,sdpa-flash; fi
+  bwd="--bwd"; [ "${BENCH_FWD_ONLY:-0}" = 1 ] && bwd=""
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-330}" python3 benchmarks/benchmark_attn.py --providers "$providers" \
+    --hdims "${BENCH_HDIMS:-$HDIMS}" $bwd ${BENCH_ARGS:---rounds 3} --no-check --out-dir "$OUT/bench" > "$OUT/bench.log" 2>&1
+  rc=$?; tail -60 "$OUT/bench.log"
+  result bench $rc
+fi
+
+if has variants; then
+  step variants
+  for pid in "${variant_pids[@]}"; do wait "$pid" || failed="$failed variants_build"; done
+  echo "variants built in $(( $(date +%s) - variants_start )) s"
+  grep -hE "^built|rror|Performance Loss" "$OUT"/variants_build*.log | cut -c1-400 | head -40
+  for set in "$@"; do
+    echo "-- set: ${VARIANTS_COMMON:-} $(args_of "$set")" | tee -a "$OUT/variants.log"
+    # shellcheck disable=SC2046
+    timeout "$(timeout_of "$set")" python3 tools/gpu/variants.py ${VARIANTS_COMMON:-} $(args_of "$set") 2>&1 \
+      | grep -v "^ptxas\|bytes stack\|^ *$\|resource_tracker\|warnings.warn\|^built" | tee -a "$OUT/variants.log"
+    rc=${PIPESTATUS[0]}
+    [ $rc -eq 0 ] || echo "(set exit $rc)"
+    [ $rc -eq 0 ] || failed="$failed variants"
+  done
+fi
+
+if has breakdown; then
+  step breakdown
+  fa3_wait
+  while read -r c; do
+    # shellcheck disable=SC2086
+    timeout "${BREAKDOWN_TIMEOUT:-60}" python3 tools/profile/kernel_breakdown.py $c < /dev/null || failed="$failed breakdown"
+  done < <(split_cases "${BREAKDOWN_CASES:---bwd --hdim 128 --seqlens 8192}") > "$OUT/breakdown.log" 2>&1
+  grep -E "^hdim|in all|^ +[0-9.]+ us|rror" "$OUT/breakdown.log" | cut -c1-150
+fi
+
+if has power; then
+  step power
+  fa3_wait
+  while read -r c; do
+    # shellcheck disable=SC2086
+    timeout "${POWER_TIMEOUT:-90}" python3 tools/profile/power_probe.py $c < /dev/null || failed="$failed power"
+  done < <(split_cases "${POWER_CASES:---hdim 128 --seqlen 8192}") > "$OUT/power.log" 2>&1
+  cat "$OUT/power.log"
+fi
+
+if has ncu; then
+  step ncu
+  fa3_wait
+  sections=${NCU_SECTIONS---section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy}
+  [ "${NCU_SOURCE:-0}" = 1 ] && sections="$sections --section SourceCounters --import-source yes"
+  metrics=""; [ -n "${NCU_METRICS:-}" ] && metrics="--metrics $NCU_METRICS"
+  i=0
+  while read -r c; do
+    i=$((i + 1))
+    for prov in ${NCU_PROVIDERS:-ours}; do
+      case "$prov:$c" in
+        ours:*--bwd*) kern=flash_bwd_kernel;; ours:*) kern=flash_fwd_kernel;;
+        fa3:*--bwd*) kern=FlashAttnBwdSm90;; fa3:*) kern=FlashAttnFwdSm90;;
+        cudnn:*--bwd*) kern="dgrad|bprop|bwd";; *) kern="fprop|fmha|fwd";;
+      esac
+      tag=${prov}_$i
+      # shellcheck disable=SC2086
+      timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --kernel-name-base demangled -k "regex:${NCU_KERNEL:-$kern}" \
+        -s "${NCU_SKIP:-2}" -c 1 $sections $metrics ${NCU_EXTRA:-} -o "$OUT/ncu_$tag" -f \
+        python3 tools/profile/profile_case.py --provider "$prov" $c < /dev/null > "$OUT/ncu_$tag.log" 2>&1
+      rc=$?
+      echo "-- ncu $prov case $i ($c): exit $rc"
+      [ $rc -eq 0 ] || { failed="$failed ncu"; tail -5 "$OUT/ncu_$tag.log"; continue; }
+      ncu --import "$OUT/ncu_$tag.ncu-rep" --page details < /dev/null > "$OUT/ncu_$tag.txt" 2>&1
+      grep -E "Duration|SM Frequency|Throughput|Pipe|Stall|Issue|Eligible|Warp Cycles|Registers Per|Achieved Occupancy|Shared|L2|DRAM|==ERR|==WARN" \
+        "$OUT/ncu_$tag.txt" | sed "s/  */ /g" | head -40
+      if [ -n "$metrics" ]; then
+        ncu --import "$OUT/ncu_$tag.ncu-rep" --page raw --metrics "$NCU_METRICS" < /dev/null 2>&1 | grep -E "^ +[a-z0-9_]+__" | sed "s/  */ /g"
+      fi
+      if [ "${NCU_SOURCE:-0}" = 1 ]; then
+        ncu --import "$OUT/ncu_$tag.ncu-rep" --page source --csv --print-source sass < /dev/null > "/tmp/src_$tag.csv" 2>&1
+        python3 tools/profile/ncu_source_top.py "/tmp/src_$tag.csv" --top "${NCU_TOP:-30}" > "$OUT/src_$tag.txt" 2>&1
+        head -40 "$OUT/src_$tag.txt"
+      fi
+    done
+  done < <(split_cases "${NCU_CASES:---hdim 128 --seqlen 8192 --bwd}")
+fi
+
+if has sanitize; then
+  step sanitize
+  cs() {  # tool, seconds, log name, sanitize_check.py arguments
+    local tool=$1 secs=$2 log=$3; shift 3
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$secs" compute-sanitizer --tool "$tool" --kernel-name kns=flash \
+      --error-exitcode 9 --print-limit 10 python3 tools/check/sanitize_check.py --hdims "$HDIMS" \
+      --dtype "${DTYPES%%,*}" "$@" > "$OUT/sanitize_$log.log" 2>&1
+    local rc=$?
+    grep -E "FAIL|all ok|SOME|probe|ERROR SUMMARY|rror|nrecognized" "$OUT/sanitize_$log.log" | head -12
+    echo "$log exit $rc"
+    return $rc
+  }
+  # The planted overrun (a Triton kernel named flash_probe_...) must be reported (exit 9): else the
+  # kernel filter instruments nothing and the clean reports below mean nothing.
+  cs memcheck 60 probe --probe
+  [ $? -eq 9 ] || { echo "the probe's overrun was not reported"; failed="$failed sanitize_probe"; }
+  for tool in $(tr ',' ' ' <<< "${SANITIZE_TOOLS:-memcheck,synccheck,racecheck}"); do
+    case $tool in
+      memcheck) cs memcheck "${MEMCHECK_SECS:-200}" memcheck || failed="$failed memcheck";;
+      synccheck) cs synccheck "${SYNCCHECK_SECS:-80}" synccheck --quick || failed="$failed synccheck";;
+      racecheck) cs racecheck "${RACECHECK_SECS:-120}" racecheck --quick || failed="$failed racecheck";;
+      *) echo "unknown sanitizer tool $tool"; failed="$failed sanitize";;
+    esac
+  done
+fi
+
+if has cmd; then
+  step cmd
+  timeout "${CMD_TIMEOUT:-300}" bash -c "${CMD:?the cmd step needs CMD}" > "$OUT/cmd.log" 2>&1
+  rc=$?; grep -v "^ptxas\|^ *[0-9]* bytes\|^ *$" "$OUT/cmd.log" | tail -60
+  result cmd $rc
+fi
+
+echo
+failed=$(tr ' ' '\n' <<< "$failed" | awk 'NF && !seen[$0]++' | xargs)
+if [ -n "$failed" ]; then echo "run.sh: FAILED: $failed"; exit 1; fi
+echo "run.sh: all steps ok ($STEPS)"

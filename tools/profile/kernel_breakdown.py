@@ -1,0 +1,106 @@
+"""Developer tool for the GPU machine: where the time of one benchmark-method problem goes, kernel
+by kernel (torch.profiler), for our ops, cuDNN SDPA and FlashAttention-3 (when importable, e.g.
+built by tools/gpu/fa3_peer.py) side by side. Average microseconds
+per call of every kernel that ran, the memsets and copies included.
+
+    python3 tools/profile/kernel_breakdown.py --hdim 128 --seqlens 512,8192 [--causal] [--bwd]
+"""
+import argparse
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+
+def kernel_times(fn, iters):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    totals = defaultdict(float)
+    first, last = float("inf"), 0.0
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            totals[evt.name] += evt.device_time / iters  # microseconds
+            first, last = min(first, evt.time_range.start), max(last, evt.time_range.end)
+    # The device's span per call, from the first kernel's start to the last one's end: the kernels
+    # plus the gaps between them (launches, a memset's turnaround), which the totals leave out.
+    span = (last - first) / iters if last > first else 0.0
+    return totals, span
+
+
+def show(label, times):
+    totals, span = times
+    total = sum(totals.values())
+    print(f"  {label}: {total:9.1f} us in all, {span:9.1f} us device span per call (gaps included)")
+    for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"    {t:9.1f} us {100 * t / total:5.1f} %  {name[:110]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--seqlens", default="512,8192")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--bwd", action="store_true", help="the backward only (forward outputs computed once)")
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    import flash_attn_hopper._C  # noqa: F401
+    from triton.testing import do_bench
+    op = torch.ops.flash_attn_hopper
+    d = args.hdim
+    for s in (int(x) for x in args.seqlens.split(",")):
+        b, h = 16384 // s, 2048 // d
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        scale = d ** -0.5
+        print(f"hdim {d} seqlen {s} batch {b} heads {h} causal={args.causal} {'bwd' if args.bwd else 'fwd'}")
+        out, lse = op.fwd(q, k, v, scale, args.causal)
+        if args.bwd:
+            ours = lambda: op.bwd(dout, q, k, v, out, lse, scale, args.causal, -1, -1, False, False)  # noqa: E731
+        else:
+            ours = lambda: op.fwd(q, k, v, scale, args.causal)  # noqa: E731
+        show("ours", kernel_times(ours, args.iters))
+        if args.bwd:
+            # The same backward through autograd, as benchmarks/benchmark_attn.py times it, and the
+            # do_bench median of both ways (the grid read 4 % less than the bwd op alone once).
+            from flash_attn_hopper import flash_attn_func
+            qa, ka, va = (x.detach().requires_grad_() for x in (q, k, v))
+            oa = flash_attn_func(qa, ka, va, causal=args.causal)  # out alone (return_attn_probs=False)
+            ours_ag = lambda: torch.autograd.grad(oa, (qa, ka, va), dout, retain_graph=True)  # noqa: E731
+            show("ours (autograd)", kernel_times(ours_ag, args.iters))
+            for label, fn in (("bwd op", ours), ("autograd", ours_ag)):
+                ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+                print(f"  ours {label}: {ms * 1e3:9.1f} us (do_bench median)")
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+            if args.bwd:
+                g = dout.transpose(1, 2)
+                peer = lambda: torch.autograd.grad(ref, (qt, kt, vt), g, retain_graph=True)  # noqa: E731
+            else:
+                peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)  # noqa: E731
+            show("cudnn", kernel_times(peer, args.iters))
+            if not args.bwd:  # what the benchmark sees: the calls back to back, host included
+                for label, fn in (("ours", ours), ("cudnn", peer)):
+                    ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+                    print(f"  {label} fwd: {ms * 1e3:9.1f} us (do_bench median)")
+        try:
+            from flash_attn_interface import flash_attn_func as fa3_func
+        except ImportError:
+            continue
+        q3, k3, v3 = (x.detach().requires_grad_() for x in (q, k, v))
+        o3 = fa3_func(q3, k3, v3, causal=args.causal)
+        o3 = o3[0] if isinstance(o3, tuple) else o3
+        if args.bwd:
+            fa3 = lambda: torch.autograd.grad(o3, (q3, k3, v3), dout, retain_graph=True)  # noqa: E731
+        else:
+            fa3 = lambda: fa3_func(q3, k3, v3, causal=args.causal)  # noqa: E731
+        show("fa3", kernel_times(fa3, args.iters))
+
+
+if __name__ == "__main__":
+    main()
