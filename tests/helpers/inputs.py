@@ -131,3 +131,10 @@ def sdpa_inputs(b, hq, hk, sq, sk, e, dtype, seed=0, layout="bshd_memory", requi
         b, sq, sk, hq, hk, e, dtype=dtype, seed=seed, layout=layout, heads_first=True, seed_per_tensor=True,
         requires_grad=requires_grad,
     )
+
+
+def cpu_inputs(b, sq, sk, hq, hk, d, seed=0, dtype=torch.float16):
+    """CPU q, k, v, dout in (batch, seqlen, heads, head_dim), drawn in float32 from one seeded generator
+    and rounded to ``dtype`` (fp16 by default: the CPU tests' emulations compute in float32, and fp16
+    keeps their comparisons sharp)."""
+    return qkv(b, sq, sk, hq, hk, d, dtype=dtype, device="cpu", seed=seed, dout=True, draw_dtype=torch.float32)
