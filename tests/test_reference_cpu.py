@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.inputs import qkv
 from reference import (
     assert_fa_close,
     attention_ref,
@@ -19,11 +20,7 @@ from reference import (
 
 
 def _inputs(b, sq, sk, hq, hk, d, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, sq, hq, d, generator=g, dtype=dtype)
-    k = torch.randn(b, sk, hk, d, generator=g, dtype=dtype)
-    v = torch.randn(b, sk, hk, d, generator=g, dtype=dtype)
-    return q, k, v
+    return qkv(b, sq, sk, hq, hk, d, dtype=dtype, device="cpu", seed=seed)
 
 
 def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):

@@ -15,9 +15,11 @@ import torch
 from flash_attn_hopper import _build_info, manifest, ops
 
 
-def needs_extension(why: str):
-    """A skip mark for tests that need the compiled extension, saying ``why`` and what failed to load."""
-    return pytest.mark.skipif(not ops.extension_loaded(), reason=f"{why} ({ops.LOAD_ERROR})")
+def needs_extension(why: str = "needs the compiled extension"):
+    """A skip mark for tests that need the compiled extension: ``why``, what failed to load, the build command."""
+    return pytest.mark.skipif(
+        not ops.extension_loaded(), reason=f"{why} ({ops.LOAD_ERROR}); build it with `{manifest.BUILD_COMMAND}`"
+    )
 
 
 def compiled_config(direction: str = "fwd") -> tuple[int, torch.dtype]:
