@@ -106,7 +106,8 @@ def test_more_key_block_tiles_than_sms(hdim, causal, deterministic):
     dtype = torch.bfloat16
     skip_unless_compiled(hdim, dtype, BOTH)
     seed = hash((hdim, causal, deterministic, "many tiles")) % (2**31)
-    q, k, v, dout = qkv(3, 437, 1001, 48, 16, hdim, dtype=dtype, seed=seed, dout=True)  # 8 x 16 x 3 = 384 tiles of 128 keys
+    # 8 x 16 x 3 = 384 tiles of 128 keys
+    q, k, v, dout = qkv(3, 437, 1001, 48, 16, hdim, dtype=dtype, seed=seed, dout=True)
     _, grads = flash_grads(q, k, v, dout, causal=causal, deterministic=deterministic)
     check_grads(grads, q, k, v, dout, causal=causal)
 
@@ -157,7 +158,9 @@ def test_top_left_causal_through_the_sdpa_drop_in(seqlen_q, seqlen_k):
     """torch's is_causal (top-left aligned) on our kernels, forward and backward."""
     assert sdpa.BACKWARD_READY, "a build with the bwd op must let gradients through the drop-in"
     d, dtype = compiled_config("bwd")
-    q, k, v, dout = qkv(2, seqlen_q, seqlen_k, 6, 2, d, dtype=dtype, seed=2, dout=True, heads_first=True, layout="bshd_memory")
+    q, k, v, dout = qkv(
+        2, seqlen_q, seqlen_k, 6, 2, d, dtype=dtype, seed=2, dout=True, heads_first=True, layout="bshd_memory"
+    )
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
     def run():

@@ -101,7 +101,10 @@ def test_reference_grads_takes_any_reference():
         torch.testing.assert_close(a.transpose(1, 2), b)
     low = reference_grads(q.half(), k.half(), v.half(), dout.half(), upcast=False, causal=True)
     assert all(g.dtype == torch.float16 for g in low)
-    doubled = reference_grads(q, k, v, dout, attention=lambda q, k, v, upcast: attention_ref(q, k, v, upcast=upcast)[0] * 2)
+    def doubled_ref(q, k, v, upcast):
+        return attention_ref(q, k, v, upcast=upcast)[0] * 2
+
+    doubled = reference_grads(q, k, v, dout, attention=doubled_ref)
     plain = reference_grads(q, k, v, dout)
     for a, b in zip(doubled, plain):
         torch.testing.assert_close(a, 2 * b)

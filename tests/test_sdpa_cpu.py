@@ -270,9 +270,8 @@ def test_bottom_right_alignment_would_be_caught(monkeypatch):
 def test_fast_path_on_strided_layouts(monkeypatch, layout):
     b, s, h, e = 2, 45, 4, 64
     # bshd_memory is what models make: x.view(b, s, h, e).transpose(1, 2)
-    q, k, v = inputs.qkv(
-        b, s, s, h, h, e, dtype=BF16, device="cpu", heads_first=True, layout="packed" if layout == "packed_qkv" else layout
-    )
+    layout = "packed" if layout == "packed_qkv" else layout
+    q, k, v = inputs.qkv(b, s, s, h, h, e, dtype=BF16, device="cpu", heads_first=True, layout=layout)
     with emulated_op(monkeypatch) as kernel:
         out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert len(kernel.calls) == 1
