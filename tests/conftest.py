@@ -7,12 +7,10 @@ any other machine they are skipped with the reason flash_attn_hopper gives.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FULL_TESTS = os.environ.get("FLASH_ATTN_HOPPER_FULL_TESTS", "").strip().lower() in ("1", "true", "yes", "on")
@@ -59,25 +57,3 @@ def torch_sdpa_left_as_found():
     if after is not before:
         F.scaled_dot_product_attention = before
         pytest.fail(f"the test left torch.nn.functional.scaled_dot_product_attention replaced by {after!r}")
-
-
-@contextlib.contextmanager
-def deterministic_algorithms(on: bool = True):
-    """torch.use_deterministic_algorithms(on, warn_only=True) for a block, then the previous setting.
-    On, our backward is bitwise reproducible, so two gradients can be compared exactly."""
-    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(on, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-
-
-def random_bshd(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, seed=0, dtype=torch.float16):
-    """CPU q, k, v, dout in (batch, seqlen, heads, head_dim), drawn in float32 from one seeded generator."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, seqlen_q, heads_q, head_dim, generator=gen).to(dtype)
-    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen).to(dtype)
-    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen).to(dtype)
-    dout = torch.randn(batch, seqlen_q, heads_q, head_dim, generator=gen).to(dtype)
-    return q, k, v, dout

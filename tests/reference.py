@@ -11,7 +11,9 @@ the tolerance rule:
 
 with rtol = 2 and atol the rounding noise of the output dtype (FlashAttention's
 tests use exactly this).  ``attention_ref_varlen`` does variable-length
-batches by splitting them.
+batches by splitting them.  ``sdpa_ref`` is torch SDPA's maths restated in
+(batch, heads, seqlen, head_dim) layout with the top-left causal mask, the
+reference of the SDPA drop-in, torch's registry route and the integrations.
 """
 
 from __future__ import annotations
@@ -117,6 +119,22 @@ def attention_ref_varlen(
         outs.append(out[0])
         lses.append(lse[0])
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+def sdpa_ref(q, k, v, is_causal=False, scale=None, upcast=True):
+    """softmax(q kᵀ · scale + top-left causal mask) v for q (b, hq, L, e), k/v (b, hk, S, e); GQA by repetition.
+
+    In float32 (``upcast``) the reference; in the inputs' dtype "PyTorch's own low-precision error".
+    """
+    dtype = torch.float32 if upcast else q.dtype
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    group = q.size(1) // k.size(1)
+    q, k, v = q.to(dtype), k.to(dtype).repeat_interleave(group, 1), v.to(dtype).repeat_interleave(group, 1)
+    scores = (q * scale) @ k.transpose(-2, -1)
+    if is_causal:
+        keep = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 # --------------------------------------------------------------------------

@@ -20,15 +20,14 @@ import flash_attn_hopper
 from flash_attn_hopper import _build_info, interface, manifest, ops
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 
+from helpers import inputs
+
 BF16 = torch.bfloat16
 
 
 def qkv(b=2, sq=16, sk=24, hq=4, hk=2, d=64, dtype=BF16, device="cpu"):
-    return (
-        torch.randn(b, sq, hq, d, dtype=dtype, device=device),
-        torch.randn(b, sk, hk, d, dtype=dtype, device=device),
-        torch.randn(b, sk, hk, d, dtype=dtype, device=device),
-    )
+    """Unseeded: the values do not matter here, and device "cuda" makes fake tensors under FakeTensorMode."""
+    return inputs.qkv(b, sq, sk, hq, hk, d, dtype=dtype, device=device, seed=None)
 
 
 def raises(exc, *fragments):

@@ -14,23 +14,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import flash_attn_hopper
-from flash_attn_hopper import _build_info, manifest, ops
+from flash_attn_hopper import manifest, ops
 
-pytestmark = pytest.mark.skipif(
-    not ops.extension_loaded(),
-    reason=f"needs the compiled extension ({ops.LOAD_ERROR}); build it with `{manifest.BUILD_COMMAND}`",
-)
+from helpers.kernels import compiled_config, needs_extension
 
+pytestmark = needs_extension()
 
-def _compiled_config() -> tuple[int, torch.dtype]:
-    """A (head dim, dtype) this build compiled, for calls that pass the compiled-set check."""
-    if _build_info.COMPILED is None:
-        return 128, torch.bfloat16
-    inst = sorted(i for i in _build_info.COMPILED if i.direction == "fwd")[0]
-    return inst.hdim, getattr(torch, manifest.DTYPES[inst.dtype].torch_name)
-
-
-HDIM, DTYPE = (_compiled_config() if ops.extension_loaded() else (128, torch.bfloat16))
+#: A (head dim, dtype) this build compiled, for calls that pass the compiled-set check.
+HDIM, DTYPE = compiled_config()
 
 
 def _fake(*shape, dtype=DTYPE, device="cuda", requires_grad=False):

@@ -30,12 +30,24 @@ import flash_attn_hopper
 from flash_attn_hopper import manifest, ops, sdpa
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func
 
-from conftest import FULL_TESTS, REPO_ROOT, deterministic_algorithms
-from reference import assert_fa_close, attention_ref, rounding_noise
-from sdpa_reference import compiled_config as _compiled_config
-from sdpa_reference import cuda_kernel_names, poison_allocations, sdpa_ref
-from sdpa_reference import skip_unless_compiled as _skip_unless_compiled
-from sweep import BATCHES, DTYPES, GQA, HDIMS, NHEADS_KV
+from conftest import REPO_ROOT
+from helpers.cases import (
+    BATCHES,
+    BWD_SEQLEN_PAIRS,
+    DTYPE_IDS,
+    DTYPES,
+    EMPTY_SHAPES,
+    GQA,
+    HDIMS,
+    NHEADS_KV,
+    STRIDED_LAYOUTS,
+    WINDOW_SEQLEN_PAIRS,
+    WINDOWS,
+)
+from helpers.grads import check_grads, deterministic_algorithms
+from helpers.inputs import poison_allocations, qkv
+from helpers.kernels import compiled_config, cuda_kernel_names, skip_unless_compiled
+from reference import attention_ref, sdpa_ref
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,28 +57,8 @@ pytestmark = [
     ),
 ]
 
-SEQLEN_PAIRS_FULL = [(1, 1), (1, 239), (3, 799), (113, 203), (128, 217), (799, 3), (1024, 1024), (2048, 2049)]
-SEQLEN_PAIRS_QUICK = [(1, 239), (3, 799), (113, 203), (799, 3), (1024, 1024)]
-SEQLEN_PAIRS = SEQLEN_PAIRS_FULL if FULL_TESTS else SEQLEN_PAIRS_QUICK
-
-
-def skip_unless_compiled(hdim: int, dtype: torch.dtype) -> None:
-    """Skip unless this build has both kernels for (hdim, dtype)."""
-    _skip_unless_compiled(hdim, dtype, ("fwd", "bwd"))
-
-
-def compiled_config() -> tuple[int, torch.dtype]:
-    """One (hdim, dtype) with backward kernels, preferring hdim 128 bf16, for the tests that need just one."""
-    return _compiled_config("bwd")
-
-
-def random_inputs(b, sq, sk, hq, hk, d, dtype, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=gen)
-    dout = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, generator=gen)
-    return q, k, v, dout
+#: The tests below need both kernels of a (head dim, dtype).
+BOTH = ("fwd", "bwd")
 
 
 def flash_grads(q, k, v, dout, poison=True, **kwargs):
@@ -78,48 +70,21 @@ def flash_grads(q, k, v, dout, poison=True, **kwargs):
     return out, torch.autograd.grad(out, (q, k, v), dout)
 
 
-def reference_grads(q, k, v, dout, upcast=True, **kwargs):
-    """Autograd through tests/reference.py: float32 leaves (upcast) or the inputs' dtype (PyTorch's own error)."""
-    leaves = [t.detach().float() if upcast else t.detach() for t in (q, k, v)]
-    leaves = [t.requires_grad_() for t in leaves]
-    out, _ = attention_ref(*leaves, upcast=upcast, **kwargs)
-    return torch.autograd.grad(out, leaves, dout.float() if upcast else dout)
-
-
-#: A floor under FlashAttention's atol for gradients. Where a gradient is 0 in exact arithmetic (a
-#: query that sees one key: dS = P (dP - D) with D = dP), the float32 reference gets exactly 0, its
-#: rounding noise is 0, and the kernel's D, summed from O in another order than dP, leaves ~1e-6.
-#: Far below the rounding noise of any gradient that is not 0.
-GRAD_ATOL_FLOOR = 1e-4
-
-
-def assert_grad_close(got, ref, lowprec, name):
-    assert_fa_close(got, ref, lowprec, name=name, atol=max(rounding_noise(ref, got.dtype), GRAD_ATOL_FLOOR))
-
-
-def check_grads(grads, q, k, v, dout, **kwargs):
-    ref = reference_grads(q, k, v, dout, **kwargs)
-    low = reference_grads(q, k, v, dout, upcast=False, **kwargs)
-    for name, got, r, lo, t in zip(("dq", "dk", "dv"), grads, ref, low, (q, k, v)):
-        assert got.shape == t.shape and got.dtype == t.dtype, f"{name}: {tuple(got.shape)} {got.dtype}"
-        assert_grad_close(got, r, lo, name)
-
-
 # --------------------------------------------------------------------------
 # The sweep
 # --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLEN_PAIRS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", BWD_SEQLEN_PAIRS)
 @pytest.mark.parametrize("gqa", GQA)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdim", HDIMS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_backward_sweep(dtype, hdim, causal, gqa, seqlen_q, seqlen_k, batch):
-    skip_unless_compiled(hdim, dtype)
+    skip_unless_compiled(hdim, dtype, BOTH)
     seed = hash((hdim, causal, gqa, seqlen_q, seqlen_k, batch, "bwd")) % (2**31)
-    q, k, v, dout = random_inputs(batch, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, hdim, dtype, seed)
+    q, k, v, dout = qkv(batch, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, hdim, dtype=dtype, seed=seed, dout=True)
     _, grads = flash_grads(q, k, v, dout, causal=causal)
     check_grads(grads, q, k, v, dout, causal=causal)
     if causal and seqlen_q > seqlen_k:
@@ -139,17 +104,18 @@ def test_more_key_block_tiles_than_sms(hdim, causal, deterministic):
     query heads; the key length is not a multiple of any key block; hdim 256 runs the split Q/dO
     pipelines."""
     dtype = torch.bfloat16
-    skip_unless_compiled(hdim, dtype)
+    skip_unless_compiled(hdim, dtype, BOTH)
     seed = hash((hdim, causal, deterministic, "many tiles")) % (2**31)
-    q, k, v, dout = random_inputs(3, 437, 1001, 48, 16, hdim, dtype, seed)  # 8 x 16 x 3 = 384 tiles of 128 keys
+    # 8 x 16 x 3 = 384 tiles of 128 keys
+    q, k, v, dout = qkv(3, 437, 1001, 48, 16, hdim, dtype=dtype, seed=seed, dout=True)
     _, grads = flash_grads(q, k, v, dout, causal=causal, deterministic=deterministic)
     check_grads(grads, q, k, v, dout, causal=causal)
 
 
 def test_poisoning_reaches_the_gradients():
     """The NaN poisoning is only worth something if dq, dk and dv land in the poisoned blocks."""
-    d, dtype = compiled_config()
-    q, k, v, dout = random_inputs(2, 300, 300, 4, 2, d, dtype)
+    d, dtype = compiled_config("bwd")
+    q, k, v, dout = qkv(2, 300, 300, 4, 2, d, dtype=dtype, dout=True)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = flash_attn_func(q, k, v)
     # The backward's first allocations are dq, dk, dv: no zero gradient for the unused lse comes
@@ -161,8 +127,8 @@ def test_poisoning_reaches_the_gradients():
 
 
 def test_keys_no_query_sees_get_zero_gradients():
-    d, dtype = compiled_config()
-    q, k, v, dout = random_inputs(2, 100, 300, 4, 2, d, dtype, seed=1)
+    d, dtype = compiled_config("bwd")
+    q, k, v, dout = qkv(2, 100, 300, 4, 2, d, dtype=dtype, seed=1, dout=True)
     _, (dq, dk, dv) = flash_grads(q, k, v, dout, window_size=(10, 0))
     # Query i sees keys i + 200 - 10 ... i + 200: keys below 190 are seen by nobody.
     assert torch.equal(dk[:, :190], torch.zeros_like(dk[:, :190]))
@@ -175,14 +141,14 @@ def test_keys_no_query_sees_get_zero_gradients():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("window", [(0, 0), (17, 5), (64, -1), (-1, 33), (100, 0)])
+@pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (799, 3), (1024, 1024), (1, 239)])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", WINDOW_SEQLEN_PAIRS)
 @pytest.mark.parametrize("gqa", [1, 6])
 def test_local_window(window, causal, seqlen_q, seqlen_k, gqa):
-    d, dtype = compiled_config()
+    d, dtype = compiled_config("bwd")
     seed = hash((window, causal, seqlen_q, seqlen_k, gqa, "bwd")) % (2**31)
-    q, k, v, dout = random_inputs(2, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, d, dtype, seed)
+    q, k, v, dout = qkv(2, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, d, dtype=dtype, seed=seed, dout=True)
     _, grads = flash_grads(q, k, v, dout, causal=causal, window_size=window)
     check_grads(grads, q, k, v, dout, causal=causal, window_size=window)
 
@@ -191,8 +157,10 @@ def test_local_window(window, causal, seqlen_q, seqlen_k, gqa):
 def test_top_left_causal_through_the_sdpa_drop_in(seqlen_q, seqlen_k):
     """torch's is_causal (top-left aligned) on our kernels, forward and backward."""
     assert sdpa.BACKWARD_READY, "a build with the bwd op must let gradients through the drop-in"
-    d, dtype = compiled_config()
-    q, k, v, dout = (t.transpose(1, 2) for t in random_inputs(2, seqlen_q, seqlen_k, 6, 2, d, dtype, seed=2))
+    d, dtype = compiled_config("bwd")
+    q, k, v, dout = qkv(
+        2, seqlen_q, seqlen_k, 6, 2, d, dtype=dtype, seed=2, dout=True, heads_first=True, layout="bshd_memory"
+    )
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
     def run():
@@ -202,18 +170,12 @@ def test_top_left_causal_through_the_sdpa_drop_in(seqlen_q, seqlen_k):
     assert flash_attn_hopper.sdpa_fallback_reason(*leaves, is_causal=True, enable_gqa=True) is None
     names = cuda_kernel_names(run)
     assert any("flash_bwd_kernel" in n and "pytorch_flash" not in n for n in names), names
-    grads = run()
-    ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref = torch.autograd.grad(sdpa_ref(*ref_leaves, is_causal=True), ref_leaves, dout.float())
-    low_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    low = torch.autograd.grad(sdpa_ref(*low_leaves, is_causal=True, upcast=False), low_leaves, dout)
-    for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref, low):
-        assert_grad_close(got, r, lo, name)
+    check_grads(run(), q, k, v, dout, attention=sdpa_ref, is_causal=True)
 
 
 def test_custom_softmax_scale():
-    d, dtype = compiled_config()
-    q, k, v, dout = random_inputs(2, 200, 300, 4, 2, d, dtype, seed=3)
+    d, dtype = compiled_config("bwd")
+    q, k, v, dout = qkv(2, 200, 300, 4, 2, d, dtype=dtype, seed=3, dout=True)
     _, grads = flash_grads(q, k, v, dout, causal=True, softmax_scale=0.3)
     check_grads(grads, q, k, v, dout, causal=True, softmax_scale=0.3)
 
@@ -225,29 +187,22 @@ def test_custom_softmax_scale():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_qkv_and_strided_gradient(causal):
-    d, dtype = compiled_config()
+    d, dtype = compiled_config("bwd")
     b, s, hq, hk = 2, 333, 6, 2
     gen = torch.Generator(device="cuda").manual_seed(4)
-    qkv = torch.randn(b, s, hq + 2 * hk, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+    packed = torch.randn(b, s, hq + 2 * hk, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
     dout = torch.randn(b, s, hq, 2 * d, device="cuda", dtype=dtype, generator=gen)[..., ::2]  # last dim strided
-    out = flash_attn_qkvpacked_func(qkv, causal=causal, num_heads_q=hq)
-    (dqkv,) = torch.autograd.grad(out, qkv, dout)
-    q, k, v = qkv.detach().split([hq, hk, hk], dim=2)
+    out = flash_attn_qkvpacked_func(packed, causal=causal, num_heads_q=hq)
+    (dqkv,) = torch.autograd.grad(out, packed, dout)
+    q, k, v = packed.detach().split([hq, hk, hk], dim=2)
     check_grads(dqkv.split([hq, hk, hk], dim=2), q, k, v, dout.contiguous(), causal=causal)
 
 
-@pytest.mark.parametrize("layout", ["bhsd_transposed", "every_other_head", "batch_stride_gap"])
+@pytest.mark.parametrize("layout", STRIDED_LAYOUTS)
 def test_strided_layouts(layout):
-    d, dtype = compiled_config()
+    d, dtype = compiled_config("bwd")
     b, s, h = 2, 257, 4
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    if layout == "bhsd_transposed":
-        make = lambda: torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)  # noqa: E731
-    elif layout == "every_other_head":
-        make = lambda: torch.randn(b, s, 2 * h, d, device="cuda", dtype=dtype, generator=gen)[:, :, ::2]  # noqa: E731
-    else:
-        make = lambda: torch.randn(b + 1, s + 5, h, d, device="cuda", dtype=dtype, generator=gen)[1:, 5:]  # noqa: E731
-    q, k, v, dout = make(), make(), make(), make()
+    q, k, v, dout = qkv(b, s, s, h, h, d, dtype=dtype, seed=5, layout=layout, dout=True)
     assert q.stride(-1) == 1 and not q.is_contiguous()
     _, grads = flash_grads(q, k, v, dout, causal=True)
     check_grads(grads, q, k, v, dout, causal=True)
@@ -258,11 +213,11 @@ def test_strided_layouts(layout):
         assert torch.equal(a, c), "strides changed the gradients"
 
 
-@pytest.mark.parametrize("shape_q, shape_k", [((0, 64, 4), (0, 64, 4)), ((2, 0, 4), (2, 64, 4)), ((2, 64, 4), (2, 0, 4))])
+@pytest.mark.parametrize("shape_q, shape_k", EMPTY_SHAPES)
 def test_empty_inputs(shape_q, shape_k):
-    d, dtype = compiled_config()
+    d, dtype = compiled_config("bwd")
     (b, sq, hq), (_, sk, hk) = shape_q, shape_k
-    q, k, v, dout = random_inputs(b, sq, sk, hq, hk, d, dtype)
+    q, k, v, dout = qkv(b, sq, sk, hq, hk, d, dtype=dtype, dout=True)
     _, (dq, dk, dv) = flash_grads(q, k, v, dout, poison=False)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     for g in (dq, dk, dv):
@@ -278,8 +233,8 @@ def test_empty_inputs(shape_q, shape_k):
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_hundred_repeats_are_bitwise_identical(hdim, causal):
     dtype = torch.bfloat16
-    skip_unless_compiled(hdim, dtype)
-    q, k, v, dout = random_inputs(2, 1111, 1500, 8, 2, hdim, dtype, seed=6)
+    skip_unless_compiled(hdim, dtype, BOTH)
+    q, k, v, dout = qkv(2, 1111, 1500, 8, 2, hdim, dtype=dtype, seed=6, dout=True)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
     first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -291,8 +246,8 @@ def test_deterministic_hundred_repeats_are_bitwise_identical(hdim, causal):
 
 
 def test_torch_deterministic_switch_gives_the_deterministic_gradients():
-    d, dtype = compiled_config()
-    q, k, v, dout = random_inputs(2, 700, 700, 8, 2, d, dtype, seed=7)
+    d, dtype = compiled_config("bwd")
+    q, k, v, dout = qkv(2, 700, 700, 8, 2, d, dtype=dtype, seed=7, dout=True)
     _, per_call = flash_grads(q, k, v, dout, causal=True, deterministic=True)
     with deterministic_algorithms():
         _, switched = flash_grads(q, k, v, dout, causal=True)
@@ -306,10 +261,10 @@ def test_torch_deterministic_switch_gives_the_deterministic_gradients():
 
 
 def test_no_seqlen_squared_allocation_at_32k_tokens():
-    d, dtype = compiled_config()
+    d, dtype = compiled_config("bwd")
     b, s = 1, 32768
     hq, hk = (4, 2) if d <= 128 else (2, 1)  # so that the bound below stays under one s x s matrix
-    q, k, v, dout = random_inputs(b, s, s, hq, hk, d, dtype, seed=8)
+    q, k, v, dout = qkv(b, s, s, hq, hk, d, dtype=dtype, seed=8, dout=True)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -329,8 +284,8 @@ def test_no_seqlen_squared_allocation_at_32k_tokens():
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_torch_compile_fullgraph_forward_and_backward(deterministic):
-    d, dtype = compiled_config()
-    q, k, v, dout = random_inputs(2, 300, 300, 4, 2, d, dtype, seed=9)
+    d, dtype = compiled_config("bwd")
+    q, k, v, dout = qkv(2, 300, 300, 4, 2, d, dtype=dtype, seed=9, dout=True)
 
     def block(q, k, v):
         return flash_attn_func(q * 1.5, k, v, causal=True, deterministic=deterministic) * 2
@@ -347,18 +302,16 @@ def test_torch_compile_fullgraph_forward_and_backward(deterministic):
     if deterministic:
         for a, b in zip(grads, eager):
             assert torch.equal(a, b)
-    ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref = torch.autograd.grad(attention_ref(ref_leaves[0] * 1.5, *ref_leaves[1:], causal=True)[0] * 2,
-                              ref_leaves, dout.float())
-    low = torch.autograd.grad(attention_ref(leaves[0] * 1.5, *leaves[1:], causal=True, upcast=False)[0] * 2,
-                              leaves, dout)
-    for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref, low):
-        assert_grad_close(got, r, lo, name)
+
+    def block_ref(q, k, v, upcast):
+        return attention_ref(q * 1.5, k, v, causal=True, upcast=upcast)[0] * 2
+
+    check_grads(grads, q, k, v, dout, attention=block_ref)
 
 
 def test_opcheck():
-    d, dtype = compiled_config()
-    q, k, v, dout = random_inputs(2, 100, 120, 4, 2, d, dtype, seed=10)
+    d, dtype = compiled_config("bwd")
+    q, k, v, dout = qkv(2, 100, 120, 4, 2, d, dtype=dtype, seed=10, dout=True)
     out, lse = torch.ops.flash_attn_hopper.fwd(q, k, v, d**-0.5, True)
     bwd = torch.ops.flash_attn_hopper.bwd.default
     torch.library.opcheck(bwd, (dout, q, k, v, out, lse, d**-0.5, True))
@@ -385,7 +338,7 @@ def test_benchmark_bwd_path_times_the_backward():
     bench = importlib.util.module_from_spec(spec)
     sys.modules["benchmark_attn"] = bench
     spec.loader.exec_module(bench)
-    d, dtype = compiled_config()
+    d, dtype = compiled_config("bwd")
     dtype_name = manifest.dtype_name(str(dtype).removeprefix("torch."))
     args = bench.parse_args(["--bwd", "--warmup", "2", "--rep", "5", "--dtype", dtype_name])
     run = bench.PROVIDERS["flash_attn_hopper"]()

@@ -20,38 +20,29 @@ import flash_attn_hopper
 from flash_attn_hopper import manifest, ops
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func
 
-from conftest import FULL_TESTS
+from helpers.cases import (
+    BATCHES,
+    DTYPE_IDS,
+    DTYPES,
+    EMPTY_SHAPES,
+    FWD_SEQLEN_PAIRS,
+    GQA,
+    HDIMS,
+    NHEADS_KV,
+    STRIDED_LAYOUTS,
+    WINDOW_SEQLEN_PAIRS,
+    WINDOWS,
+)
+from helpers.grads import check_grads
+from helpers.inputs import poison_allocations, qkv
+from helpers.kernels import compiled_config, skip_unless_compiled
 from reference import assert_fa_close, attention_ref
-from sdpa_reference import compiled_config, poison_allocations, skip_unless_compiled
-from sweep import BATCHES, DTYPES, GQA, HDIMS, NHEADS_KV
 
 pytestmark = pytest.mark.gpu
 
 #: The kernel's lse is float32 end to end; this covers exp2/log approximations
 #: where torch's low-precision lse happens to be exact (e.g. one key).
 LSE_ATOL = 1e-4
-
-SEQLEN_PAIRS_FULL = [
-    (1, 1),
-    (1, 239),
-    (3, 799),
-    (113, 203),
-    (128, 217),
-    (799, 3),
-    (1024, 1024),
-    (2048, 2049),
-    (4224, 4224),
-]
-SEQLEN_PAIRS_QUICK = [(1, 1), (1, 239), (113, 203), (799, 3), (1024, 1024)]
-SEQLEN_PAIRS = SEQLEN_PAIRS_FULL if FULL_TESTS else SEQLEN_PAIRS_QUICK
-
-
-def random_qkv(b, sq, sk, hq, hk, d, dtype, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=gen)
-    return q, k, v
 
 
 def run_and_check(q, k, v, causal, **kwargs):
@@ -79,15 +70,15 @@ def assert_blind_rows_empty(out, lse, blind):
 
 
 @pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLEN_PAIRS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", FWD_SEQLEN_PAIRS)
 @pytest.mark.parametrize("gqa", GQA)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdim", HDIMS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_forward_sweep(dtype, hdim, causal, gqa, seqlen_q, seqlen_k, batch):
     skip_unless_compiled(hdim, dtype)
     seed = hash((hdim, causal, gqa, seqlen_q, seqlen_k, batch)) % (2**31)
-    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, hdim, dtype, seed)
+    q, k, v = qkv(batch, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, hdim, dtype=dtype, seed=seed)
     out, lse = run_and_check(q, k, v, causal)
     if causal and seqlen_q > seqlen_k:
         assert_blind_rows_empty(out, lse, seqlen_q - seqlen_k)
@@ -101,7 +92,7 @@ def test_forward_sweep(dtype, hdim, causal, gqa, seqlen_q, seqlen_k, batch):
 def test_poisoning_reaches_the_outputs():
     """The NaN poisoning above is only worth something if the op's outputs land in the poisoned blocks."""
     d, dtype = compiled_config()
-    q, k, v = random_qkv(2, 300, 300, 4, 4, d, dtype)
+    q, k, v = qkv(2, 300, 300, 4, 4, d, dtype=dtype)
     addresses = poison_allocations(((2, 300, 4, d), dtype), ((2, 4, 300), torch.float32))
     out, lse = flash_attn_func(q, k, v, return_attn_probs=True)
     assert out.data_ptr() in addresses and lse.data_ptr() in addresses
@@ -112,35 +103,29 @@ def test_poisoning_reaches_the_outputs():
 def test_inputs_sliced_from_packed_qkv(causal):
     d, dtype = compiled_config()
     b, s, hq, hk = 2, 333, 6, 2
-    qkv = torch.randn(b, s, hq + 2 * hk, d, device="cuda", dtype=dtype)
-    q, k, v = qkv.split([hq, hk, hk], dim=2)
+    packed = torch.randn(b, s, hq + 2 * hk, d, device="cuda", dtype=dtype)
+    q, k, v = packed.split([hq, hk, hk], dim=2)
     assert not q.is_contiguous() and not k.is_contiguous()
     out, lse = run_and_check(q, k, v, causal)
     contiguous = flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal)
     assert torch.equal(out, contiguous), "strides changed the result"
-    packed = flash_attn_qkvpacked_func(qkv, causal=causal, num_heads_q=hq)
-    assert torch.equal(packed, out)
+    assert torch.equal(flash_attn_qkvpacked_func(packed, causal=causal, num_heads_q=hq), out)
 
 
 def test_qkvpacked_five_dim_layout():
     d, dtype = compiled_config()
-    qkv = torch.randn(3, 129, 3, 4, d, device="cuda", dtype=dtype)
-    out, lse = flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
-    q, k, v = qkv.unbind(dim=2)
+    packed = torch.randn(3, 129, 3, 4, d, device="cuda", dtype=dtype)
+    out, lse = flash_attn_qkvpacked_func(packed, causal=True, return_attn_probs=True)
+    q, k, v = packed.unbind(dim=2)
     run_and_check(q, k, v, True)
     assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
 
 
-@pytest.mark.parametrize("layout", ["bhsd_transposed", "every_other_head", "batch_stride_gap"])
+@pytest.mark.parametrize("layout", STRIDED_LAYOUTS)
 def test_strided_layouts(layout):
     d, dtype = compiled_config()
     b, s, h = 2, 257, 4
-    if layout == "bhsd_transposed":
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2) for _ in range(3))
-    elif layout == "every_other_head":
-        q, k, v = (torch.randn(b, s, 2 * h, d, device="cuda", dtype=dtype)[:, :, ::2] for _ in range(3))
-    else:
-        q, k, v = (torch.randn(b + 1, s + 5, h, d, device="cuda", dtype=dtype)[1:, 5:] for _ in range(3))
+    q, k, v = qkv(b, s, s, h, h, d, dtype=dtype, layout=layout)
     assert q.stride(-1) == 1 and not q.is_contiguous()
     out, _ = run_and_check(q, k, v, False)
     assert torch.equal(out, flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous()))
@@ -154,7 +139,7 @@ def test_many_batches(hdim, causal):
     # kernels at hdim 64 / 128, hdim 256's persistent short-keys kernels) run back to back.
     # Repeated: a moving result would be a race between consecutive tiles.
     skip_unless_compiled(hdim, torch.bfloat16)
-    q, k, v = random_qkv(1500, 17, 33, 2, 1, hdim, torch.bfloat16, seed=3)
+    q, k, v = qkv(1500, 17, 33, 2, 1, hdim, dtype=torch.bfloat16, seed=3)
     out, lse = run_and_check(q, k, v, causal)
     for _ in range(3):
         again, again_lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
@@ -169,7 +154,7 @@ def test_persistent_ctas_running_into_tiles_with_nothing_to_attend(hdim, seed):
     tiles that write zeros. The zeros must not reach shared memory before the previous tile's O
     store has read it."""
     skip_unless_compiled(hdim, torch.bfloat16)
-    q, k, v = random_qkv(4, 4224, 200, 8, 2, hdim, torch.bfloat16, seed=seed)
+    q, k, v = qkv(4, 4224, 200, 8, 2, hdim, dtype=torch.bfloat16, seed=seed)
     out, lse = run_and_check(q, k, v, True)
     assert_blind_rows_empty(out, lse, 4224 - 200)
     again = flash_attn_func(q, k, v, causal=True)
@@ -185,21 +170,21 @@ def test_row_max_growing_across_key_blocks(direction, hdim, causal):
     next: toward the first key, the blocks the kernel visits last; toward the last key, a max
     found in the first block visited and never moved. Checked for out and lse."""
     skip_unless_compiled(hdim, torch.bfloat16)
-    q, k, v = random_qkv(2, 300, 2500, 4, 2, hdim, torch.bfloat16, seed=hdim + causal)
+    q, k, v = qkv(2, 300, 2500, 4, 2, hdim, dtype=torch.bfloat16, seed=hdim + causal)
     ramp = torch.linspace(1, 0, 2500, device="cuda") if direction == "toward_first_key" else torch.linspace(0, 1, 2500, device="cuda")
     k = (k.float() * (1 + 12 * ramp)[None, :, None, None]).to(torch.bfloat16)
     run_and_check(q, k, v, causal)
 
 
 @pytest.mark.parametrize("seqlen_k", [4096, 4224, 5000, 6000, 8192])
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_long_keys_on_either_tile(dtype, seqlen_k):
     """hdim 128 non-causal from 4096 keys runs 128x176 or 128x128 tiles, whichever pads fewer keys
     (tile_size.h fwd_keys_class_for; the rule itself is checked on the host): 4096, 6000 and 8192
     take 128x128 (6000 with a partial last block), 4224 (whole blocks of both: a tie) and 5000
     take 128x176."""
     skip_unless_compiled(128, dtype)
-    q, k, v = random_qkv(1, 200, seqlen_k, 4, 2, 128, dtype, seed=seqlen_k)
+    q, k, v = qkv(1, 200, seqlen_k, 4, 2, 128, dtype=dtype, seed=seqlen_k)
     run_and_check(q, k, v, False)
 
 
@@ -211,7 +196,7 @@ def test_direct_o_kernels_at_a_narrower_head_dim(hdim, seqlen_k, causal):
     kernel's: chunks past it must not be written (they are the next head's columns), nor rows past
     seqlen_q (1000 = 7 x 128 + 104); 288 tiles, so CTAs run several and hand Q's buffer over."""
     skip_unless_compiled(hdim, torch.bfloat16)
-    q, k, v = random_qkv(3, 1000, seqlen_k, 12, 4, hdim, torch.bfloat16, seed=hdim + seqlen_k + causal)
+    q, k, v = qkv(3, 1000, seqlen_k, 12, 4, hdim, dtype=torch.bfloat16, seed=hdim + seqlen_k + causal)
     run_and_check(q, k, v, causal)
 
 
@@ -225,7 +210,7 @@ def test_late_key_far_above_the_row_max(hdim, causal, spike):
     still finite); with 100, many by more than 128 (exp2 from the stale max overflows, so a
     kernel that skipped the max search must compute S again)."""
     skip_unless_compiled(hdim, torch.bfloat16)
-    q, k, v = random_qkv(2, 300, 2500, 4, 2, hdim, torch.bfloat16, seed=hdim + causal + int(spike))
+    q, k, v = qkv(2, 300, 2500, 4, 2, hdim, dtype=torch.bfloat16, seed=hdim + causal + int(spike))
     k[:, 0] = k[:, 0] * spike
     run_and_check(q, k, v, causal)
 
@@ -233,7 +218,7 @@ def test_late_key_far_above_the_row_max(hdim, causal, spike):
 @pytest.mark.parametrize("seqlen_k", [1025, 4097])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdim", HDIMS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_lone_key_in_the_first_key_block(dtype, hdim, causal, seqlen_k):
     """Key lengths one past a multiple of 64 / 128, so that the first key block the kernel visits
     holds one key (at the block widths that divide 1024), and that key scaled by 6: for about half
@@ -241,14 +226,14 @@ def test_lone_key_in_the_first_key_block(dtype, hdim, causal, seqlen_k):
     Kernels that skip the max search after the first full block must take that block's max
     exactly and fall back where the later scores overflow the slack."""
     skip_unless_compiled(hdim, dtype)
-    q, k, v = random_qkv(1, 300, seqlen_k, 4, 2, hdim, dtype, seed=seqlen_k + hdim + causal)
+    q, k, v = qkv(1, 300, seqlen_k, 4, 2, hdim, dtype=dtype, seed=seqlen_k + hdim + causal)
     k[:, -1] = k[:, -1] * 6
     run_and_check(q, k, v, causal)
 
 
-@pytest.mark.parametrize("window", [(0, 0), (17, 5), (64, -1), (-1, 33), (100, 0)])
+@pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (799, 3), (1024, 1024), (1, 239)])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", WINDOW_SEQLEN_PAIRS)
 @pytest.mark.parametrize("gqa", [1, 6])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_local_window(window, causal, seqlen_q, seqlen_k, gqa, d):
@@ -259,13 +244,13 @@ def test_local_window(window, causal, seqlen_q, seqlen_k, gqa, d):
     _, dtype = compiled_config()
     skip_unless_compiled(d, dtype)
     seed = hash((window, causal, seqlen_q, seqlen_k, gqa, d)) % (2**31)
-    q, k, v = random_qkv(2, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, d, dtype, seed)
+    q, k, v = qkv(2, seqlen_q, seqlen_k, NHEADS_KV * gqa, NHEADS_KV, d, dtype=dtype, seed=seed)
     run_and_check(q, k, v, causal, window_size=window)
 
 
 def test_custom_softmax_scale():
     d, dtype = compiled_config()
-    q, k, v = random_qkv(2, 200, 300, 4, 2, d, dtype, seed=4)
+    q, k, v = qkv(2, 200, 300, 4, 2, d, dtype=dtype, seed=4)
     run_and_check(q, k, v, True, softmax_scale=0.3)
 
 
@@ -302,17 +287,17 @@ def test_non_positive_scale_is_refused_by_the_raw_ops(op):
 
 def test_wide_window_and_causal_window_match_plain_calls():
     d, dtype = compiled_config()
-    q, k, v = random_qkv(2, 150, 190, 4, 2, d, dtype, seed=5)
+    q, k, v = qkv(2, 150, 190, 4, 2, d, dtype=dtype, seed=5)
     assert torch.equal(flash_attn_func(q, k, v, window_size=(-1, 0)), flash_attn_func(q, k, v, causal=True))
     assert torch.equal(flash_attn_func(q, k, v, window_size=(500, 500)), flash_attn_func(q, k, v))
 
 
-@pytest.mark.parametrize("shape_q, shape_k", [((0, 64, 4), (0, 64, 4)), ((2, 0, 4), (2, 64, 4)), ((2, 64, 4), (2, 0, 4))])
+@pytest.mark.parametrize("shape_q, shape_k", EMPTY_SHAPES)
 def test_empty_inputs(shape_q, shape_k):
     d, dtype = compiled_config()
     b, sq, hq = shape_q
     _, sk, hk = shape_k
-    q, k, v = random_qkv(b, sq, sk, hq, hk, d, dtype)
+    q, k, v = qkv(b, sq, sk, hq, hk, d, dtype=dtype)
     out, lse = flash_attn_func(q, k, v, return_attn_probs=True)
     assert out.shape == (b, sq, hq, d) and lse.shape == (b, hq, sq)
     if sk == 0 and b * sq > 0:  # nothing to attend to
@@ -327,7 +312,7 @@ def test_empty_inputs(shape_q, shape_k):
 @pytest.mark.parametrize("causal", [False, True])
 def test_hundred_repeats_are_bitwise_identical(causal):
     d, dtype = compiled_config()
-    q, k, v = random_qkv(2, 1111, 1500, 8, 2, d, dtype, seed=6)
+    q, k, v = qkv(2, 1111, 1500, 8, 2, d, dtype=dtype, seed=6)
     first, first_lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     for _ in range(100):
         out, lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
@@ -336,7 +321,7 @@ def test_hundred_repeats_are_bitwise_identical(causal):
 
 def test_cuda_graph_capture_and_replay():
     d, dtype = compiled_config()
-    q, k, v = random_qkv(2, 512, 512, 4, 4, d, dtype, seed=7)
+    q, k, v = qkv(2, 512, 512, 4, 4, d, dtype=dtype, seed=7)
     expected = flash_attn_func(q, k, v, causal=True)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -346,7 +331,7 @@ def test_cuda_graph_capture_and_replay():
         with torch.cuda.graph(graph, stream=stream):
             captured = flash_attn_func(q, k, v, causal=True)
     torch.cuda.current_stream().wait_stream(stream)
-    new_q, _, _ = random_qkv(2, 512, 512, 4, 4, d, dtype, seed=8)
+    new_q, _, _ = qkv(2, 512, 512, 4, 4, d, dtype=dtype, seed=8)
     q.copy_(new_q)
     graph.replay()
     torch.cuda.synchronize()
@@ -356,7 +341,7 @@ def test_cuda_graph_capture_and_replay():
 
 def test_torch_compile_inductor_matches_eager():
     d, dtype = compiled_config()
-    q, k, v = random_qkv(2, 300, 300, 4, 2, d, dtype, seed=9)
+    q, k, v = qkv(2, 300, 300, 4, 2, d, dtype=dtype, seed=9)
 
     def block(q, k, v):
         return flash_attn_func(q * 1.5, k, v, causal=True) * 2  # elementwise: bitwise reproducible
@@ -368,27 +353,20 @@ def test_torch_compile_inductor_matches_eager():
 
 def test_opcheck():
     d, dtype = compiled_config()
-    q, k, v = random_qkv(2, 100, 120, 4, 2, d, dtype, seed=10)
+    q, k, v = qkv(2, 100, 120, 4, 2, d, dtype=dtype, seed=10)
     torch.library.opcheck(torch.ops.flash_attn_hopper.fwd.default, (q, k, v, d**-0.5, True))
 
 
 def test_backward():
     d, dtype = compiled_config()
-    q, k, v = (t.requires_grad_() for t in random_qkv(2, 128, 160, 4, 2, d, dtype, seed=11))
+    q, k, v = (t.requires_grad_() for t in qkv(2, 128, 160, 4, 2, d, dtype=dtype, seed=11))
     out = flash_attn_func(q, k, v, causal=True)
     dout = torch.randn_like(out)
     if not ops.has_bwd_op():
         with pytest.raises(RuntimeError, match="this build has no backward kernels"):
             out.backward(dout)
         return
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref_out, _ = attention_ref(q32, k32, v32, causal=True)
-    ref_grads = torch.autograd.grad(ref_out, (q32, k32, v32), dout.float())
-    low_out, _ = attention_ref(q, k, v, causal=True, upcast=False)
-    low_grads = torch.autograd.grad(low_out, (q, k, v), dout)
-    for name, got, ref, low in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_grads, low_grads):
-        assert_fa_close(got, ref, low, name=name)
+    check_grads(torch.autograd.grad(out, (q, k, v), dout), q, k, v, dout, causal=True)
 
 
 def test_build_info_reports_the_gpu_build():
@@ -396,4 +374,5 @@ def test_build_info_reports_the_gpu_build():
     assert info["available"] and info["extension_loaded"] and info["unavailable_reason"] is None
     if info["build_config_found"]:
         assert info["compiled"], "the build compiled no kernel"
-    assert math.isfinite(flash_attn_func(*random_qkv(1, 8, 8, 1, 1, *compiled_config())).float().sum().item())
+    d, dtype = compiled_config()
+    assert math.isfinite(flash_attn_func(*qkv(1, 8, 8, 1, 1, d, dtype=dtype)).float().sum().item())

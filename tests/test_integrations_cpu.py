@@ -17,6 +17,7 @@ import torch
 from flash_attn_hopper import sdpa
 from flash_attn_hopper.integrations import transformers as fah_transformers
 
+from helpers.inputs import qkv
 from op_emulator import emulated_op
 
 BF16 = torch.bfloat16
@@ -31,11 +32,8 @@ def stand_in_module(num_key_value_groups=None, is_causal=True, training=False):
 
 
 def states(b=2, hq=8, hk=2, q_len=33, kv_len=33, d=64, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, hq, q_len, d, generator=gen, dtype=BF16)
-    k = torch.randn(b, hk, kv_len, d, generator=gen, dtype=BF16)
-    v = torch.randn(b, hk, kv_len, d, generator=gen, dtype=BF16)
-    return q, k, v
+    """CPU query, key and value states as transformers hands them over: (batch, heads, seqlen, head_dim)."""
+    return qkv(b, q_len, kv_len, hq, hk, d, dtype=BF16, device="cpu", seed=seed, heads_first=True)
 
 
 def transformers_sdpa(module, q, k, v, mask, scaling=None, dropout=0.0, is_causal=None, dtype=None):

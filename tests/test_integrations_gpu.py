@@ -13,8 +13,9 @@ import torch
 
 from flash_attn_hopper.integrations import transformers as fah_transformers
 
-from reference import assert_fa_close
-from sdpa_reference import compiled_config, cuda_kernel_names, is_our_forward_kernel, random_bhsd, sdpa_ref
+from helpers.inputs import sdpa_inputs
+from helpers.kernels import compiled_config, cuda_kernel_names, is_our_forward_kernel
+from reference import assert_fa_close, sdpa_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -27,9 +28,7 @@ def module(groups, is_causal=True):
 @pytest.mark.parametrize("groups", [1, 4])
 def test_prefill_and_decoding_run_our_kernel(q_len, kv_len, groups):
     e, dtype = compiled_config()
-    q = random_bhsd(2, 8, q_len, e, dtype, seed=1)
-    k = random_bhsd(2, 8 // groups, kv_len, e, dtype, seed=2)
-    v = random_bhsd(2, 8 // groups, kv_len, e, dtype, seed=3)
+    q, k, v = sdpa_inputs(2, 8, 8 // groups, q_len, kv_len, e, dtype, seed=1)
     layer = module(groups)
     call = lambda: fah_transformers.attention_forward(layer, q, k, v, None, scaling=e**-0.5)  # noqa: E731
     names = cuda_kernel_names(call)
@@ -44,9 +43,7 @@ def test_prefill_and_decoding_run_our_kernel(q_len, kv_len, groups):
 
 def test_padding_mask_is_torchs_sdpa_bitwise():
     e, dtype = compiled_config()
-    q = random_bhsd(2, 8, 64, e, dtype, seed=4)
-    k = random_bhsd(2, 2, 64, e, dtype, seed=5)
-    v = random_bhsd(2, 2, 64, e, dtype, seed=6)
+    q, k, v = sdpa_inputs(2, 8, 2, 64, 64, e, dtype, seed=4)
     keep = torch.ones(2, 1, 64, 64, dtype=torch.bool, device="cuda").tril()
     keep[1, :, :, :10] = False  # left padding
     keep[1, :, :10, 0] = True

@@ -9,21 +9,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.inputs import qkv
 from reference import (
     assert_fa_close,
     attention_ref,
     attention_ref_varlen,
     fa_tolerance_report,
     local_mask,
+    sdpa_ref,
 )
 
 
 def _inputs(b, sq, sk, hq, hk, d, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, sq, hq, d, generator=g, dtype=dtype)
-    k = torch.randn(b, sk, hk, d, generator=g, dtype=dtype)
-    v = torch.randn(b, sk, hk, d, generator=g, dtype=dtype)
-    return q, k, v
+    return qkv(b, sq, sk, hq, hk, d, dtype=dtype, device="cpu", seed=seed)
 
 
 def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
@@ -192,3 +190,18 @@ def test_tolerance_rule_on_lse_checks_infinities():
     assert report.mismatched_infinities == int(torch.isneginf(lse_ref).sum()) and not report.ok
     with pytest.raises(AssertionError, match="shapes differ"):
         assert_fa_close(lse_ref[:, :1], lse_ref, lse_low)
+
+
+@pytest.mark.parametrize("sq, sk, hq, hk, causal, scale", [(7, 7, 2, 2, True, None), (5, 13, 4, 1, True, None),
+                                                           (13, 5, 6, 3, True, 0.3), (9, 11, 4, 2, False, None)])
+def test_sdpa_ref_is_torch_sdpa(sq, sk, hq, hk, causal, scale):
+    """torch SDPA's semantics (top-left causal, GQA by repetition, scale) restated, against torch's math backend."""
+    q, k, v = (t.transpose(1, 2) for t in _inputs(2, sq, sk, hq, hk, 16, seed=8))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        expected = F.scaled_dot_product_attention(
+            q.double(), k.double(), v.double(), is_causal=causal, scale=scale, enable_gqa=hq != hk
+        )
+    out = sdpa_ref(q, k, v, causal, scale)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
+    assert sdpa_ref(q.half(), k.half(), v.half(), causal, scale, upcast=False).dtype == torch.float16

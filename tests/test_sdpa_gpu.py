@@ -12,31 +12,16 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_attn_hopper
 from flash_attn_hopper import sdpa
 
-from conftest import deterministic_algorithms
-from reference import assert_fa_close
-from sdpa_reference import (
-    compiled_config,
-    cuda_kernel_names,
-    is_our_forward_kernel,
-    random_bhsd,
-    sdpa_ref,
-    skip_unless_compiled,
-)
+from helpers.grads import check_grads, deterministic_algorithms
+from helpers.inputs import sdpa_inputs
+from helpers.kernels import compiled_config, cuda_kernel_names, is_our_forward_kernel, skip_unless_compiled
+from reference import assert_fa_close, sdpa_ref
 
 pytestmark = pytest.mark.gpu
-
-
-def inputs(b, hq, hk, sq, sk, e, dtype, seed=0, layout="bshd_memory"):
-    return (
-        random_bhsd(b, hq, sq, e, dtype, seed, layout),
-        random_bhsd(b, hk, sk, e, dtype, seed + 1, layout),
-        random_bhsd(b, hk, sk, e, dtype, seed + 2, layout),
-    )
 
 
 def check_against_torch_semantics(out, q, k, v, is_causal, scale):
@@ -71,7 +56,7 @@ MATRIX = [
 def test_drop_in_matches_torch(dtype, b, hq, hk, sq, sk, causal, scale):
     e, _ = compiled_config()
     skip_unless_compiled(e, dtype)
-    q, k, v = inputs(b, hq, hk, sq, sk, e, dtype, seed=sq * 7 + sk)
+    q, k, v = sdpa_inputs(b, hq, hk, sq, sk, e, dtype, seed=sq * 7 + sk)
     enable_gqa = hq != hk
     assert sdpa.sdpa_fallback_reason(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa) is None
     out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
@@ -82,7 +67,7 @@ def test_drop_in_matches_torch(dtype, b, hq, hk, sq, sk, causal, scale):
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(e, causal):
     skip_unless_compiled(e, torch.bfloat16)
-    q, k, v = inputs(2, 4, 2, 177, 233, e, torch.bfloat16, seed=e)
+    q, k, v = sdpa_inputs(2, 4, 2, 177, 233, e, torch.bfloat16, seed=e)
     out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     check_against_torch_semantics(out, q, k, v, causal, None)
 
@@ -90,11 +75,7 @@ def test_head_dims(e, causal):
 @pytest.mark.parametrize("layout", ["bshd_memory", "bhsd_contiguous", "packed_qkv"])
 def test_layouts_are_not_copied(layout):
     e, dtype = compiled_config()
-    if layout == "packed_qkv":
-        packed = torch.randn(2, 300, 3 * 4, e, device="cuda", dtype=dtype)
-        q, k, v = (t.transpose(1, 2) for t in packed.split(4, dim=2))
-    else:
-        q, k, v = inputs(2, 4, 4, 300, 300, e, dtype, layout=layout)
+    q, k, v = sdpa_inputs(2, 4, 4, 300, 300, e, dtype, layout="packed" if layout == "packed_qkv" else layout)
     out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True)
     check_against_torch_semantics(out, q, k, v, True, None)
     names = cuda_kernel_names(lambda: flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True))
@@ -105,7 +86,7 @@ def test_layouts_are_not_copied(layout):
 
 def test_profiler_shows_our_kernel_and_not_torchs():
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 2, 1024, 1024, e, dtype)
+    q, k, v = sdpa_inputs(2, 8, 2, 1024, 1024, e, dtype)
     names = cuda_kernel_names(lambda: flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
     assert any(map(is_our_forward_kernel, names)), names
     assert not any("pytorch_flash" in n or "fmha" in n or "cudnn" in n for n in names), names
@@ -118,14 +99,14 @@ def test_profiler_shows_our_kernel_and_not_torchs():
 
 def _fallback_case(name):
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 2, 200, 300, e, dtype, seed=11)
+    q, k, v = sdpa_inputs(2, 8, 2, 200, 300, e, dtype, seed=11)
     mask = torch.rand(200, 300, device="cuda") > 0.3
     cases = {
         "attn_mask": ((q, k, v), dict(attn_mask=mask, enable_gqa=True), "attn_mask"),
         "dropout": ((q, k, v), dict(dropout_p=0.2, enable_gqa=True), "dropout"),
         "float32": ((q.float(), k.float(), v.float()), dict(is_causal=True, enable_gqa=True), "float32"),
-        "head_dim_36": (inputs(2, 4, 4, 100, 100, 36, dtype), dict(is_causal=True), "head dim 36"),
-        "head_dim_264": (inputs(2, 4, 4, 100, 100, 264, dtype), dict(), "head dim 264"),
+        "head_dim_36": (sdpa_inputs(2, 4, 4, 100, 100, 36, dtype), dict(is_causal=True), "head dim 36"),
+        "head_dim_264": (sdpa_inputs(2, 4, 4, 100, 100, 264, dtype), dict(), "head dim 264"),
         "value_head_dim_differs": ((q, k, v[..., :64]), dict(enable_gqa=True), "value's head dim"),
         "three_dims": ((q[0], k[0], v[0]), dict(enable_gqa=True), "4-dimensional"),
         "mqa_broadcast_without_enable_gqa": ((q, k[:, :1], v[:, :1]), dict(), "enable_gqa"),
@@ -186,7 +167,7 @@ def test_a_head_dim_missing_from_the_build_falls_back():
     missing = [h for h in manifest.HEAD_DIMS if compiled is not None and manifest.Instantiation("fwd", h, "bf16") not in compiled]
     if not missing:
         pytest.skip("this build has every head dim in bf16")
-    q, k, v = inputs(1, 2, 2, 64, 64, missing[0], torch.bfloat16)
+    q, k, v = sdpa_inputs(1, 2, 2, 64, 64, missing[0], torch.bfloat16)
     reason = sdpa.sdpa_fallback_reason(q, k, v)
     assert reason is not None and manifest.ENV_HDIMS in reason
     assert torch.equal(flash_attn_hopper.scaled_dot_product_attention(q, k, v), sdpa.TORCH_SDPA(q, k, v))
@@ -213,7 +194,7 @@ class Block(torch.nn.Module):
 @pytest.mark.parametrize("causal", [False, True])
 def test_compile_fullgraph_matches_eager(causal):
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 2, 300, 400, e, dtype, seed=3)
+    q, k, v = sdpa_inputs(2, 8, 2, 300, 400, e, dtype, seed=3)
     torch._dynamo.reset()
     compiled = torch.compile(Block(causal), fullgraph=True)
     eager = Block(causal)(q, k, v)
@@ -224,7 +205,7 @@ def test_compile_fullgraph_matches_eager(causal):
 
 def test_compile_fullgraph_of_code_calling_torch_sdpa_under_patch_sdpa():
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 2, 256, 256, e, dtype, seed=4)
+    q, k, v = sdpa_inputs(2, 8, 2, 256, 256, e, dtype, seed=4)
     torch._dynamo.reset()
     with flash_attn_hopper.patch_sdpa():
         compiled = torch.compile(Block(True, through_functional=True), fullgraph=True)
@@ -237,7 +218,7 @@ def test_compile_fullgraph_of_code_calling_torch_sdpa_under_patch_sdpa():
 
 def test_export_has_the_op_and_runs():
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 2, 128, 192, e, dtype, seed=5)
+    q, k, v = sdpa_inputs(2, 8, 2, 128, 192, e, dtype, seed=5)
     exported = torch.export.export(Block(True), (q, k, v))
     targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
     assert "flash_attn_hopper.fwd.default" in targets, targets
@@ -246,7 +227,7 @@ def test_export_has_the_op_and_runs():
 
 def test_cuda_graph_capture_and_replay():
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 2, 512, 512, e, dtype, seed=6)
+    q, k, v = sdpa_inputs(2, 8, 2, 512, 512, e, dtype, seed=6)
     before = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -256,7 +237,7 @@ def test_cuda_graph_capture_and_replay():
         with torch.cuda.graph(graph, stream=stream):
             captured = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.cuda.current_stream().wait_stream(stream)
-    new_q, new_k, new_v = inputs(2, 8, 2, 512, 512, e, dtype, seed=7)
+    new_q, new_k, new_v = sdpa_inputs(2, 8, 2, 512, 512, e, dtype, seed=7)
     for t, new in ((q, new_q), (k, new_k), (v, new_v)):
         t.copy_(new)
     graph.replay()
@@ -271,18 +252,16 @@ needs_backward = pytest.mark.skipif(
 )
 
 
-def reference_grads(q, k, v, dout, causal, upcast):
-    """Gradients of Block's maths (2 * sdpa(2 q, k, v)) through the reference, in float32 or the input dtype."""
-    leaves = [t.detach().to(torch.float32 if upcast else t.dtype).requires_grad_() for t in (q, k, v)]
-    out = sdpa_ref(leaves[0] * 2, leaves[1], leaves[2], causal, None, upcast=upcast) * 2
-    return torch.autograd.grad(out, leaves, dout.to(leaves[0].dtype))
+def block_ref(q, k, v, causal, upcast):
+    """Block's maths, 2 * sdpa(2 q, k, v), through the reference."""
+    return sdpa_ref(q * 2, k, v, causal, None, upcast=upcast) * 2
 
 
 @needs_backward
 @pytest.mark.parametrize("causal", [False, True])
 def test_compile_fullgraph_forward_and_backward_matches_eager(causal):
     e, dtype = compiled_config()
-    q, k, v = (t.detach().requires_grad_() for t in inputs(2, 8, 2, 300, 400, e, dtype, seed=13))
+    q, k, v = sdpa_inputs(2, 8, 2, 300, 400, e, dtype, seed=13, requires_grad=True)
     dout = torch.randn(2, 8, 300, e, device="cuda", dtype=dtype)
     block = Block(causal)
     with deterministic_algorithms():
@@ -300,16 +279,13 @@ def test_compile_fullgraph_forward_and_backward_matches_eager(causal):
     for name, got, want in zip(("dq", "dk", "dv"), grads, eager_grads):
         assert torch.equal(got, want), name
     # And the gradients are right: FlashAttention's rule against the float32 reference.
-    ref = reference_grads(q, k, v, dout, causal, upcast=True)
-    low = reference_grads(q, k, v, dout, causal, upcast=False)
-    for got, r, lo in zip(grads, ref, low):
-        assert_fa_close(got, r, lo)
+    check_grads(grads, q, k, v, dout, attention=block_ref, causal=causal)
 
 
 @needs_backward
 def test_cuda_graph_capture_and_replay_of_forward_and_backward():
     e, dtype = compiled_config()
-    q, k, v = (t.detach().requires_grad_() for t in inputs(2, 8, 2, 512, 512, e, dtype, seed=14))
+    q, k, v = sdpa_inputs(2, 8, 2, 512, 512, e, dtype, seed=14, requires_grad=True)
     dout = torch.randn(2, 8, 512, e, device="cuda", dtype=dtype)
 
     def step():
@@ -330,7 +306,7 @@ def test_cuda_graph_capture_and_replay_of_forward_and_backward():
             with torch.cuda.graph(graph, stream=stream):
                 captured = step()
         torch.cuda.current_stream().wait_stream(stream)
-        new = inputs(2, 8, 2, 512, 512, e, dtype, seed=15)
+        new = sdpa_inputs(2, 8, 2, 512, 512, e, dtype, seed=15)
         with torch.no_grad():
             for t, fresh in zip((q, k, v), new):
                 t.copy_(fresh)
@@ -347,5 +323,5 @@ def test_cuda_graph_capture_and_replay_of_forward_and_backward():
 @pytest.mark.parametrize("sq, sk", [(100, 100), (77, 130), (130, 77)])
 def test_opcheck_as_sdpa_calls_the_op(sq, sk):
     e, dtype = compiled_config()
-    q, k, v = (t.transpose(1, 2) for t in inputs(2, 4, 2, sq, sk, e, dtype, seed=8))
+    q, k, v = (t.transpose(1, 2) for t in sdpa_inputs(2, 4, 2, sq, sk, e, dtype, seed=8))
     torch.library.opcheck(torch.ops.flash_attn_hopper.fwd.default, (q, k, v, e**-0.5, True, -1, -1, True))

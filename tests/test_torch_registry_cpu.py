@@ -23,9 +23,9 @@ from torch.nn import attention
 from flash_attn_hopper import _build_info, manifest, ops, sdpa, torch_registry
 from flash_attn_hopper.torch_registry import IMPL_NAME
 
-from conftest import random_bshd  # fp16 inputs: the emulations compute in float32, comparisons stay sharp
+from helpers.grads import EMULATION_REL_NORM, check_grads
+from helpers.inputs import cpu_inputs, qkv
 from op_emulator import emulate_fwd, emulated_bwd_op, emulated_op
-from reference import attention_ref
 
 BF16 = torch.bfloat16
 FORWARD_OPS = [name for name in torch_registry._FORWARD_OPS if hasattr(torch.ops.aten, name)]
@@ -188,10 +188,7 @@ def test_blind_rows(right, seqlen_q, seqlen_k, expected):
 
 
 def test_rows_without_keys_get_fa2s_plus_infinity(monkeypatch):
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 9, 4, 64, generator=gen, dtype=BF16)
-    k = torch.randn(2, 4, 2, 64, generator=gen, dtype=BF16)
-    v = torch.randn(2, 4, 2, 64, generator=gen, dtype=BF16)
+    q, k, v = qkv(2, 9, 4, 4, 2, 64, dtype=BF16, device="cpu", seed=0)
     with emulated_op(monkeypatch):
         out, lse = torch_registry._run_forward(q, k, v, None, True, None, None)
     blind = 9 - 4  # bottom-right causal: the first seqlen_q - seqlen_k rows see no key
@@ -202,7 +199,7 @@ def test_rows_without_keys_get_fa2s_plus_infinity(monkeypatch):
 
 
 def test_window_quirk_reaches_the_op(monkeypatch):
-    q, k, v = (torch.randn(1, s, 2, 64, dtype=BF16) for s in (10, 3, 3))
+    q, k, v = qkv(1, 10, 3, 2, 2, 64, dtype=BF16, device="cpu")
     with emulated_op(monkeypatch) as kernel:
         torch_registry._run_forward(q, k, v, 0.2, False, 1, None)
     assert kernel.calls[0][3:] == (0.2, False, 1, 3, False)
@@ -522,20 +519,6 @@ def overrides_as_cpu_kernels(*op_names):
         library._destroy()
 
 
-def reference_grads(q, k, v, dout, **kwargs):
-    """(dq, dk, dv) by autograd through tests/reference.py's float32 attention (bottom-right masks, BSHD)."""
-    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    out, _ = attention_ref(*leaves, **kwargs)
-    return torch.autograd.grad(out, leaves, dout.float())
-
-
-def assert_grads_close(got, ref):
-    for name, g, r in zip(("dq", "dk", "dv"), got, ref):
-        assert g.shape == r.shape, f"{name}: shape {tuple(g.shape)} != {tuple(r.shape)}"
-        error = ((g.float() - r).norm() / r.norm()).item()
-        assert error < 2e-3, f"{name}: relative error {error:.2e}"
-
-
 @pytest.mark.parametrize("layout", ["bshd_memory", "bhsd_contiguous"])
 @pytest.mark.parametrize(
     "seqlen_q, seqlen_k, causal", [(37, 37, False), (37, 37, True), (29, 53, False), (53, 29, False)]
@@ -546,7 +529,7 @@ def test_sdpa_autograd_reaches_our_backward(
     monkeypatch, backward_build, layout, seqlen_q, seqlen_k, causal, gqa, scale
 ):
     names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward")
-    q, k, v, dout = random_bshd(2, seqlen_q, seqlen_k, 4, 4 // gqa, 64, seed=seqlen_q + gqa)
+    q, k, v, dout = cpu_inputs(2, seqlen_q, seqlen_k, 4, 4 // gqa, 64, seed=seqlen_q + gqa)
     # (batch, heads, seqlen, head_dim) leaves: transposed views of BSHD memory, or contiguous.
     if layout == "bshd_memory":
         leaves = [t.transpose(1, 2).requires_grad_() for t in (q, k, v)]
@@ -563,8 +546,8 @@ def test_sdpa_autograd_reaches_our_backward(
     assert call["top_left"] is False and call["deterministic"] is False
     for grad, leaf in zip(grads, leaves):  # what aten's meta kernel promises: empty_like(input)
         assert grad.stride() == torch.empty_like(leaf).stride()
-    ref = reference_grads(q, k, v, dout, causal=causal, softmax_scale=expected_scale)
-    assert_grads_close([g.transpose(1, 2) for g in grads], ref)
+    check_grads([g.transpose(1, 2) for g in grads], q, k, v, dout, max_rel_norm=EMULATION_REL_NORM,
+                causal=causal, softmax_scale=expected_scale)
 
 
 WINDOW_CASES = [
@@ -583,7 +566,7 @@ def test_flash_attention_autograd_reaches_our_backward(
     monkeypatch, backward_build, seqlen_q, seqlen_k, causal, left, right, window
 ):
     names = ("_flash_attention_forward", "_flash_attention_backward")
-    q, k, v, dout = random_bshd(2, seqlen_q, seqlen_k, 6, 2, 64, seed=seqlen_q * seqlen_k)
+    q, k, v, dout = cpu_inputs(2, seqlen_q, seqlen_k, 6, 2, 64, seed=seqlen_q * seqlen_k)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     windows = dict(window_size_left=left, window_size_right=right)
     with emulated_op(monkeypatch), overrides_as_cpu_kernels(*names) as originals:
@@ -597,13 +580,13 @@ def test_flash_attention_autograd_reaches_our_backward(
     assert call["softmax_scale"] == 0.2 and call["causal"] is causal and call["top_left"] is False
     if window[1] >= 0 and seqlen_k - seqlen_q + window[1] < 0:  # rows without keys got FA2's +inf
         assert torch.isposinf(call["softmax_lse"]).any()
-    ref = reference_grads(q, k, v, dout, causal=causal, window_size=window, softmax_scale=0.2)
-    assert_grads_close(grads, ref)
+    check_grads(grads, q, k, v, dout, max_rel_norm=EMULATION_REL_NORM, causal=causal, window_size=window,
+                softmax_scale=0.2)
 
 
 @pytest.mark.parametrize("warn_only", [False, True])
 def test_deterministic_mode_reaches_the_bwd_op(monkeypatch, backward_build, warn_only):
-    q, k, v, dout = random_bshd(1, 16, 16, 2, 2, 64)
+    q, k, v, dout = cpu_inputs(1, 16, 16, 2, 2, 64)
     lse = torch.zeros(1, 2, 16)
     args = with_arg(backward_args(q, k, v, lse=lse), GRAD_OUT, dout)
     was = torch.are_deterministic_algorithms_enabled()
@@ -619,7 +602,7 @@ def test_deterministic_mode_reaches_the_bwd_op(monkeypatch, backward_build, warn
 
 def test_softmax_scale_of_an_unpadded_head_dim_is_kept(backward_build):
     # SDPA pads head dim 70 to 72 and passes 1/sqrt(70): the given scale wins over the op's head dim.
-    q, k, v, _ = random_bshd(1, 8, 8, 2, 2, 72)
+    q, k, v, _ = cpu_inputs(1, 8, 8, 2, 2, 72)
     args = backward_args(q, k, v)
     torch_registry._flash_attention_backward(*args, scale=1 / math.sqrt(70))
     torch_registry._flash_attention_backward(*args)

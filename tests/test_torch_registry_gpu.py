@@ -21,17 +21,17 @@ from flash_attn_hopper import _build_info, manifest, torch_registry
 from flash_attn_hopper.sdpa import TORCH_SDPA
 from flash_attn_hopper.torch_registry import IMPL_NAME
 
-from reference import assert_fa_close, attention_ref, rounding_noise
-from sdpa_reference import (
+from helpers.grads import assert_grads_close, check_grads, deterministic_algorithms, reference_grads
+from helpers.inputs import qkv, sdpa_inputs
+from helpers.kernels import (
     compiled_config,
     cuda_kernel_names,
     is_our_backward_kernel,
     is_our_forward_kernel,
     is_torch_flash_kernel,
-    random_bhsd,
-    sdpa_ref,
     skip_unless_compiled,
 )
+from reference import assert_fa_close, sdpa_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -42,10 +42,6 @@ needs_our_backward = pytest.mark.skipif(
     BACKWARD_REFUSAL is not None,
     reason=f"activation overrides only the forward ops in this build: {BACKWARD_REFUSAL}",
 )
-
-#: A floor under FlashAttention's atol for gradients, as in test_flash_bwd.py: where a gradient is 0
-#: in exact arithmetic the float32 reference's rounding noise is 0, and the kernel leaves ~1e-6.
-GRAD_ATOL_FLOOR = 1e-4
 
 
 @pytest.fixture
@@ -64,21 +60,12 @@ def flash_sdpa(*args, **kwargs):
         return F.scaled_dot_product_attention(*args, **kwargs)
 
 
-def inputs(b, hq, hk, s_q, s_k, e, dtype, seed=0, layout="bshd_memory", requires_grad=False):
-    ts = (
-        random_bhsd(b, hq, s_q, e, dtype, seed, layout),
-        random_bhsd(b, hk, s_k, e, dtype, seed + 1, layout),
-        random_bhsd(b, hk, s_k, e, dtype, seed + 2, layout),
-    )
-    return tuple(t.detach().requires_grad_(requires_grad) for t in ts)
-
-
 @pytest.mark.parametrize("layout", ["bshd_memory", "bhsd_contiguous"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("gqa", [1, 4])
 def test_flash_backend_runs_our_kernel_after_activation(activated, layout, causal, gqa):
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 8 // gqa, 777, 777, e, dtype, seed=gqa, layout=layout)
+    q, k, v = sdpa_inputs(2, 8, 8 // gqa, 777, 777, e, dtype, seed=gqa, layout=layout)
     call = lambda: flash_sdpa(q, k, v, is_causal=causal, enable_gqa=gqa > 1)  # noqa: E731
     names = cuda_kernel_names(call)
     assert any(map(is_our_forward_kernel, names)), names
@@ -92,7 +79,7 @@ def test_flash_backend_runs_our_kernel_after_activation(activated, layout, causa
 def test_torch_pads_odd_head_dims_and_we_take_them(activated):
     e = 70  # torch pads to 72 and passes scale = 1/sqrt(70)
     skip_unless_compiled(72, torch.bfloat16)
-    q, k, v = inputs(2, 4, 4, 300, 300, e, torch.bfloat16, seed=9)
+    q, k, v = sdpa_inputs(2, 4, 4, 300, 300, e, torch.bfloat16, seed=9)
     names = cuda_kernel_names(lambda: flash_sdpa(q, k, v, is_causal=True))
     assert any(map(is_our_forward_kernel, names)), names
     out = flash_sdpa(q, k, v, is_causal=True)
@@ -101,7 +88,7 @@ def test_torch_pads_odd_head_dims_and_we_take_them(activated):
 
 def test_without_activation_torch_runs_its_own_kernel():
     e, dtype = compiled_config()
-    q, k, v = inputs(1, 4, 4, 256, 256, e, dtype)
+    q, k, v = sdpa_inputs(1, 4, 4, 256, 256, e, dtype)
     assert attention.current_flash_attention_impl() != IMPL_NAME
     names = cuda_kernel_names(lambda: flash_sdpa(q, k, v, is_causal=True))
     assert any(map(is_torch_flash_kernel, names)) and not any(map(is_our_forward_kernel, names)), names
@@ -109,7 +96,7 @@ def test_without_activation_torch_runs_its_own_kernel():
 
 def test_restore_brings_torchs_kernel_back():
     e, dtype = compiled_config()
-    q, k, v = inputs(1, 4, 4, 256, 256, e, dtype)
+    q, k, v = sdpa_inputs(1, 4, 4, 256, 256, e, dtype)
     attention.activate_flash_attention_impl(IMPL_NAME)
     try:
         assert any(map(is_our_forward_kernel, cuda_kernel_names(lambda: flash_sdpa(q, k, v))))
@@ -121,7 +108,7 @@ def test_restore_brings_torchs_kernel_back():
 
 def test_dropout_falls_back_to_torchs_kernel_bitwise():
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 4, 4, 300, 300, e, dtype, seed=2)
+    q, k, v = sdpa_inputs(2, 4, 4, 300, 300, e, dtype, seed=2)
     torch.manual_seed(11)
     expected = flash_sdpa(q, k, v, dropout_p=0.3)
     attention.activate_flash_attention_impl(IMPL_NAME)
@@ -147,34 +134,23 @@ def test_a_configuration_missing_from_the_build_falls_back(activated):
         pytest.skip("this build has every head dim and dtype")
     hdim, dtype_name = missing[0]
     dtype = getattr(torch, manifest.DTYPES[dtype_name].torch_name)
-    q, k, v = inputs(1, 4, 4, 200, 200, hdim, dtype)
+    q, k, v = sdpa_inputs(1, 4, 4, 200, 200, hdim, dtype)
     names = cuda_kernel_names(lambda: flash_sdpa(q, k, v, is_causal=True))
     assert any(map(is_torch_flash_kernel, names)) and not any(map(is_our_forward_kernel, names)), names
 
 
-def assert_grad_close(got, ref, lowprec, name):
-    assert_fa_close(got, ref, lowprec, name=name, atol=max(rounding_noise(ref, got.dtype), GRAD_ATOL_FLOOR))
-
-
 def check_sdpa_outputs(out, grads, q, k, v, dout, causal):
-    """out and (dq, dk, dv) of SDPA against autograd through sdpa_ref, by FlashAttention's rule."""
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = sdpa_ref(q32, k32, v32, causal)
-    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
-    ql, kl, vl = (t.detach().requires_grad_() for t in (q, k, v))
-    low = sdpa_ref(ql, kl, vl, causal, upcast=False)
-    low_grads = torch.autograd.grad(low, (ql, kl, vl), dout)
-    assert_fa_close(out, ref.detach(), low.detach())
-    for name, got, want, lowprec, t in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads, (q, k, v)):
-        assert got.shape == t.shape and got.dtype == t.dtype, f"{name}: {tuple(got.shape)} {got.dtype}"
-        assert_grad_close(got, want, lowprec, name)
+    """out and (dq, dk, dv) of SDPA against sdpa_ref and autograd through it, by FlashAttention's rule."""
+    with torch.no_grad():
+        assert_fa_close(out, sdpa_ref(q, k, v, causal), sdpa_ref(q, k, v, causal, upcast=False))
+    check_grads(grads, q, k, v, dout, attention=sdpa_ref, is_causal=causal)
 
 
 def test_backward_runs_the_builds_backward_on_our_forward(activated):
     # With the backward kernels activation overrides aten's backward ops too; without them aten's
     # FlashAttention-2 backward differentiates our forward (it needs only out and the log-sum-exp).
     e, dtype = compiled_config("bwd" if BACKWARD_REFUSAL is None else "fwd")
-    q, k, v = inputs(2, 8, 2, 300, 300, e, dtype, seed=4, requires_grad=True)
+    q, k, v = sdpa_inputs(2, 8, 2, 300, 300, e, dtype, seed=4, requires_grad=True)
     dout = torch.randn(2, 8, 300, e, device="cuda", dtype=dtype)
 
     def forward_backward():
@@ -208,7 +184,7 @@ SDPA_BACKWARD_CASES = [
 @pytest.mark.parametrize("gqa", [1, 4])
 def test_flash_backend_runs_our_backward_after_activation(activated, layout, causal, seqlen_q, seqlen_k, gqa):
     e, dtype = compiled_config("bwd")
-    q, k, v = inputs(
+    q, k, v = sdpa_inputs(
         2, 8, 8 // gqa, seqlen_q, seqlen_k, e, dtype, seed=gqa + seqlen_k, layout=layout, requires_grad=True
     )
     dout = torch.randn(2, 8, seqlen_q, e, device="cuda", dtype=dtype)
@@ -235,7 +211,7 @@ def test_flash_backend_runs_our_backward_after_activation(activated, layout, cau
 def test_dropout_backward_runs_torchs_kernels(activated):
     # Refused by the forward and the backward override alike: torch's FlashAttention-2 both ways.
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 4, 4, 300, 300, e, dtype, seed=3, requires_grad=True)
+    q, k, v = sdpa_inputs(2, 4, 4, 300, 300, e, dtype, seed=3, requires_grad=True)
     dout = torch.randn(2, 4, 300, e, device="cuda", dtype=dtype)
 
     def forward_backward():
@@ -268,10 +244,7 @@ WINDOWS = [
 @pytest.mark.parametrize("s_q, s_k, causal, left, right", WINDOWS)
 def test_direct_flash_attention_forward_matches_the_kernel_it_replaces(s_q, s_k, causal, left, right):
     e, dtype = compiled_config()
-    gen = torch.Generator(device="cuda").manual_seed(s_q + s_k)
-    q = torch.randn(2, s_q, 6, e, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(2, s_k, 2, e, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(2, s_k, 2, e, device="cuda", dtype=dtype, generator=gen)
+    q, k, v = qkv(2, s_q, s_k, 6, 2, e, dtype=dtype, seed=s_q + s_k)
     windows = dict(window_size_left=left, window_size_right=right)
 
     def call():
@@ -299,11 +272,7 @@ def test_direct_flash_attention_forward_matches_the_kernel_it_replaces(s_q, s_k,
 @pytest.mark.parametrize("s_q, s_k, causal, left, right", WINDOWS)
 def test_direct_flash_attention_backward_matches_the_kernel_it_replaces(s_q, s_k, causal, left, right):
     e, dtype = compiled_config("bwd")
-    gen = torch.Generator(device="cuda").manual_seed(s_q * s_k)
-    q = torch.randn(2, s_q, 6, e, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(2, s_k, 2, e, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(2, s_k, 2, e, device="cuda", dtype=dtype, generator=gen)
-    dout = torch.randn(2, s_q, 6, e, device="cuda", dtype=dtype, generator=gen)
+    q, k, v, dout = qkv(2, s_q, s_k, 6, 2, e, dtype=dtype, seed=s_q * s_k, dout=True)
     windows = dict(window_size_left=left, window_size_right=right)
 
     def forward():
@@ -331,16 +300,12 @@ def test_direct_flash_attention_backward_matches_the_kernel_it_replaces(s_q, s_k
     assert not any(map(is_torch_flash_kernel, names)), names
     # The reference applies the window FlashAttention-2 applies (what the forward test above checks).
     window = torch_registry._fa2_window(left, right, causal, s_k)
-    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref = torch.autograd.grad(attention_ref(*leaves, causal=causal, window_size=window)[0], leaves, dout.float())
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    low = torch.autograd.grad(attention_ref(*leaves, causal=causal, window_size=window, upcast=False)[0], leaves, dout)
-    for name, ours, on_torchs, theirs, r, lo, t in zip(
-        ("dq", "dk", "dv"), grads, grads_on_torchs_forward, grads_torch, ref, low, (q, k, v)
-    ):
-        assert ours.shape == t.shape and ours.stride() == theirs.stride() and ours.dtype == t.dtype, name
-        assert_grad_close(ours, r, lo, name)
-        assert_grad_close(on_torchs, r, lo, f"{name} on torch's forward")
+    ref = reference_grads(q, k, v, dout, causal=causal, window_size=window)
+    low = reference_grads(q, k, v, dout, causal=causal, window_size=window, upcast=False)
+    assert_grads_close(grads, ref, low, like=(q, k, v))
+    assert_grads_close(grads_on_torchs_forward, ref, low, like=(q, k, v), what="on torch's forward")
+    for name, ours, theirs in zip(("dq", "dk", "dv"), grads, grads_torch):
+        assert ours.stride() == theirs.stride(), name
         # And no gross difference from the kernel replaced (a wrong mask or scale is far above 5%).
         bound = 0.05 * float(theirs.float().abs().max()) + 1e-3
         assert float((ours.float() - theirs.float()).abs().max()) <= bound, name
@@ -372,7 +337,7 @@ class Block(torch.nn.Module):
 def test_inductor_runs_our_kernel_and_matches_eager(activated, layout):
     # Inductor checks the strides of what aten ops return against their meta kernels.
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 2, 384, 384, e, dtype, seed=6, layout=layout)
+    q, k, v = sdpa_inputs(2, 8, 2, 384, 384, e, dtype, seed=6, layout=layout)
     torch._dynamo.reset()
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         compiled = torch.compile(Block(), fullgraph=True)
@@ -390,25 +355,21 @@ def test_inductor_runs_our_backward_and_matches_eager(activated, layout):
     # Inductor checks the gradients' strides against the backward ops' meta kernels.
     # Deterministic mode (warn_only: nothing else must raise) makes our dQ bitwise reproducible.
     e, dtype = compiled_config("bwd")
-    q, k, v = inputs(2, 8, 2, 384, 384, e, dtype, seed=6, layout=layout, requires_grad=True)
+    q, k, v = sdpa_inputs(2, 8, 2, 384, 384, e, dtype, seed=6, layout=layout, requires_grad=True)
     dout = torch.randn(2, 8, 384, e, device="cuda", dtype=dtype)
 
     def forward_backward(model):
         out = model(q, k, v)
         return out, torch.autograd.grad(out, (q, k, v), dout)
 
-    was = torch.are_deterministic_algorithms_enabled()
-    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch._dynamo.reset()
-    torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with deterministic_algorithms(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             compiled = torch.compile(Block(), fullgraph=True)
             out, grads = forward_backward(compiled)
             names = cuda_kernel_names(lambda: forward_backward(compiled))
             eager_out, eager_grads = forward_backward(Block())
     finally:
-        torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
         torch._dynamo.reset()
     assert any(map(is_our_forward_kernel, names)), names
     assert any("flash_bwd_kernel" in n and is_our_backward_kernel(n) for n in names), names
@@ -419,7 +380,7 @@ def test_inductor_runs_our_backward_and_matches_eager(activated, layout):
 
 def test_cuda_graph_capture_and_replay(activated):
     e, dtype = compiled_config()
-    q, k, v = inputs(2, 8, 2, 512, 512, e, dtype, seed=7)
+    q, k, v = sdpa_inputs(2, 8, 2, 512, 512, e, dtype, seed=7)
     before = flash_sdpa(q, k, v, is_causal=True, enable_gqa=True)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -429,7 +390,7 @@ def test_cuda_graph_capture_and_replay(activated):
         with torch.cuda.graph(graph, stream=stream):
             captured = flash_sdpa(q, k, v, is_causal=True, enable_gqa=True)
     torch.cuda.current_stream().wait_stream(stream)
-    for t, new in zip((q, k, v), inputs(2, 8, 2, 512, 512, e, dtype, seed=8)):
+    for t, new in zip((q, k, v), sdpa_inputs(2, 8, 2, 512, 512, e, dtype, seed=8)):
         t.copy_(new)
     graph.replay()
     torch.cuda.synchronize()
