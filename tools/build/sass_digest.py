@@ -27,7 +27,6 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(REPO_ROOT / "tools"))
 import build_support as bs  # noqa: E402
 import generate_instantiations as gen  # noqa: E402
 

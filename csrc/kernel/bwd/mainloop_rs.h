@@ -146,7 +146,7 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, SharedStor
     // kDvFirstKBlocks K blocks while dS^T is computed and the rest from there.
     Tensor tdVrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
     Tensor tSrS_a = make_tensor(tSrS.data(), acc_layout_as_a_operand(tSrS.layout()));  // kLateP16
-    constexpr int kDvKBlocks = decltype(size<2>(tdVrP))::value;
+    [[maybe_unused]] constexpr int kDvKBlocks = decltype(size<2>(tdVrP))::value;
     if constexpr (!kLateP16) {
       convert_into(tSrS, tdVrP);
     } else if constexpr (kDvSplit) {
