@@ -22,12 +22,10 @@ GENERATOR = REPO_ROOT / "tools" / "generate_instantiations.py"
 
 
 def _select(hdims: str, dtypes: str, backward: bool | None = None):
-    """The selection of these knobs; ``backward`` True/False asks for a build with/without the
-    backward (through the knobs, whether it is a default or experimental), None leaves the default."""
+    """The selection of these knobs; ``backward`` False asks for a build without the backward
+    (through the disable knob); True and None leave the default, which has it."""
     env = {"FLASH_ATTN_HOPPER_HDIMS": hdims, "FLASH_ATTN_HOPPER_DTYPES": dtypes}
-    if backward is True:
-        env["FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD"] = "1"  # no effect once the backward is a default
-    elif backward is False:
+    if backward is False:
         env["FLASH_ATTN_HOPPER_DISABLE_BACKWARD"] = "1"
     return manifest.selection_from_env(env)
 
@@ -167,7 +165,7 @@ def test_missing_launch_headers(tmp_path):
         inst = manifest.Instantiation(direction, 128, "bf16")
         assert f'#include "{info.launch_header}"' in gen.render_instantiation(inst)
     # A default build (and one that asks for the backward) finds every header it includes.
-    for direction in set(manifest.AVAILABLE_DIRECTIONS + manifest.EXPERIMENTAL_DIRECTIONS):
+    for direction in manifest.AVAILABLE_DIRECTIONS:
         assert (REPO_ROOT / "csrc" / manifest.DIRECTIONS[direction].launch_header).is_file()
 
 
@@ -188,7 +186,6 @@ def test_cli_lists_the_knobs_selection():
     ).stdout.split()
     fwd, bwd = "flash_fwd_hdim192_fp16_sm90.cu", "flash_bwd_hdim192_fp16_sm90.cu"
     assert run() == ([fwd, bwd] if DEFAULT_BWD else [fwd])
-    assert run(FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD="1") == [fwd, bwd]
     assert run(FLASH_ATTN_HOPPER_DISABLE_BACKWARD="1") == [fwd]
 
 
@@ -200,9 +197,7 @@ def test_cli_flags_for_the_backward():
     ).stdout.split()
     fwd, bwd = "flash_fwd_hdim64_bf16_sm90.cu", "flash_bwd_hdim64_bf16_sm90.cu"
     assert run() == ([fwd, bwd] if DEFAULT_BWD else [fwd])
-    assert run("--experimental-backward") == [fwd, bwd]
     assert run("--disable-backward") == [fwd]
-    assert run("--experimental-backward", "--disable-backward") == [fwd]
 
 
 def test_cli_rejects_a_bad_knob_with_the_fix(tmp_path):
@@ -240,7 +235,7 @@ def test_build_record_matches_generated_files_and_manifest():
     assert compiled == {(i.direction, i.hdim, i.dtype) for i in _build_info.COMPILED}
     assert compiled, "a build with no kernels at all"
     for direction, hdim, dtype in compiled:
-        assert direction in manifest.AVAILABLE_DIRECTIONS + manifest.EXPERIMENTAL_DIRECTIONS
+        assert direction in manifest.AVAILABLE_DIRECTIONS
         assert hdim in manifest.HEAD_DIMS and dtype in manifest.DTYPES
     selection = info["selection"]
     expected = manifest.Selection(tuple(selection["hdims"]), tuple(selection["dtypes"]), tuple(selection["directions"]))

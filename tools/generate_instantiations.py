@@ -141,12 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     parser.add_argument("--hdims", help=f"overrides ${manifest.ENV_HDIMS}, e.g. 64,128")
     parser.add_argument("--dtypes", help=f"overrides ${manifest.ENV_DTYPES}, e.g. bf16")
-    parser.add_argument(
-        "--experimental-backward",
-        action="store_true",
-        help=f"like ${manifest.ENV_EXPERIMENTAL_BACKWARD}=1: also the experimental directions' files "
-        "(none in this version; kept for old scripts)",
-    )
     parser.add_argument("--disable-backward", action="store_true", help=f"like ${manifest.ENV_DISABLE_BACKWARD}=1")
     parser.add_argument("--list", action="store_true", help="print the selected files and write nothing")
     args = parser.parse_args(argv)
@@ -156,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
         env[manifest.ENV_HDIMS] = args.hdims
     if args.dtypes is not None:
         env[manifest.ENV_DTYPES] = args.dtypes
-    if args.experimental_backward:
-        env[manifest.ENV_EXPERIMENTAL_BACKWARD] = "1"
     if args.disable_backward:
         env[manifest.ENV_DISABLE_BACKWARD] = "1"
     try:
