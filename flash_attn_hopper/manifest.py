@@ -59,11 +59,12 @@ class DType:
     name: str  # the spelling used by the knobs and file names
     cutlass_type: str  # the C++ element type of the instantiation
     torch_name: str  # attribute of the torch module, e.g. torch.bfloat16
+    aten_name: str  # the at::ScalarType enumerator csrc/flash_api.cpp checks, e.g. BFloat16
 
 
 DTYPES: Mapping[str, DType] = {
-    "fp16": DType("fp16", "cutlass::half_t", "float16"),
-    "bf16": DType("bf16", "cutlass::bfloat16_t", "bfloat16"),
+    "fp16": DType("fp16", "cutlass::half_t", "float16", "Half"),
+    "bf16": DType("bf16", "cutlass::bfloat16_t", "bfloat16", "BFloat16"),
 }
 
 #: Accepted alternative spellings in ``FLASH_ATTN_HOPPER_DTYPES``.

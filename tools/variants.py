@@ -45,8 +45,20 @@ def write_if_changed(path, text):
         path.write_text(text)
 
 
+def write_manifest_header():
+    """csrc/generated/manifest.h, which flash_api.cpp includes, as setup.py's build writes it."""
+    path = next(ROOT.glob("tools/**/generate_instantiations.py"))  # wherever tools/ keeps the generator
+    spec = importlib.util.spec_from_file_location("_fah_generate_instantiations", path)
+    gen = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(gen)
+    out = ROOT / "csrc" / "generated"
+    out.mkdir(parents=True, exist_ok=True)
+    write_if_changed(out / gen.MANIFEST_HEADER_NAME, gen.render_manifest_header())
+
+
 def sources(name, hdim, dtype, bwd=False):
     ctype = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}[dtype]
+    write_manifest_header()
     d = BUILD / name
     d.mkdir(parents=True, exist_ok=True)
     api = d / "api.cpp"
