@@ -2,10 +2,11 @@
 
 Names, argument order and defaults follow FlashAttention-3's
 ``hopper/flash_attn_interface.py`` so code written for it runs unchanged where
-this version has kernels.  Everything is checked here, before any launch,
-with messages that say what was asked, what is supported and how to fix it;
-arguments that ask for features without kernels in this version raise instead
-of returning a made-up result.
+this version has kernels.  Everything is checked before any launch, by
+:func:`flash_attn_hopper.support.check` (the check the SDPA drop-in and the
+registry override fall back on), with messages that say what was asked, what
+is supported and how to fix it; arguments that ask for features without
+kernels in this version raise instead of returning a made-up result.
 
 Layout is ``(batch, seqlen, nheads, headdim)``; ``softmax_lse`` is float32
 ``(batch, nheads, seqlen_q)`` in natural log; ``causal`` is aligned to the
