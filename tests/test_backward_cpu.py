@@ -302,16 +302,6 @@ def test_sdpa_drop_in_gradients_match_torch(kernels, monkeypatch, sq, sk):
     assert_grads_close(grads, ref, "sdpa")
 
 
-def test_sdpa_backward_ready_follows_the_bwd_schema(monkeypatch):
-    """BACKWARD_READY needs a bwd op that takes top_left; an op without it must not serve gradients."""
-    assert sdpa._backward_ready() is ops.has_bwd_op()
-    old_schema = ops.BWD_SCHEMA.split(", int window_size_left")[0] + ") -> (Tensor dq, Tensor dk, Tensor dv)"
-    with emulated_bwd_op(schema=old_schema):
-        assert ops.has_bwd_op() and not sdpa._backward_ready()
-    with emulated_bwd_op():
-        assert sdpa._backward_ready()
-
-
 # --------------------------------------------------------------------------
 # torch.compile and the fake kernels
 # --------------------------------------------------------------------------
