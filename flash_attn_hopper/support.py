@@ -31,6 +31,9 @@ from . import _build_info, manifest, ops
 #: torch dtype -> manifest dtype name ("fp16", "bf16").
 DTYPE_NAMES: dict[torch.dtype, str] = {getattr(torch, info.torch_name): name for name, info in manifest.DTYPES.items()}
 
+#: "torch.float16 and torch.bfloat16", for messages.
+_SUPPORTED_DTYPES = " and ".join(str(dtype) for dtype in DTYPE_NAMES)
+
 _HOPPER = (9, 0)
 
 #: How each layout names its dimensions, and where (batch, seqlen, heads, head_dim) are.
@@ -256,7 +259,7 @@ def check(
             return Refusal(f"{name} must have 4 dimensions {dims}, got shape {_shape(t)}")
     if q.dtype not in DTYPE_NAMES:
         return Refusal(
-            f"{nq} has dtype {q.dtype}; flash_attn_hopper supports torch.float16 and torch.bfloat16",
+            f"{nq} has dtype {q.dtype}; flash_attn_hopper supports {_SUPPORTED_DTYPES}",
             f"convert with {nq}.to(torch.bfloat16)",
         )
     for name, t in ((nk, k), (nv, v)):
