@@ -294,8 +294,7 @@ def environment() -> dict:
 
         info = flash_attn_hopper.build_info()
         compiled = ", ".join(f"{c['direction']} hdim{c['hdim']} {c['dtype']}" for c in info.get("compiled", []))
-        backward = "; backward EXPERIMENTAL, unverified" if info.get("backward_experimental") else ""
-        env["flash_attn_hopper"] = f"{info['version']} (compiled: {compiled or 'unknown'}{backward})"
+        env["flash_attn_hopper"] = f"{info['version']} (compiled: {compiled or 'unknown'})"
     except Exception as err:
         env["flash_attn_hopper"] = f"not importable ({_first_line(err)})"
     return env

@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "generated/manifest.h"  // head dims, dtypes and size limits from flash_attn_hopper/manifest.py
 #include "kernel/common/policy.h"
 #include "params/fwd_params.h"
 #ifndef FLASH_ATTN_HOPPER_REGISTRY_PROVIDED  // developer variant builds define their own list
@@ -43,13 +44,23 @@ namespace {
 
 using FwdFn = void (*)(flash::FwdParams&, cudaStream_t);
 
-// Head dims that have kernels; any multiple of 8 up to 256 runs on the next one up.
-int round_head_dim(int d) {
-  if (d <= 64) return 64;
-  if (d <= 96) return 96;
-  if (d <= 128) return 128;
-  if (d <= 192) return 192;
-  return 256;
+// The manifest name ("fp16", "bf16") of a dtype with kernels; nullptr for any other dtype.
+char const* manifest_dtype_name(at::ScalarType dtype) {
+#define FLASH_ATTN_HOPPER_MATCH_DTYPE(NAME, T, ATEN) \
+  if (dtype == at::ScalarType::ATEN) return #NAME;
+  FLASH_ATTN_HOPPER_FOR_EACH_DTYPE(FLASH_ATTN_HOPPER_MATCH_DTYPE)
+#undef FLASH_ATTN_HOPPER_MATCH_DTYPE
+  return nullptr;
+}
+
+// "float16 and bfloat16": the torch dtypes the manifest has kernels for.
+std::string supported_dtypes() {
+  std::string names;
+  for (int i = 0; i < flash::manifest::kNumDtypes; ++i) {
+    if (i > 0) names += i + 1 == flash::manifest::kNumDtypes ? " and " : ", ";
+    names += flash::manifest::kTorchDtypeNames[i];
+  }
+  return names;
 }
 
 FwdFn find_fwd(int head_dim_rounded, bool is_bf16) {
@@ -94,8 +105,8 @@ Problem check_problem(at::Tensor const& q, at::Tensor const& k, at::Tensor const
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
               "flash_attn_hopper: q, k and v must be on the same device");
   auto const dtype = q.scalar_type();
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
-              "flash_attn_hopper: only float16 and bfloat16 are supported, got ", dtype);
+  TORCH_CHECK(manifest_dtype_name(dtype) != nullptr, "flash_attn_hopper: only ", supported_dtypes(),
+              " are supported, got ", dtype);
   TORCH_CHECK(k.scalar_type() == dtype && v.scalar_type() == dtype,
               "flash_attn_hopper: q, k and v must have the same dtype");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -111,20 +122,22 @@ Problem check_problem(at::Tensor const& q, at::Tensor const& k, at::Tensor const
   TORCH_CHECK(k.size(3) == pb.head_dim && v.size(3) == pb.head_dim,
               "flash_attn_hopper: q, k and v must have the same head dim");
   TORCH_CHECK(v.size(1) == pb.seqlen_k && v.size(2) == pb.heads_kv, "flash_attn_hopper: k and v shapes differ");
-  TORCH_CHECK(pb.head_dim > 0 && pb.head_dim <= 256 && pb.head_dim % 8 == 0,
-              "flash_attn_hopper: head dim must be a multiple of 8 and at most 256, got ", pb.head_dim);
+  pb.head_dim_rounded = flash::manifest::round_up_head_dim(pb.head_dim);
+  TORCH_CHECK(pb.head_dim_rounded != 0, "flash_attn_hopper: head dim must be a multiple of ",
+              flash::manifest::kHeadDimMultiple, " and at most ", flash::manifest::kMaxHeadDim, ", got ", pb.head_dim);
   TORCH_CHECK(pb.heads_kv > 0 && pb.heads_q % pb.heads_kv == 0, "flash_attn_hopper: nheads of q (", pb.heads_q,
               ") must be a multiple of nheads of k/v (", pb.heads_kv, ")");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "flash_attn_hopper: the last dimension of q, k and v must be contiguous");
-  TORCH_CHECK(pb.seqlen_q + pb.seqlen_k < (int64_t(1) << 29) && pb.batch < 65536 && pb.heads_q < 65536,
-              "flash_attn_hopper: sizes too large (seqlen_q + seqlen_k must be < 2^29, batch and nheads < 65536)");
+  TORCH_CHECK(pb.seqlen_q + pb.seqlen_k <= flash::manifest::kMaxSeqlenSum && pb.batch <= flash::manifest::kMaxBatch &&
+                  pb.heads_q <= flash::manifest::kMaxHeads,
+              "flash_attn_hopper: sizes too large (seqlen_q + seqlen_k must be at most ", flash::manifest::kMaxSeqlenSum,
+              ", batch at most ", flash::manifest::kMaxBatch, ", nheads at most ", flash::manifest::kMaxHeads, ")");
   pb.device = q.get_device();
   int const cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor, pb.device);
   int const cc_minor = device_attribute(cudaDevAttrComputeCapabilityMinor, pb.device);
   TORCH_CHECK(cc_major == 9 && cc_minor == 0, "flash_attn_hopper: needs an sm_90 (Hopper) GPU, this device is sm_",
               cc_major, cc_minor);
-  pb.head_dim_rounded = round_head_dim(int(pb.head_dim));
   pb.is_bf16 = dtype == at::kBFloat16;
   return pb;
 }
@@ -187,12 +200,12 @@ void fill_common(Params& params, Problem const& pb, at::Tensor const& qt, at::Te
   params.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, pb.device);
 }
 
-std::string not_compiled(char const* direction, Problem const& pb) {
-  char const* dt = pb.is_bf16 ? "bf16" : "fp16";
+std::string not_compiled(char const* direction, Problem const& pb, at::ScalarType dtype) {
+  char const* dt = manifest_dtype_name(dtype);
   return std::string("flash_attn_hopper: the ") + direction + " kernel for head dim " +
-         std::to_string(pb.head_dim_rounded) + " and " + dt +
-         " was not compiled in; rebuild with FLASH_ATTN_HOPPER_HDIMS including " +
-         std::to_string(pb.head_dim_rounded) + " and FLASH_ATTN_HOPPER_DTYPES including " + dt;
+         std::to_string(pb.head_dim_rounded) + " and " + dt + " was not compiled in; rebuild with " +
+         flash::manifest::kEnvHdims + " including " + std::to_string(pb.head_dim_rounded) + " and " +
+         flash::manifest::kEnvDtypes + " including " + dt;
 }
 
 std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
@@ -203,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
   c10::cuda::CUDAGuard device_guard(q.device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
   FwdFn const fwd = find_fwd(head_dim_rounded, is_bf16);
-  TORCH_CHECK(fwd != nullptr, not_compiled("forward", pb));
+  TORCH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
 
   at::Tensor out = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
   at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(at::kFloat));
@@ -271,7 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
                   softmax_lse.size(1) == heads_q && softmax_lse.size(2) == seqlen_q,
               "flash_attn_hopper: softmax_lse must be float32 (batch, nheads, seqlen_q) as fwd returns it");
   BwdFn const bwd = find_bwd(head_dim_rounded, is_bf16);
-  TORCH_CHECK(bwd != nullptr, not_compiled("backward", pb));
+  TORCH_CHECK(bwd != nullptr, not_compiled("backward", pb, q.scalar_type()));
 
   at::Tensor dq = at::empty({batch, seqlen_q, heads_q, head_dim}, q.options());
   at::Tensor dk = at::empty({batch, seqlen_k, heads_kv, head_dim}, q.options());

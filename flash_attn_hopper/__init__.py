@@ -14,7 +14,7 @@ flash-attention registry (see :mod:`flash_attn_hopper.torch_registry`).
 """
 
 from ._version import __version__
-from . import manifest
+from . import manifest, support
 from ._build_info import build_info
 from .interface import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 from .ops import is_available, unavailable_reason
@@ -32,6 +32,7 @@ __all__ = [
     "patch_sdpa",
     "scaled_dot_product_attention",
     "sdpa_fallback_reason",
+    "support",
     "torch_registry",
     "unavailable_reason",
 ]

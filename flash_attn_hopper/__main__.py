@@ -56,16 +56,10 @@ def backward_summary(info: dict) -> str:
     compiled = [c for c in info.get("compiled", []) if c["direction"] == "bwd"]
     kernels = ", ".join(f"hdim{c['hdim']} {c['dtype']}" for c in compiled)
     if info["features"]["backward"]:
-        if info["backward_experimental"]:
-            return (f"EXPERIMENTAL kernels{' for ' + kernels if kernels else ''}, not yet verified on a GPU "
-                    f"(built with {manifest.ENV_EXPERIMENTAL_BACKWARD}=1)")
         return f"yes{' (' + kernels + ')' if kernels else ''}"
     if compiled or info["has_backward_op"]:
         return (f"broken build: the record lists backward kernels [{kernels or 'none'}] but the extension "
                 f"{'defines' if info['has_backward_op'] else 'has no'} bwd op; rebuild")
-    if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS:
-        return (f"not built (experimental in this version, not yet verified on a GPU; "
-                f"{manifest.ENV_EXPERIMENTAL_BACKWARD}=1 builds it)")
     if "bwd" in manifest.AVAILABLE_DIRECTIONS and (info["extension_loaded"] or info.get("build_config_found")):
         return f"not built (rebuild without {manifest.ENV_DISABLE_BACKWARD}=1)"
     return "not built"

@@ -52,10 +52,7 @@ def build_info() -> dict:
 
     Keys: ``version``; ``available`` and ``unavailable_reason``;
     ``extension_loaded`` and ``load_error``; ``has_backward_op`` (the
-    extension defines the bwd op); ``backward_experimental`` (this build's
-    backward kernels are experimental ones, not yet verified on a GPU, built
-    with ``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``; always False while the
-    manifest lists no experimental direction, as in this version); and, when
+    extension defines the bwd op); and, when
     setup.py recorded the build (``build_config_found``), everything it wrote:
     ``selection`` (the knobs' choice), ``compiled`` (list of
     {direction, hdim, dtype}), ``torch_version`` / ``torch_cuda_version`` at
@@ -76,7 +73,6 @@ def build_info() -> dict:
         "extension_loaded": ops.extension_loaded(),
         "load_error": ops.LOAD_ERROR,
         "has_backward_op": ops.has_bwd_op(),
-        "backward_experimental": backward_available() and "bwd" in manifest.EXPERIMENTAL_DIRECTIONS,
         "runtime_torch_version": torch.__version__,
         "runtime_torch_cuda_version": torch.version.cuda,
         "supported_head_dims": list(manifest.HEAD_DIMS),

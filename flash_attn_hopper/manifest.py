@@ -12,12 +12,9 @@ Build knobs (environment variables read at build time):
 * ``FLASH_ATTN_HOPPER_DTYPES``  comma-separated dtypes, e.g. ``bf16``
 * ``FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1``  no backward kernels, whatever
   else is set
-* ``FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1``  also build the backward
-  kernels while they are experimental (in :data:`EXPERIMENTAL_DIRECTIONS`);
-  still accepted, and without effect, once the backward is a default
 
 Unset (or ``all``) hdims/dtypes mean everything the manifest offers; the
-backward, verified on a GPU in this version, is built unless disabled.
+backward is built unless disabled.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 192, 256)
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
 
-#: Size limits of the kernels (flash_api.cpp checks the same): batch and query heads index the
+#: Size limits of the kernels (csrc/flash_api.cpp checks them through the generated manifest.h): batch and query heads index the
 #: grids' y/z dimensions (at most 65535), and seqlen_q + seqlen_k must stay below 2**29 so that
 #: no index sum overflows a 32-bit int.
 MAX_BATCH = 65535
@@ -62,11 +59,12 @@ class DType:
     name: str  # the spelling used by the knobs and file names
     cutlass_type: str  # the C++ element type of the instantiation
     torch_name: str  # attribute of the torch module, e.g. torch.bfloat16
+    aten_name: str  # the at::ScalarType enumerator csrc/flash_api.cpp checks, e.g. BFloat16
 
 
 DTYPES: Mapping[str, DType] = {
-    "fp16": DType("fp16", "cutlass::half_t", "float16"),
-    "bf16": DType("bf16", "cutlass::bfloat16_t", "bfloat16"),
+    "fp16": DType("fp16", "cutlass::half_t", "float16", "Half"),
+    "bf16": DType("bf16", "cutlass::bfloat16_t", "bfloat16", "BFloat16"),
 }
 
 #: Accepted alternative spellings in ``FLASH_ATTN_HOPPER_DTYPES``.
@@ -103,12 +101,6 @@ DIRECTIONS: Mapping[str, Direction] = {
 #: version: built by default (for the selected head dims and dtypes).
 AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd")
 
-#: Directions whose kernels exist in csrc/ but have not been verified on a
-#: GPU yet: built only when their knob asks (ENV_EXPERIMENTAL_BACKWARD), for
-#: the same head dims and dtypes as the forward.  (The backward started here
-#: and moved to AVAILABLE_DIRECTIONS once its GPU tests passed on the H200.)
-EXPERIMENTAL_DIRECTIONS: tuple[str, ...] = ()
-
 #: Attention features and whether this version has kernels for them.  The
 #: Python layer refuses an unavailable feature before any launch, naming it.
 FEATURES: Mapping[str, bool] = {
@@ -133,7 +125,6 @@ FEATURES: Mapping[str, bool] = {
 ENV_HDIMS = "FLASH_ATTN_HOPPER_HDIMS"
 ENV_DTYPES = "FLASH_ATTN_HOPPER_DTYPES"
 ENV_DISABLE_BACKWARD = "FLASH_ATTN_HOPPER_DISABLE_BACKWARD"
-ENV_EXPERIMENTAL_BACKWARD = "FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD"
 
 BUILD_COMMAND = "pip install --no-build-isolation -v ."
 
@@ -251,10 +242,7 @@ def selection_from_env(env: Mapping[str, str] | None = None) -> Selection:
     hdims = parse_hdims(env.get(ENV_HDIMS))
     dtypes = parse_dtypes(env.get(ENV_DTYPES))
     disable_backward = parse_flag(ENV_DISABLE_BACKWARD, env.get(ENV_DISABLE_BACKWARD))
-    experimental_backward = parse_flag(ENV_EXPERIMENTAL_BACKWARD, env.get(ENV_EXPERIMENTAL_BACKWARD))
     directions = list(AVAILABLE_DIRECTIONS)
-    if experimental_backward and "bwd" in EXPERIMENTAL_DIRECTIONS:
-        directions.append("bwd")
     if disable_backward and "bwd" in directions:
         directions.remove("bwd")
     return Selection(hdims=hdims, dtypes=dtypes, directions=tuple(directions))
@@ -293,8 +281,6 @@ def dtype_name(torch_dtype_name: str) -> str | None:
 
 def backward_knob(backward: bool) -> str | None:
     """The knob setting that gives a build with (``backward``) or without backward kernels; None if none is needed."""
-    if backward and "bwd" in EXPERIMENTAL_DIRECTIONS:
-        return f"{ENV_EXPERIMENTAL_BACKWARD}=1"
     if not backward and "bwd" in AVAILABLE_DIRECTIONS:
         return f"{ENV_DISABLE_BACKWARD}=1"
     return None
@@ -315,12 +301,6 @@ def rebuild_hint(hdims: Iterable[int], dtypes: Iterable[str], backward: bool = F
 def direction_unavailable_message(direction: str) -> str:
     """Why a build has no kernels of ``direction`` at all (not one missing head dim)."""
     info = DIRECTIONS[direction]
-    if direction in EXPERIMENTAL_DIRECTIONS:
-        return (
-            f"flash_attn_hopper: this build has no {info.description} kernels: they are experimental in this "
-            f"version (not yet verified on a GPU) and built only on request "
-            f"(`{ENV_EXPERIMENTAL_BACKWARD}=1 {BUILD_COMMAND}`)."
-        )
     if direction not in AVAILABLE_DIRECTIONS:
         return (
             f"flash_attn_hopper: {info.description} kernels are not part of this version "
@@ -342,7 +322,7 @@ def not_compiled_message(
     compiled = set(compiled)
     ours = [inst for inst in compiled if inst.direction == direction]
     # No kernels of the direction at all: not in this version, or the build left the backward out.
-    if direction not in AVAILABLE_DIRECTIONS + EXPERIMENTAL_DIRECTIONS or (direction == "bwd" and not ours):
+    if direction not in AVAILABLE_DIRECTIONS or (direction == "bwd" and not ours):
         return direction_unavailable_message(direction)
     rounded = round_up_headdim(hdim)
     if rounded is None:

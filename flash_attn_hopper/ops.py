@@ -26,8 +26,8 @@ calls it.  Either op's backward is also deterministic when
 (so SDPA users get torch's switch).
 
 When the extension is missing or fails to load, importing this module still
-succeeds; :func:`require_extension` then raises with the reason and the build
-command.
+succeeds; :data:`LOAD_ERROR` says why, and the entry points refuse calls with
+it and the build command (:func:`flash_attn_hopper.support.check`).
 """
 
 from __future__ import annotations
@@ -69,9 +69,6 @@ BWD_SCHEMA_ARGS = (
 #: The forward op whose backward is the deterministic one (defined below, in Python).
 DETERMINISTIC_FWD_NAME = "fwd_deterministic_bwd"
 
-#: fwd's arguments after (q, k, v, softmax_scale, causal), with their defaults.
-_WINDOW_DEFAULTS = (-1, -1, False)
-
 _C = None
 LOAD_ERROR: str | None = None
 try:
@@ -105,12 +102,6 @@ def build_hint() -> str:
         f"Build it from a source checkout on a machine with the CUDA toolkit (nvcc) and torch installed: "
         f"`{manifest.BUILD_COMMAND}`"
     )
-
-
-def require_extension() -> None:
-    """Raise RuntimeError with the reason and the build command when ``_C`` is missing."""
-    if _C is None:
-        raise RuntimeError(f"flash_attn_hopper is not available: {LOAD_ERROR}. {build_hint()}")
 
 
 def has_bwd_op() -> bool:
@@ -189,15 +180,13 @@ def register_bwd_fake(lib=None) -> None:
 
 
 def _setup_context(ctx, inputs, output, deterministic: bool) -> None:
-    # inputs has every schema argument, defaults filled in by torch; a fwd without the
-    # window arguments (an older extension) gets their defaults.
-    q, k, v, softmax_scale, causal = inputs[:5]
-    window = tuple(inputs[5:8]) + _WINDOW_DEFAULTS[len(inputs[5:8]) :]
+    # inputs has every schema argument, defaults filled in by torch.
+    q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left = inputs
     out, softmax_lse = output
     ctx.save_for_backward(q, k, v, out, softmax_lse)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
-    ctx.window_size_left, ctx.window_size_right, ctx.top_left = window
+    ctx.window_size_left, ctx.window_size_right, ctx.top_left = window_size_left, window_size_right, top_left
     # Read at the forward call, as torch's own kernels read it when they run.
     ctx.deterministic = bool(deterministic or torch.are_deterministic_algorithms_enabled())
     ctx.num_inputs = len(inputs)
@@ -273,9 +262,3 @@ if _C is not None:
         setup_context=_fwd_deterministic_setup_context,
         lib=_PY_LIBRARY,
     )
-
-
-def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool):
-    """The raw op: no argument checks beyond the C++ ones (use flash_attn_func)."""
-    require_extension()
-    return torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, causal)

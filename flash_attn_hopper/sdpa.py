@@ -30,13 +30,11 @@ import math
 import torch
 from torch.overrides import has_torch_function
 
-from . import _build_info, manifest, ops
+from . import manifest, ops, support
 
 #: torch's own function, taken at import: fallbacks must not re-enter a patched
 #: ``torch.nn.functional.scaled_dot_product_attention``.
 TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
-
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 # __torch_function__ implementations that do nothing special (plain tensors, parameters, fake tensors).
 _PLAIN_TORCH_FUNCTION = (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl)
@@ -58,116 +56,9 @@ def _overrides_torch_function(t: torch.Tensor) -> bool:
     return getattr(impl, "__func__", impl) not in _PLAIN_TORCH_FUNCTION
 
 
-def _compiled_forward_pairs() -> frozenset[tuple[int, str]] | None:
-    """(manifest head dim, dtype name) pairs with a forward kernel in this build; None if unrecorded."""
-    if _build_info.COMPILED is None:
-        return None
-    return frozenset((inst.hdim, inst.dtype) for inst in _build_info.COMPILED if inst.direction == "fwd")
-
-
-# Plain module constants: torch.compile reads them without guards or graph breaks.
-_COMPILED_FWD = _compiled_forward_pairs()
-
-
-def _backward_ready() -> bool:
-    """Whether gradients may flow through the fast path.
-
-    They may when the extension defines a backward op that knows the forward's
-    masks: the fast path calls the forward with ``top_left=True`` for
-    ``is_causal``, and a backward that ignored it would return wrong gradients
-    for L != S.  (Only builds with the backward kernels define the op.)
-    """
-    if not ops.has_bwd_op():
-        return False
-    names = {arg.name for arg in torch.ops.flash_attn_hopper.bwd.default._schema.arguments}
-    return "top_left" in names
-
-
-#: True when the fast path also serves inputs that require grad; until then
-#: torch's SDPA computes those (forward and backward).
-BACKWARD_READY: bool = _backward_ready()
-
-
-# --------------------------------------------------------------------------
-# What the kernel can compute
-# --------------------------------------------------------------------------
-
-
-def kernel_refusal(device: torch.device) -> str | None:
-    """Why flash_attn_hopper's kernel cannot run on ``device``; None when it can.
-
-    Host-side queries only (no synchronisation); ``get_device_properties`` is
-    cached by torch and folded to a constant by torch.compile.
-    """
-    if not ops.extension_loaded():
-        return f"the CUDA extension is not available ({ops.LOAD_ERROR})"
-    if device.type != "cuda":
-        return f"the inputs are on {device.type}, and flash_attn_hopper runs on CUDA (sm_90) devices only"
-    props = torch.cuda.get_device_properties(device)
-    if (props.major, props.minor) != (9, 0):
-        return (
-            f"{device} is an sm_{props.major}{props.minor} GPU ({props.name}); "
-            "flash_attn_hopper's kernels are built for sm_90 (H100, H200, H20, GH200)"
-        )
-    return None
-
-
-def flash_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """Why the forward op cannot take q, k, v in (batch, seqlen, heads, head_dim); None when it can.
-
-    Shared by the SDPA drop-in and torch's flash-attention registry
-    (:mod:`flash_attn_hopper.torch_registry`), which see the same op.
-    """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        return "the inputs are not 4-dimensional"
-    if q.dtype not in _DTYPE_NAMES:
-        return f"the dtype is {q.dtype}; the kernels take torch.float16 and torch.bfloat16"
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"query, key and value have different dtypes ({q.dtype}, {k.dtype}, {v.dtype})"
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    if k.size(0) != batch or v.size(0) != batch:
-        return "query, key and value have different batch sizes (torch broadcasts them)"
-    if k.size(-1) != head_dim:
-        return f"key's head dim ({k.size(-1)}) differs from query's ({head_dim})"
-    if v.size(-1) != head_dim:
-        return f"value's head dim ({v.size(-1)}) differs from query's ({head_dim}); the kernels need one head dim"
-    if k.size(1) != v.size(1) or k.size(2) != v.size(2):
-        return "key and value have different shapes"
-    heads_kv = k.size(2)
-    if heads_kv == 0 or heads_q % heads_kv != 0:
-        return f"the query heads ({heads_q}) are not a multiple of the key/value heads ({heads_kv})"
-    if q.numel() == 0 or k.numel() == 0:
-        return "an input is empty"
-    problem = manifest.size_limit_problem(batch, heads_q, seqlen_q, k.size(1))
-    if problem is not None:
-        return problem
-    rounded = manifest.round_up_headdim(head_dim)
-    if rounded is None:
-        return (
-            f"head dim {head_dim} has no kernel: it must be a multiple of {manifest.HEAD_DIM_MULTIPLE} "
-            f"and at most {manifest.MAX_HEAD_DIM}"
-        )
-    if _COMPILED_FWD is not None and (rounded, _DTYPE_NAMES[q.dtype]) not in _COMPILED_FWD:
-        return manifest.not_compiled_message("fwd", head_dim, _DTYPE_NAMES[q.dtype], _build_info.COMPILED)
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        return "the last dimension of query, key or value is not contiguous (stride 1)"
-    if k.device != q.device or v.device != q.device:
-        return f"the inputs are on different devices ({q.device}, {k.device}, {v.device})"
-    return kernel_refusal(q.device)
-
-
-def scale_refusal(scale) -> str | None:
-    """Why an explicit softmax scale cannot run on our kernels (None: it can). They track each
-    row's maximum of the unscaled scores, so the scale must be positive and finite; torch's own
-    kernels take any."""
-    if scale is None:
-        return None
-    if not math.isfinite(scale):
-        return f"scale={scale} is not finite (the kernels need a positive finite scale)"
-    if scale <= 0:
-        return (f"scale={scale} is not positive (the kernels need a positive finite scale: they track "
-                "each row's maximum of the unscaled scores)")
-    return None
+#: True when the fast path also serves inputs that require grad: the extension defines the bwd op
+#: (a build with the backward kernels, the default).  Otherwise torch's SDPA computes those.
+BACKWARD_READY: bool = ops.has_bwd_op()
 
 
 def sdpa_fallback_reason(
@@ -192,39 +83,28 @@ def sdpa_fallback_reason(
         return "an input is a tensor subclass with its own __torch_function__ (torch dispatches it)"
     if query.is_nested or key.is_nested or value.is_nested:
         return "nested tensors are not supported"
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        return (
-            f"the inputs are not 4-dimensional (batch, heads, seqlen, head_dim): "
-            f"query {query.dim()}-D, key {key.dim()}-D, value {value.dim()}-D"
-        )
     if attn_mask is not None:
         return "attn_mask is given; the kernels compute no arbitrary masks (only is_causal)"
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p}; the kernels have no dropout"
-    reason = scale_refusal(scale)
-    if reason is not None:
-        return reason
-    heads_q, heads_kv = query.size(1), key.size(1)
-    if heads_q != heads_kv and not enable_gqa:
+    answer = support.check(
+        query, key, value, layout="bhsd", causal=bool(is_causal), top_left=True, softmax_scale=scale,
+        names=("query", "key", "value"), allow_empty=False,
+    )
+    if isinstance(answer, support.Refusal):
+        return str(answer)
+    if answer.heads_q != answer.heads_kv and not enable_gqa:
         return (
-            f"query has {heads_q} heads and key {heads_kv} without enable_gqa=True "
+            f"query has {answer.heads_q} heads and key {answer.heads_kv} without enable_gqa=True "
             "(torch broadcasts or rejects that)"
         )
-    # The op's layout is (batch, seqlen, heads, head_dim): transposed views, no copies.
-    reason = flash_refusal(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
-    if reason is not None:
-        return reason
     if not BACKWARD_READY and torch.is_grad_enabled() and (
         query.requires_grad or key.requires_grad or value.requires_grad
     ):
-        how = (
-            f"build the experimental backward with {manifest.ENV_EXPERIMENTAL_BACKWARD}=1"
-            if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS
-            else f"rebuild without {manifest.ENV_DISABLE_BACKWARD}=1"
-        )
         return (
             "an input requires grad and this build of flash_attn_hopper has no backward kernels "
-            f"(the fast path is forward-only: use torch.no_grad() or torch.inference_mode(), or {how})"
+            f"(the fast path is forward-only: use torch.no_grad() or torch.inference_mode(), "
+            f"or rebuild without {manifest.ENV_DISABLE_BACKWARD}=1)"
         )
     if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") != query.dtype:
         return (

@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _build_info, manifest, ops
-from .sdpa import flash_refusal, scale_refusal
+from . import _build_info, manifest, ops, support
 
 #: DEBUG records say, per call of an overridden aten op, whether our kernels ran or why it fell back.
 _log = logging.getLogger(__name__)
@@ -75,37 +74,9 @@ _BACKWARD_OPS = (
 )
 
 
-def _compiled_backward_pairs() -> frozenset[tuple[int, str]] | None:
-    """(manifest head dim, dtype name) pairs with a backward kernel in this build; None if unrecorded."""
-    if _build_info.COMPILED is None:
-        return None
-    return frozenset((inst.hdim, inst.dtype) for inst in _build_info.COMPILED if inst.direction == "bwd")
-
-
-# Read once, like sdpa's _COMPILED_FWD: the build does not change while the process runs.
-_COMPILED_BWD = _compiled_backward_pairs()
-
-
 # --------------------------------------------------------------------------
 # What FlashAttention-2 computes, in terms of our op
 # --------------------------------------------------------------------------
-
-
-def _fa2_window(left, right, is_causal: bool, seqlen_k: int) -> tuple[int, int]:
-    """The (left, right) window aten's FlashAttention-2 applies; -1 = unbounded.
-
-    FlashAttention-2 treats negative sizes and sizes >= seqlen_k as unbounded,
-    sets right = 0 for causal, and bounds an unbounded right side at seqlen_k
-    when only the left side is given.  That last rule changes the result when
-    seqlen_q > seqlen_k + 1, so it is reproduced, not simplified away.
-    """
-    left = -1 if left is None or left < 0 or left >= seqlen_k else int(left)
-    right = -1 if right is None or right < 0 or right >= seqlen_k else int(right)
-    if is_causal:
-        right = 0
-    if left >= 0 and right < 0:
-        right = seqlen_k
-    return left, right
 
 
 def _has_blind_rows(right: int, seqlen_q: int, seqlen_k: int) -> bool:
@@ -134,7 +105,7 @@ def _run_forward(q, k, v, scale, is_causal, window_left, window_right):
     """
     seqlen_q, seqlen_k = q.size(1), k.size(1)
     softmax_scale = _softmax_scale(q, scale)
-    left, right = _fa2_window(window_left, window_right, is_causal, seqlen_k)
+    left, right = support.fa2_window(window_left, window_right, is_causal, seqlen_k)
     out, lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, bool(is_causal), left, right, False)
     if _has_blind_rows(right, seqlen_q, seqlen_k):
         # Ours gives -inf (the log of an empty sum), FlashAttention-2 +inf: its backward
@@ -170,7 +141,7 @@ def _run_backward(grad_out, q, k, v, out, lse, scale, is_causal, window_left, wi
     formula decides it.  Returns contiguous dq like q, dk and dv like k and v.
     """
     softmax_scale = _softmax_scale(q, scale)
-    left, right = _fa2_window(window_left, window_right, is_causal, k.size(1))
+    left, right = support.fa2_window(window_left, window_right, is_causal, k.size(1))
     return ops.bwd_op()(
         _kernel_readable(grad_out),
         q,
@@ -222,12 +193,7 @@ def sdpa_flash_refusal(query, key, value, dropout_p=0.0, is_causal=False, return
         return f"dropout_p={dropout_p}"
     if return_debug_mask:
         return "return_debug_mask=True"
-    reason = scale_refusal(scale)
-    if reason is not None:
-        return reason
-    if query.dim() != 4:
-        return "the query is not 4-dimensional"
-    return flash_refusal(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+    return _forward_refusal(query, key, value, "bhsd", is_causal, (None, None), scale)
 
 
 def flash_attention_forward_refusal(
@@ -269,10 +235,19 @@ def flash_attention_forward_refusal(
         return "alibi_slopes is given"
     if block_table is not None:
         return "block_table (paged KV) is given"
-    reason = _unknown_arguments(newer) or scale_refusal(scale)
+    reason = _unknown_arguments(newer)
     if reason is not None:
         return reason
-    return flash_refusal(query, key, value)
+    return _forward_refusal(query, key, value, "bshd", is_causal, (window_size_left, window_size_right), scale)
+
+
+def _forward_refusal(query, key, value, layout, is_causal, window_size, scale) -> str | None:
+    """support.check's answer for the tensors of a forward (or backward) op, as a reason or None."""
+    answer = support.check(
+        query, key, value, layout=layout, causal=bool(is_causal), window_size=window_size, window_rules="fa2",
+        softmax_scale=scale, names=("query", "key", "value"), allow_empty=False,
+    )
+    return str(answer) if isinstance(answer, support.Refusal) else None
 
 
 def _unknown_arguments(newer: dict) -> str | None:
@@ -306,35 +281,35 @@ def _undefined_tensors(**named) -> str | None:
     return None
 
 
-def _backward_tensors_refusal(grad_out, q, k, v, out, logsumexp) -> str | None:
-    """Why the bwd op cannot take these (batch, seqlen, heads, head_dim) tensors; None when it can.
+def _backward_tensors_refusal(grad_out, q, k, v, out, logsumexp, layout, is_causal, window_size, scale) -> str | None:
+    """Why the bwd op cannot take these tensors (in ``layout``, see support.check); None when it can.
 
     Everything the op's C++ checks would reject is refused here, before the
     call: a C++ argument error once ended the process on the H200 instead of
-    raising (NOTES.md), and torch's kernel either handles such a call or says
-    what is wrong with it in its own terms.
+    raising, and torch's kernel either handles such a call or says what is
+    wrong with it in its own terms.
     """
     reason = _undefined_tensors(grad_out=grad_out, query=q, key=k, value=v, out=out, logsumexp=logsumexp)
     if reason is not None:
         return reason
-    reason = flash_refusal(q, k, v)
-    if reason is not None:
-        return reason
-    head_dim = q.size(-1)
-    dtype = manifest.dtype_name(str(q.dtype).removeprefix("torch."))  # fp16 / bf16: flash_refusal checked
-    if _COMPILED_BWD is not None and (manifest.round_up_headdim(head_dim), dtype) not in _COMPILED_BWD:
-        return manifest.not_compiled_message("bwd", head_dim, dtype, _build_info.COMPILED) or (
-            f"this build has no backward kernel for head dim {head_dim} in {dtype}"
-        )
+    answer = support.check(
+        q, k, v, layout=layout, causal=bool(is_causal), window_size=window_size, window_rules="fa2",
+        softmax_scale=scale, names=("query", "key", "value"), allow_empty=False,
+    )
+    if isinstance(answer, support.Refusal):
+        return str(answer)
+    refusal = support.not_compiled_refusal("bwd", answer.head_dim, answer.dtype)
+    if refusal is not None:
+        return str(refusal)
     if grad_out.shape != q.shape or out.shape != q.shape:
         return f"grad_out {tuple(grad_out.shape)} or out {tuple(out.shape)} does not have the query's shape"
     if grad_out.dtype != q.dtype or out.dtype != q.dtype:
         return f"grad_out ({grad_out.dtype}) or out ({out.dtype}) does not have the query's dtype"
-    batch, seqlen_q, heads_q, _ = q.shape
-    if logsumexp.dtype != torch.float32 or logsumexp.shape != (batch, heads_q, seqlen_q):
+    lse_shape = (answer.batch, answer.heads_q, answer.seqlen_q)
+    if logsumexp.dtype != torch.float32 or logsumexp.shape != lse_shape:
         return (
             f"logsumexp is {logsumexp.dtype} {tuple(logsumexp.shape)}, not float32 "
-            f"(batch, heads, seqlen_q) = {(batch, heads_q, seqlen_q)}"
+            f"(batch, heads, seqlen_q) = {lse_shape}"
         )
     if grad_out.device != q.device or out.device != q.device or logsumexp.device != q.device:
         return "grad_out, out or logsumexp is not on the query's device"
@@ -368,16 +343,13 @@ def sdpa_flash_backward_refusal(
     cum_seq_k of a dense batch; grad_out when no gradient flows) arrive as None.
     Keyword arguments of a later torch that this version does not know make it fall back.
     """
-    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer) or scale_refusal(scale)
+    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer)
     if reason is not None:
         return reason
     reason = _undefined_tensors(grad_out=grad_out, query=query, key=key, value=value, out=out, logsumexp=logsumexp)
     if reason is not None:
         return reason
-    tensors = (grad_out, query, key, value, out)
-    if any(t.dim() != 4 for t in tensors):
-        return "grad_out, query, key, value and out are not all 4-dimensional"
-    return _backward_tensors_refusal(*(t.transpose(1, 2) for t in tensors), logsumexp)
+    return _backward_tensors_refusal(grad_out, query, key, value, out, logsumexp, "bhsd", is_causal, (None, None), scale)
 
 
 def flash_attention_backward_refusal(
@@ -410,10 +382,12 @@ def flash_attention_backward_refusal(
     the forward override computes with.
     Keyword arguments of a later torch that this version does not know make it fall back.
     """
-    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer) or scale_refusal(scale)
+    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer)
     if reason is not None:
         return reason
-    return _backward_tensors_refusal(grad_out, query, key, value, out, logsumexp)
+    return _backward_tensors_refusal(
+        grad_out, query, key, value, out, logsumexp, "bshd", is_causal, (window_size_left, window_size_right), scale
+    )
 
 
 # --------------------------------------------------------------------------

@@ -104,11 +104,11 @@ def emulated_op(monkeypatch: pytest.MonkeyPatch, device_type: str = "cpu"):
     the fake kernel under torch.compile).  Without it, ``torch.ops.flash_attn_hopper.fwd``
     itself is replaced by the emulation.
     """
-    from flash_attn_hopper import sdpa
+    from flash_attn_hopper import _build_info, support
 
     kernel = EmulatedKernel()
-    monkeypatch.setattr(sdpa, "kernel_refusal", lambda device: None)
-    monkeypatch.setattr(sdpa, "_COMPILED_FWD", None)  # the emulation covers every head dim and dtype
+    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
+    monkeypatch.setattr(_build_info, "COMPILED", None)  # the emulation covers every head dim and dtype
     if ops.extension_loaded():
         library = torch.library.Library("flash_attn_hopper", "IMPL")
 

@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flash_attn_hopper
-from flash_attn_hopper import _build_info, interface, manifest, ops
+from flash_attn_hopper import _build_info, manifest, ops, support
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 
 from helpers import inputs
@@ -169,16 +169,16 @@ def test_local_window_refused_when_the_manifest_has_no_kernels(window, monkeypat
 
 def test_window_normalisation():
     # Windows that reach every key are no window; (-1, 0) is causal.
-    assert interface._normalize_window((-1, -1), False, 16, 24) == (-1, -1)
-    assert interface._normalize_window((23, 15), False, 16, 24) == (-1, -1)
-    assert interface._normalize_window((22, 15), False, 16, 24) == (22, -1)
-    assert interface._normalize_window((-1, 0), False, 16, 24) == (-1, 0)
-    assert interface._normalize_window((-1, -1), True, 16, 24) == (-1, 0)
-    assert interface._normalize_window((100, 3), True, 16, 24) == (-1, 0)
+    assert support.fa3_window((-1, -1), False, 16, 24) == (-1, -1)
+    assert support.fa3_window((23, 15), False, 16, 24) == (-1, -1)
+    assert support.fa3_window((22, 15), False, 16, 24) == (22, -1)
+    assert support.fa3_window((-1, 0), False, 16, 24) == (-1, 0)
+    assert support.fa3_window((-1, -1), True, 16, 24) == (-1, 0)
+    assert support.fa3_window((100, 3), True, 16, 24) == (-1, 0)
     with raises(ValueError, "window_size must be a pair of ints"):
-        interface._normalize_window(5, False, 16, 24)
+        support.fa3_window(5, False, 16, 24)
     with raises(ValueError, "window_size entries must be >= -1"):
-        interface._normalize_window((-2, 0), False, 16, 24)
+        support.fa3_window((-2, 0), False, 16, 24)
 
 
 def test_wide_window_is_accepted_as_no_window(everything_compiled):
@@ -274,7 +274,7 @@ def test_missing_extension_names_reason_and_build_command(everything_compiled, m
 def test_non_hopper_gpu_is_refused(everything_compiled, monkeypatch):
     if not ops.extension_loaded():
         pytest.skip(f"the capability check comes after the extension check, and {ops.LOAD_ERROR}")
-    monkeypatch.setattr(interface, "_device_capability", lambda index: (8, 0))
+    monkeypatch.setattr(support, "_device_capability", lambda index: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA A100-SXM4-80GB")
     with FakeTensorMode():
         q, k, v = qkv(device="cuda")
@@ -334,8 +334,7 @@ def test_main_module_exits_zero_without_a_gpu(tmp_path):
     assert f"flash_attn_hopper {flash_attn_hopper.__version__}" in proc.stdout
     assert "cannot run here" in proc.stdout and flash_attn_hopper.unavailable_reason() in proc.stdout
     assert "  backward:   " in proc.stdout
-    if not manifest.EXPERIMENTAL_DIRECTIONS:
-        assert "experimental" not in proc.stdout.lower()
+    assert "experimental" not in proc.stdout.lower()
 
 
 def test_build_info_shape():

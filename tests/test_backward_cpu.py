@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flash_attn_hopper
-from flash_attn_hopper import _build_info, interface, manifest, ops, sdpa
+from flash_attn_hopper import _build_info, manifest, ops, sdpa, support
 
 import op_emulator
 from helpers.grads import EMULATION_REL_NORM, assert_grads_close, check_grads, deterministic_algorithms, grads_of
@@ -39,7 +39,7 @@ DTYPE = torch.float16  # the emulations compute in float32; fp16 inputs keep the
 @pytest.fixture
 def kernels(monkeypatch):
     """Forward and backward emulations on CPU, reachable through flash_attn_func; yields (fwd, bwd) recorders."""
-    monkeypatch.setattr(interface, "_check_device", lambda q, k, v: None)
+    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
     monkeypatch.setattr(_build_info, "COMPILED", None)  # the emulations cover every head dim and dtype
     with emulated_op(monkeypatch) as fwd, emulated_bwd_op() as bwd:
         yield fwd, bwd
@@ -271,7 +271,6 @@ def test_torch_deterministic_switch_at_forward_time_is_honoured(kernels):
 def test_sdpa_drop_in_gradients_match_torch(kernels, monkeypatch, sq, sk):
     _, bwd = kernels
     monkeypatch.setattr(sdpa, "BACKWARD_READY", True)
-    monkeypatch.setattr(sdpa, "kernel_refusal", lambda device: None)
     q, k, v, dout = (t.transpose(1, 2) for t in random_qkv(sq=sq, sk=sk, hq=6, hk=2, seed=sq + sk))
     _, grads = grads_of(
         lambda q, k, v: flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
@@ -284,16 +283,6 @@ def test_sdpa_drop_in_gradients_match_torch(kernels, monkeypatch, sq, sk):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
     check_emulated_grads(grads, q, k, v, dout, "sdpa", attention=torch_sdpa)
-
-
-def test_sdpa_backward_ready_follows_the_bwd_schema(monkeypatch):
-    """BACKWARD_READY needs a bwd op that takes top_left; an op without it must not serve gradients."""
-    assert sdpa._backward_ready() is ops.has_bwd_op()
-    old_schema = ops.BWD_SCHEMA.split(", int window_size_left")[0] + ") -> (Tensor dq, Tensor dk, Tensor dv)"
-    with emulated_bwd_op(schema=old_schema):
-        assert ops.has_bwd_op() and not sdpa._backward_ready()
-    with emulated_bwd_op():
-        assert sdpa._backward_ready()
 
 
 # --------------------------------------------------------------------------
@@ -438,17 +427,13 @@ def test_without_a_bwd_op_gradients_raise_the_build_hint(kernels_without_bwd):
     out = flash_attn_hopper.flash_attn_func(q, k, v, deterministic=True)
     with pytest.raises(RuntimeError, match="this build has no backward kernels") as err:
         out.backward(dout)
-    if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS:
-        assert "FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1" in str(err.value)
-    else:
-        assert "rebuild without FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1" in str(err.value)
-        assert "EXPERIMENTAL" not in str(err.value)
+    assert "rebuild without FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1" in str(err.value)
 
 
 @pytest.fixture
 def kernels_without_bwd(monkeypatch):
     """The forward emulation reachable through flash_attn_func, and no bwd kernel installed."""
-    monkeypatch.setattr(interface, "_check_device", lambda q, k, v: None)
+    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
     monkeypatch.setattr(_build_info, "COMPILED", None)
     with emulated_op(monkeypatch) as fwd:
         yield fwd
@@ -494,7 +479,6 @@ def test_build_info_reports_the_backward_of_the_build(monkeypatch):
 
     fwd, bwd = manifest.Instantiation("fwd", 128, "bf16"), manifest.Instantiation("bwd", 128, "bf16")
     record = [{"direction": i.direction, "hdim": i.hdim, "dtype": i.dtype} for i in (fwd, bwd)]
-    experimental = "bwd" in manifest.EXPERIMENTAL_DIRECTIONS
     for compiled, has_op, expected in [
         (frozenset({fwd, bwd}), True, True),
         (None, True, True),  # no build record: the op decides
@@ -506,19 +490,16 @@ def test_build_info_reports_the_backward_of_the_build(monkeypatch):
         monkeypatch.setattr(ops, "has_bwd_op", lambda: has_op)
         info = flash_attn_hopper.build_info()
         assert info["features"]["backward"] is expected and info["has_backward_op"] is has_op
-        assert info["backward_experimental"] is (expected and experimental)
         info["compiled"] = record[: 1 + (compiled is not None and bwd in compiled)]
         summary = backward_summary(info)
         if expected:
-            assert summary.startswith("EXPERIMENTAL kernels" if experimental else "yes")
-            assert ("not yet verified on a GPU" in summary) is experimental
+            assert summary.startswith("yes")
             assert ("hdim128 bf16" in summary) is (compiled is not None)
         elif has_op or (compiled is not None and bwd in compiled):
             assert summary.startswith("broken build")
         else:
             assert summary.startswith("not built")
-            assert (manifest.ENV_EXPERIMENTAL_BACKWARD in summary) is experimental
-            assert (f"rebuild without {manifest.ENV_DISABLE_BACKWARD}=1" in summary) is not experimental
+            assert f"rebuild without {manifest.ENV_DISABLE_BACKWARD}=1" in summary
     assert manifest.FEATURES["backward"] is ("bwd" in manifest.AVAILABLE_DIRECTIONS), (
         "the manifest's own entry (whether this version's backward is verified), whatever the build"
     )

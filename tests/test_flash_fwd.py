@@ -180,7 +180,7 @@ def test_row_max_growing_across_key_blocks(direction, hdim, causal):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_long_keys_on_either_tile(dtype, seqlen_k):
     """hdim 128 non-causal from 4096 keys runs 128x176 or 128x128 tiles, whichever pads fewer keys
-    (tile_size.h fwd_keys_class_for; the rule itself is checked on the host): 4096, 6000 and 8192
+    (policy.h fwd_keys_class_for; the rule itself is checked on the host): 4096, 6000 and 8192
     take 128x128 (6000 with a partial last block), 4224 (whole blocks of both: a tie) and 5000
     take 128x176."""
     skip_unless_compiled(128, dtype)
@@ -191,7 +191,7 @@ def test_long_keys_on_either_tile(dtype, seqlen_k):
 @pytest.mark.parametrize("hdim, seqlen_k, causal", [(200, 500, False), (200, 500, True), (248, 700, False),
                                                     (120, 4224, False), (104, 5000, False)])
 def test_direct_o_kernels_at_a_narrower_head_dim(hdim, seqlen_k, causal):
-    """The persistent kernels that store O from registers in 16-byte chunks (flash_fwd_kernel.h
+    """The persistent kernels that store O from registers in 16-byte chunks (kernel/fwd/epilogue.h
     kDirectO: hdim 256 below 4k keys, hdim 128's 128x176 tile) with a real head dim below the
     kernel's: chunks past it must not be written (they are the next head's columns), nor rows past
     seqlen_q (1000 = 7 x 128 + 104); 288 tiles, so CTAs run several and hand Q's buffer over."""

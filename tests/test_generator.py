@@ -22,12 +22,10 @@ GENERATOR = REPO_ROOT / "tools" / "build" / "generate_instantiations.py"
 
 
 def _select(hdims: str, dtypes: str, backward: bool | None = None):
-    """The selection of these knobs; ``backward`` True/False asks for a build with/without the
-    backward (through the knobs, whether it is a default or experimental), None leaves the default."""
+    """The selection of these knobs; ``backward`` False asks for a build without the backward
+    (through the disable knob); True and None leave the default, which has it."""
     env = {"FLASH_ATTN_HOPPER_HDIMS": hdims, "FLASH_ATTN_HOPPER_DTYPES": dtypes}
-    if backward is True:
-        env["FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD"] = "1"  # no effect once the backward is a default
-    elif backward is False:
+    if backward is False:
         env["FLASH_ATTN_HOPPER_DISABLE_BACKWARD"] = "1"
     return manifest.selection_from_env(env)
 
@@ -167,7 +165,7 @@ def test_missing_launch_headers(tmp_path):
         inst = manifest.Instantiation(direction, 128, "bf16")
         assert f'#include "{info.launch_header}"' in gen.render_instantiation(inst)
     # A default build (and one that asks for the backward) finds every header it includes.
-    for direction in set(manifest.AVAILABLE_DIRECTIONS + manifest.EXPERIMENTAL_DIRECTIONS):
+    for direction in manifest.AVAILABLE_DIRECTIONS:
         assert (REPO_ROOT / "csrc" / manifest.DIRECTIONS[direction].launch_header).is_file()
 
 
@@ -178,7 +176,70 @@ def test_regeneration_keeps_unchanged_files_and_removes_stale_ones(tmp_path):
     result = gen.generate(_select("128", "bf16", backward=False), tmp_path)
     assert kept.stat().st_mtime == 1_000_000, "an unchanged file was rewritten (ninja would recompile it)"
     assert [p.name for p in result.removed] == ["flash_fwd_hdim64_bf16_sm90.cu"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["flash_fwd_hdim128_bf16_sm90.cu", "fwd_registry.h"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flash_fwd_hdim128_bf16_sm90.cu", "fwd_registry.h", "manifest.h"]
+
+
+def _cxx() -> str:
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++/c++/clang++) on PATH to check the generated header")
+    return cxx
+
+
+def test_manifest_header_is_the_manifest(tmp_path):
+    """csrc/generated/manifest.h states the manifest's head dims, dtypes, directions and limits: a
+    C++20 probe static_asserts every value against this process's manifest, and the C++ head-dim
+    rounding against manifest.round_up_headdim for every head dim from -8 to 264."""
+    result = gen.generate(_select("128", "bf16", backward=False), tmp_path)
+    header = tmp_path / "manifest.h"
+    assert header in result.written
+    assert header.read_text().startswith(gen.HEADER_LINE)
+    ns = "flash::manifest::"
+    checks = [
+        f"{ns}kNumHeadDims == {len(manifest.HEAD_DIMS)}",
+        f"sizeof({ns}kHeadDims) / sizeof(int) == {len(manifest.HEAD_DIMS)}",
+        *(f"{ns}kHeadDims[{i}] == {h}" for i, h in enumerate(manifest.HEAD_DIMS)),
+        f"{ns}kMaxHeadDim == {manifest.MAX_HEAD_DIM}",
+        f"{ns}kHeadDimMultiple == {manifest.HEAD_DIM_MULTIPLE}",
+        f"{ns}kMaxBatch == {manifest.MAX_BATCH}",
+        f"{ns}kMaxHeads == {manifest.MAX_HEADS}",
+        f"{ns}kMaxSeqlenSum == {manifest.MAX_SEQLEN_SUM}",
+        f"{ns}kNumDtypes == {len(manifest.DTYPES)}",
+        *(f'std::string_view({ns}kDtypeNames[{i}]) == "{name}"' for i, name in enumerate(manifest.DTYPES)),
+        *(f'std::string_view({ns}kTorchDtypeNames[{i}]) == "{d.torch_name}"'
+          for i, d in enumerate(manifest.DTYPES.values())),
+        f"{ns}kNumDirections == {len(manifest.DIRECTIONS)}",
+        *(f'std::string_view({ns}kDirections[{i}]) == "{name}"' for i, name in enumerate(manifest.DIRECTIONS)),
+        f'std::string_view({ns}kEnvHdims) == "{manifest.ENV_HDIMS}"',
+        f'std::string_view({ns}kEnvDtypes) == "{manifest.ENV_DTYPES}"',
+        f'std::string_view({ns}kBuildCommand) == "{manifest.BUILD_COMMAND}"',
+        # The X-macro, stringified: no cutlass or ATen headers needed.
+        "std::string_view(FLASH_ATTN_HOPPER_FOR_EACH_DTYPE(AS_TEXT)) == "
+        + '"' + "".join(f"{d.name}|{d.cutlass_type}|{d.aten_name};" for d in manifest.DTYPES.values()) + '"',
+        *(f"{ns}round_up_head_dim({d}) == {manifest.round_up_headdim(d) or 0}" for d in range(-8, 265)),
+    ]
+    probe = tmp_path / "probe.cpp"
+    probe.write_text(
+        "#include <string_view>\n"
+        '#include "manifest.h"\n'
+        '#include "manifest.h"\n'  # twice: the include guard must hold
+        "#define AS_TEXT(name, ctype, aten) #name \"|\" #ctype \"|\" #aten \";\"\n"
+        + "".join(f'static_assert({check}, "{check.replace(chr(34), chr(39))}");\n' for check in checks)
+    )
+    proc = subprocess.run([_cxx(), "-std=c++20", "-fsyntax-only", "-I", str(tmp_path), str(probe)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_flash_api_takes_its_limits_from_the_manifest_header():
+    """csrc/flash_api.cpp includes the generated manifest.h and restates none of its numbers."""
+    source = (REPO_ROOT / "csrc" / "flash_api.cpp").read_text()
+    assert '#include "generated/manifest.h"' in source
+    for restated in ("65536", "65535", "<< 29", "2^29", "<= 256", "% 8 ", "at::kHalf ||", "FLASH_ATTN_HOPPER_HDIMS"):
+        assert restated not in source, f"flash_api.cpp restates {restated!r}; use flash::manifest:: (manifest.h)"
+    for name in ("round_up_head_dim", "kMaxSeqlenSum", "kMaxBatch", "kMaxHeads", "kEnvHdims", "kEnvDtypes",
+                 "FLASH_ATTN_HOPPER_FOR_EACH_DTYPE"):
+        assert name in source
 
 
 def test_cli_lists_the_knobs_selection():
@@ -188,7 +249,6 @@ def test_cli_lists_the_knobs_selection():
     ).stdout.split()
     fwd, bwd = "flash_fwd_hdim192_fp16_sm90.cu", "flash_bwd_hdim192_fp16_sm90.cu"
     assert run() == ([fwd, bwd] if DEFAULT_BWD else [fwd])
-    assert run(FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD="1") == [fwd, bwd]
     assert run(FLASH_ATTN_HOPPER_DISABLE_BACKWARD="1") == [fwd]
 
 
@@ -200,9 +260,7 @@ def test_cli_flags_for_the_backward():
     ).stdout.split()
     fwd, bwd = "flash_fwd_hdim64_bf16_sm90.cu", "flash_bwd_hdim64_bf16_sm90.cu"
     assert run() == ([fwd, bwd] if DEFAULT_BWD else [fwd])
-    assert run("--experimental-backward") == [fwd, bwd]
     assert run("--disable-backward") == [fwd]
-    assert run("--experimental-backward", "--disable-backward") == [fwd]
 
 
 def test_cli_rejects_a_bad_knob_with_the_fix(tmp_path):
@@ -240,7 +298,7 @@ def test_build_record_matches_generated_files_and_manifest():
     assert compiled == {(i.direction, i.hdim, i.dtype) for i in _build_info.COMPILED}
     assert compiled, "a build with no kernels at all"
     for direction, hdim, dtype in compiled:
-        assert direction in manifest.AVAILABLE_DIRECTIONS + manifest.EXPERIMENTAL_DIRECTIONS
+        assert direction in manifest.AVAILABLE_DIRECTIONS
         assert hdim in manifest.HEAD_DIMS and dtype in manifest.DTYPES
     selection = info["selection"]
     expected = manifest.Selection(tuple(selection["hdims"]), tuple(selection["dtypes"]), tuple(selection["directions"]))

@@ -102,27 +102,19 @@ def test_not_compiled_message_names_knobs_and_command():
 
 def test_backward_direction_state_is_consistent():
     assert set(m.AVAILABLE_DIRECTIONS) <= set(m.DIRECTIONS)
-    assert set(m.EXPERIMENTAL_DIRECTIONS) <= set(m.DIRECTIONS)
-    assert not set(m.AVAILABLE_DIRECTIONS) & set(m.EXPERIMENTAL_DIRECTIONS)
     assert m.FEATURES["backward"] == ("bwd" in m.AVAILABLE_DIRECTIONS)
     msg = m.not_compiled_message("bwd", 128, "bf16", [m.Instantiation("fwd", 128, "bf16")])
     assert "this build has no backward kernels" in msg
     assert msg == m.direction_unavailable_message("bwd")
-    if "bwd" in m.EXPERIMENTAL_DIRECTIONS:
-        assert "FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD=1 " + m.BUILD_COMMAND in msg
-        assert "not yet verified on a GPU" in msg
-    else:  # a default direction: only the disable knob leaves it out
-        assert "rebuild without FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1" in msg
-        assert "EXPERIMENTAL" not in msg and "experimental" not in msg
+    # a default direction: only the disable knob leaves it out
+    assert "rebuild without FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1" in msg
 
 
-def test_experimental_backward_knob():
-    """The knob builds the backward while it is experimental, and stays accepted (changing nothing) after."""
-    assert "bwd" in m.AVAILABLE_DIRECTIONS + m.EXPERIMENTAL_DIRECTIONS
-    assert set(m.EXPERIMENTAL_DIRECTIONS) <= {"bwd"}, "the one experimental knob builds the backward only"
-    assert ("bwd" in m.selection_from_env({}).directions) is ("bwd" in m.AVAILABLE_DIRECTIONS)
+def test_backward_knobs():
+    """The backward is built by default, for the forward's head dims and dtypes; the disable knob leaves it out."""
+    assert "bwd" in m.AVAILABLE_DIRECTIONS
     knobs = {"FLASH_ATTN_HOPPER_HDIMS": "64,256", "FLASH_ATTN_HOPPER_DTYPES": "bf16"}
-    on = m.selection_from_env(dict(knobs, FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD="1"))
+    on = m.selection_from_env(knobs)
     assert on.directions == ("fwd", "bwd")
     assert on.instantiations() == [
         m.Instantiation("fwd", 64, "bf16"),
@@ -131,14 +123,10 @@ def test_experimental_backward_knob():
         m.Instantiation("bwd", 256, "bf16"),
     ]
     assert on.instantiations()[2].filename == "flash_bwd_hdim64_bf16_sm90.cu"
-    assert m.selection_from_env({"FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD": "0"}).directions == m.AVAILABLE_DIRECTIONS
-    if not m.EXPERIMENTAL_DIRECTIONS:
-        assert on == m.selection_from_env(knobs), "with nothing experimental the knob changes nothing"
-    # The disable knob keeps meaning "no backward", whatever else is set.
-    both = {"FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD": "yes", "FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "1"}
-    assert m.selection_from_env(both).directions == ("fwd",)
-    with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD='2'"):
-        m.selection_from_env({"FLASH_ATTN_HOPPER_EXPERIMENTAL_BACKWARD": "2"})
+    assert m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "0"}).directions == m.AVAILABLE_DIRECTIONS
+    assert m.selection_from_env(dict(knobs, FLASH_ATTN_HOPPER_DISABLE_BACKWARD="yes")).directions == ("fwd",)
+    with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_BACKWARD='2'"):
+        m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "2"})
 
 
 def _selection_of_hint(message: str) -> m.Selection:
@@ -162,12 +150,10 @@ def test_messages_of_a_build_with_the_backward():
     assert m.Instantiation("fwd", 96, "fp16") in rebuilt and m.Instantiation("bwd", 128, "bf16") in rebuilt
     # ...and on a forward-only build asks for none.
     msg = m.not_compiled_message("fwd", 96, "fp16", compiled[:1])
-    assert "EXPERIMENTAL" not in msg
     assert not [i for i in _selection_of_hint(msg).instantiations() if i.direction == "bwd"]
-    # The hints name the experimental knob only while something is experimental.
+    # Only a hint for a build without the backward names a backward knob.
     for backward in (False, True):
         hint = m.rebuild_hint([128], ["bf16"], backward)
-        assert (m.ENV_EXPERIMENTAL_BACKWARD in hint) is (backward and "bwd" in m.EXPERIMENTAL_DIRECTIONS)
         assert (m.ENV_DISABLE_BACKWARD in hint) is (not backward and "bwd" in m.AVAILABLE_DIRECTIONS)
 
 

@@ -13,9 +13,10 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flash_attn_hopper
-from flash_attn_hopper import manifest, ops, sdpa
+from flash_attn_hopper import _build_info, manifest, ops, sdpa, support
 
 from helpers import inputs
 from helpers.kernels import needs_extension
@@ -50,8 +51,8 @@ def assert_bf16_close(out, ref):
 @pytest.fixture
 def hopper_here(monkeypatch):
     """Pretend the device can run the kernel and the build has every kernel, so every other rule decides."""
-    monkeypatch.setattr(sdpa, "kernel_refusal", lambda device: None)
-    monkeypatch.setattr(sdpa, "_COMPILED_FWD", None)
+    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names: None)
+    monkeypatch.setattr(_build_info, "COMPILED", None)
 
 
 class _Logged(torch.Tensor):
@@ -75,10 +76,10 @@ _CASES = {
     "head_dim_not_multiple_of_8": (lambda q, k, v: (qkv(e=36), {}), "head dim 36"),
     "head_dim_over_256": (lambda q, k, v: (qkv(e=264), {}), "head dim 264"),
     "value_head_dim_differs": (lambda q, k, v: (qkv(ev=32), {}), "value's head dim (32)"),
-    "three_dims": (lambda q, k, v: ((q[0], k[0], v[0]), {}), "4-dimensional"),
-    "five_dims": (lambda q, k, v: ((q[None], k[None], v[None]), {}), "4-dimensional"),
+    "three_dims": (lambda q, k, v: ((q[0], k[0], v[0]), {}), "4 dimensions"),
+    "five_dims": (lambda q, k, v: ((q[None], k[None], v[None]), {}), "4 dimensions"),
     "heads_differ_without_gqa": (lambda q, k, v: ((q, k, v), dict(enable_gqa=False)), "enable_gqa=True"),
-    "heads_not_a_multiple": (lambda q, k, v: (qkv(hq=5, hk=2), {}), "not a multiple"),
+    "heads_not_a_multiple": (lambda q, k, v: (qkv(hq=5, hk=2), {}), "must be a multiple"),
     "batch_broadcast": (lambda q, k, v: ((q, k[:1], v[:1]), {}), "batch sizes"),
     "empty_query": (lambda q, k, v: ((q[:, :, :0], k, v), {}), "empty"),
     "empty_keys": (lambda q, k, v: ((q, k[:, :, :0], v[:, :, :0]), {}), "empty"),
@@ -124,11 +125,7 @@ def test_inputs_requiring_grad_fall_back_until_the_backward_kernel_exists(hopper
     q.requires_grad_()
     reason = sdpa.sdpa_fallback_reason(q, k, v, enable_gqa=True)
     assert reason is not None and "requires grad" in reason and "no backward kernel" in reason
-    if "bwd" in manifest.EXPERIMENTAL_DIRECTIONS:
-        assert f"{manifest.ENV_EXPERIMENTAL_BACKWARD}=1" in reason
-    else:
-        assert f"rebuild without {manifest.ENV_DISABLE_BACKWARD}=1" in reason
-        assert manifest.ENV_EXPERIMENTAL_BACKWARD not in reason
+    assert f"rebuild without {manifest.ENV_DISABLE_BACKWARD}=1" in reason
     with torch.no_grad():
         assert sdpa.sdpa_fallback_reason(q, k, v, enable_gqa=True) is None
     with torch.inference_mode():
@@ -137,12 +134,8 @@ def test_inputs_requiring_grad_fall_back_until_the_backward_kernel_exists(hopper
     assert sdpa.sdpa_fallback_reason(q, k, v, enable_gqa=True) is None
 
 
-def test_backward_ready_needs_a_backward_op_that_knows_the_alignment():
-    if not ops.has_bwd_op():
-        assert sdpa.BACKWARD_READY is False
-    else:
-        names = {a.name for a in torch.ops.flash_attn_hopper.bwd.default._schema.arguments}
-        assert sdpa.BACKWARD_READY is ("top_left" in names)
+def test_backward_ready_is_the_bwd_op():
+    assert sdpa.BACKWARD_READY is ops.has_bwd_op()
 
 
 def test_autocast_to_another_dtype_falls_back(hopper_here):
@@ -161,11 +154,8 @@ def test_autocast_to_another_dtype_falls_back(hopper_here):
 
 
 def test_head_dim_missing_from_the_build_falls_back_naming_the_knob(hopper_here, monkeypatch):
-    from flash_attn_hopper import _build_info, manifest
-
     built = frozenset({manifest.Instantiation("fwd", 128, "bf16")})
     monkeypatch.setattr(_build_info, "COMPILED", built)
-    monkeypatch.setattr(sdpa, "_COMPILED_FWD", frozenset({(128, "bf16")}))
     q, k, v = qkv(e=64)
     reason = sdpa.sdpa_fallback_reason(q, k, v, enable_gqa=True)
     assert reason is not None and manifest.ENV_HDIMS in reason and "64" in reason
@@ -174,28 +164,28 @@ def test_head_dim_missing_from_the_build_falls_back_naming_the_knob(hopper_here,
     assert reason is not None and manifest.ENV_DTYPES in reason
 
 
-def test_kernel_refusal_names_the_device_problem(monkeypatch):
-    cpu = torch.device("cpu")
+def test_device_refusal_names_the_device_problem(monkeypatch):
+    names = ("query", "key", "value")
+    with FakeTensorMode():
+        cuda = torch.empty(1, device="cuda")
     if not ops.extension_loaded():
-        assert "extension" in sdpa.kernel_refusal(cpu)
+        assert "extension" in str(support.device_refusal(cuda, cuda, cuda, names))
     monkeypatch.setattr(ops, "extension_loaded", lambda: True)
-    assert "cpu" in sdpa.kernel_refusal(cpu)
+    cpu = torch.empty(1)
+    assert "cpu" in str(support.device_refusal(cpu, cpu, cpu, names))
 
-    class Props:
-        def __init__(self, major, minor):
-            self.major, self.minor, self.name = major, minor, "Some GPU"
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props(8, 0))
-    reason = sdpa.kernel_refusal(torch.device("cuda", 0))
-    assert "sm_80" in reason and "sm_90" in reason
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props(9, 0))
-    assert sdpa.kernel_refusal(torch.device("cuda", 0)) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Some GPU")
+    monkeypatch.setattr(support, "_device_capability", lambda index: (8, 0))
+    reason = str(support.device_refusal(cuda, cuda, cuda, names))
+    assert "sm_80" in reason and "sm_90" in reason and "Some GPU" in reason
+    monkeypatch.setattr(support, "_device_capability", lambda index: (9, 0))
+    assert support.device_refusal(cuda, cuda, cuda, names) is None
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq, sk", [(37, 53), (53, 37), (1, 9)])
 def test_cpu_tensors_run_torch_unchanged(monkeypatch, causal, sq, sk):
-    monkeypatch.setattr(sdpa, "_COMPILED_FWD", None)  # so the device, not the build's head dims, decides
+    monkeypatch.setattr(_build_info, "COMPILED", None)  # so the device, not the build's head dims, decides
     q, k, v = qkv(sq=sq, sk=sk)
     reason = sdpa.sdpa_fallback_reason(q, k, v, is_causal=causal, enable_gqa=True)
     assert reason is not None and ("cpu" in reason or "extension" in reason), reason

@@ -20,7 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn import attention
 
-from flash_attn_hopper import _build_info, manifest, ops, sdpa, torch_registry
+from flash_attn_hopper import _build_info, manifest, ops, support, torch_registry
 from flash_attn_hopper.torch_registry import IMPL_NAME
 
 from helpers.grads import EMULATION_REL_NORM, check_grads
@@ -74,8 +74,6 @@ def backward_build(monkeypatch):
     with emulated_bwd_op() as bwd:
         monkeypatch.setattr(ops, "has_bwd_op", lambda: True)
         monkeypatch.setattr(_build_info, "COMPILED", None)
-        monkeypatch.setattr(sdpa, "_COMPILED_FWD", None)
-        monkeypatch.setattr(torch_registry, "_COMPILED_BWD", None)
         yield bwd
 
 
@@ -176,7 +174,7 @@ def test_backward_override_refusal_of_a_bwd_op_with_other_arguments(monkeypatch)
     ],
 )
 def test_fa2_window(left, right, causal, seqlen_k, expected):
-    assert torch_registry._fa2_window(left, right, causal, seqlen_k) == expected
+    assert support.fa2_window(left, right, causal, seqlen_k) == expected
 
 
 @pytest.mark.parametrize(
@@ -215,9 +213,8 @@ def fake_cuda(monkeypatch):
     """Fake CUDA tensors, any device accepted; no build record, so every head dim and dtype counts
     as compiled (the tests below are about the arguments, and a build of other head dims than
     their 128 must not refuse them for that)."""
-    monkeypatch.setattr(sdpa, "kernel_refusal", lambda device: None)
+    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
     monkeypatch.setattr(_build_info, "COMPILED", None)
-    monkeypatch.setattr(sdpa, "_COMPILED_FWD", None)
     with FakeTensorMode() as mode:
         yield mode
 
@@ -409,8 +406,6 @@ def test_flash_attention_backward_refusals(monkeypatch, fake_cuda, backward_buil
     # A build whose record lists no backward kernel for this head dim and dtype.
     record = {manifest.Instantiation(d, h, "bf16") for d in ("fwd", "bwd") for h in (64, 128)}
     monkeypatch.setattr(_build_info, "COMPILED", frozenset(record - {manifest.Instantiation("bwd", 128, "bf16")}))
-    monkeypatch.setattr(torch_registry, "_COMPILED_BWD", torch_registry._compiled_backward_pairs())
-    assert torch_registry._COMPILED_BWD == {(64, "bf16")}
     assert "without backward kernels for head dim 128" in refusal(*base)
     assert refusal(*backward_args(fake(2, 100, 8, 64), fake(2, 130, 2, 64), fake(2, 130, 2, 64))) is None
     monkeypatch.setattr(ops, "has_bwd_op", lambda: False)
@@ -431,7 +426,7 @@ def test_sdpa_flash_backward_refusals(monkeypatch, fake_cuda, backward_build):
     assert "some_future_argument" in refusal(*base, some_future_argument=True)
     assert refusal(*base, some_future_argument=None) is None
     assert "grad_out is undefined" in refusal(*with_arg(base, GRAD_OUT, None))
-    assert "4-dimensional" in refusal(*with_arg(base, QUERY, fake(8, 100, 128)))
+    assert "4 dimensions" in refusal(*with_arg(base, QUERY, fake(8, 100, 128)))
     odd = backward_args(fake(2, 8, 100, 33), fake(2, 2, 130, 33), fake(2, 2, 130, 33), sdpa_layout=True)
     assert "head dim 33" in refusal(*odd)
     # The query's heads and seqlen are read in SDPA's order: logsumexp (batch, heads, L) fits, (batch, L, heads) not.

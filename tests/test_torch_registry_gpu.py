@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn import attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flash_attn_hopper import _build_info, manifest, torch_registry
+from flash_attn_hopper import _build_info, manifest, support, torch_registry
 from flash_attn_hopper.sdpa import TORCH_SDPA
 from flash_attn_hopper.torch_registry import IMPL_NAME
 
@@ -299,7 +299,7 @@ def test_direct_flash_attention_backward_matches_the_kernel_it_replaces(s_q, s_k
     assert any("flash_bwd_kernel" in n and is_our_backward_kernel(n) for n in names), names
     assert not any(map(is_torch_flash_kernel, names)), names
     # The reference applies the window FlashAttention-2 applies (what the forward test above checks).
-    window = torch_registry._fa2_window(left, right, causal, s_k)
+    window = support.fa2_window(left, right, causal, s_k)
     ref = reference_grads(q, k, v, dout, causal=causal, window_size=window)
     low = reference_grads(q, k, v, dout, causal=causal, window_size=window, upcast=False)
     assert_grads_close(grads, ref, low, like=(q, k, v))

@@ -248,13 +248,6 @@ def parse_ninja_log(path: Path, start_offset: int = 0) -> list[CompileRecord]:
     return sorted(records.values(), key=lambda r: -r.seconds)
 
 
-def find_ninja_log(build_temp: Path | None, search_root: Path) -> Path | None:
-    if build_temp is not None and (Path(build_temp) / ".ninja_log").is_file():
-        return Path(build_temp) / ".ninja_log"
-    logs = sorted(Path(search_root).glob("build/**/.ninja_log"), key=lambda p: p.stat().st_mtime)
-    return logs[-1] if logs else None
-
-
 def format_compile_report(records: list[CompileRecord], wall_seconds: float, jobs: int) -> str:
     lines = [f"flash_attn_hopper: compiled {len(records)} file(s) in {wall_seconds:.1f} s wall with {jobs} job(s)"]
     for record in records:

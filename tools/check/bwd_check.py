@@ -18,7 +18,7 @@ def poison_bwd_allocations(b, sq, sk, hq, hk, d, dtype):
     """Fill the blocks the binding's next allocations will get (dq, dk, dv, then the workspaces:
     LSE2, D, the float32 dQ accumulator; then int32 garbage where the deterministic mode's
     semaphores go) with NaN / garbage, so that rows a kernel forgets to write, or an accumulator
-    it assumes zeroed, show (as tests/sdpa_reference.py, poison_allocations)."""
+    it assumes zeroed, show (as tests/helpers/inputs.py, poison_allocations)."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     sq_pad = (sq + 127) // 128 * 128

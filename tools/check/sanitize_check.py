@@ -1,5 +1,5 @@
 """Developer check on the GPU, meant to run under compute-sanitizer: one small forward and
-backward call for every kernel class of a build (tile_size.h: short / long keys, persistent with
+backward call for every kernel class of a build (policy.h: short / long keys, persistent with
 an own O buffer or O stored from registers, dynamic causal, deterministic, GQA), on odd sizes, each
 checked against the float32 reference as in tools/check/fwd_check.py / tools/check/bwd_check.py.
 

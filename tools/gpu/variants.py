@@ -4,7 +4,7 @@ against cuDNN in one run. Each variant is its own extension with its own op name
 With --bwd the variants also build the backward, and the backward is checked and timed instead.
 
     python3 tools/gpu/variants.py --hdim 128 --variant base --variant n128:M=128,N=128,S=2 ...
-    python3 tools/gpu/variants.py --bwd --hdim 256 --variant base --variant s1:FLASH_BWD_DEV_STAGES=1
+    python3 tools/gpu/variants.py --hdim 128 --variant base --variant t:M=128,N=144,S=2
 
 A variant is NAME[:KEY=VALUE,...] with keys M, N, S (block M, block N, stages; all three or
 none) or any other macro (passed as -DKEY=VALUE). Every variant compiles with the package build's
@@ -41,8 +41,20 @@ def write_if_changed(path, text):
         path.write_text(text)
 
 
+def write_manifest_header():
+    """csrc/generated/manifest.h, which flash_api.cpp includes, as setup.py's build writes it."""
+    path = next(ROOT.glob("tools/**/generate_instantiations.py"))  # wherever tools/ keeps the generator
+    spec = importlib.util.spec_from_file_location("_fah_generate_instantiations", path)
+    gen = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(gen)
+    out = ROOT / "csrc" / "generated"
+    out.mkdir(parents=True, exist_ok=True)
+    write_if_changed(out / gen.MANIFEST_HEADER_NAME, gen.render_manifest_header())
+
+
 def sources(name, hdim, dtype, bwd=False):
     ctype = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}[dtype]
+    write_manifest_header()
     d = BUILD / name
     d.mkdir(parents=True, exist_ok=True)
     api = d / "api.cpp"
@@ -54,13 +66,13 @@ def sources(name, hdim, dtype, bwd=False):
         + '#include "flash_api.cpp"\n')
     inst = d / "inst.cu"
     write_if_changed(inst,
-        f'#include "flash_fwd_launch.cuh"\n'
+        f'#include "launch/fwd_launch.cuh"\n'
         f"template void flash::run_flash_fwd<{hdim}, {ctype}>(flash::FwdParams&, cudaStream_t);\n")
     files = [str(api), str(inst)]
     if bwd:
         inst_bwd = d / "inst_bwd.cu"
         write_if_changed(inst_bwd,
-            f'#include "flash_bwd_launch.cuh"\n'
+            f'#include "launch/bwd_launch.cuh"\n'
             f"template void flash::run_flash_bwd<{hdim}, {ctype}>(flash::BwdParams&, cudaStream_t);\n")
         files.append(str(inst_bwd))
     return files
