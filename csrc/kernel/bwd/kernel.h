@@ -22,6 +22,7 @@
 #include "kernel/bwd/mainloop_rs.h"
 #include "kernel/bwd/mainloop_ss.h"
 #include "kernel/bwd/shared_storage.h"
+#include "kernel/common/named_barriers.h"
 #include "kernel/common/policy.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
@@ -29,9 +30,6 @@
 namespace flash {
 
 using namespace cute;
-
-// Warp roles of the producer warpgroup.
-enum class BwdProducerWarp : int { kLoad = 0, kDqReducer = 1 };
 
 template <typename Policy_>
 struct BwdKernel {
@@ -103,7 +101,7 @@ struct BwdKernel {
     int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
     bool const lane_predicate = cute::elect_one_sync();
 
-    if (warp_group_idx == 0 && warp_idx_in_wg == 0 && lane_predicate) {
+    if (warp_group_idx == int(WarpGroupRole::kProducer) && warp_idx_in_wg == 0 && lane_predicate) {
       cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
@@ -116,8 +114,8 @@ struct BwdKernel {
     // Q, dO, LSE2, D of one query block (kSplitQdO: Q and LSE2 here, dO and D in pipeline_do)
     pipeline_params.transaction_bytes = Mainloop::kSplitQdO ? Mainloop::kBytesQ + Mainloop::kBytesRow
                                                              : 2 * Mainloop::kBytesQ + 2 * Mainloop::kBytesRow;
-    pipeline_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer
-                                               : Pipeline::ThreadCategory::Consumer;
+    bool const producer = warp_group_idx == int(WarpGroupRole::kProducer);
+    pipeline_params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
     pipeline_params.is_leader = threadIdx.x == 0;
     pipeline_params.num_consumers = kNumMmaThreads;
     Pipeline pipeline(smem.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
@@ -130,31 +128,31 @@ struct BwdKernel {
 
     // Every role walks the same tiles; Progress counts the steps and K/V loads before each tile
     // (the dQ staging buffers, the dS^T buffers and the K/V barrier phases run on across tiles).
-    if (warp_group_idx == 0) {
+    if (warp_group_idx == int(WarpGroupRole::kProducer)) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (warp_idx_in_wg == int(BwdProducerWarp::kLoad) && lane_predicate) {
+      if (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && lane_predicate) {
         PipelineState state = cutlass::make_producer_start_state<Pipeline>();
-        Scheduler::template for_each_tile</*kDraws=*/true>(params, smem, [&](Tile const& tile, BwdProgress const& progress) {
-          mainloop.load(params, smem, pipeline, pipeline_do, state, progress, tile.range, tile.num_steps, tile.n_block,
+        Scheduler::template for_each_tile</*kDraws=*/true>(params, smem, [&](Tile const& tile, BwdProgress const& pr) {
+          mainloop.load(params, smem, pipeline, pipeline_do, state, pr, tile.range, tile.num_steps, tile.n_block,
                         tile.head_kv, tile.batch);
         });
       }
-      if (warp_idx_in_wg == int(BwdProducerWarp::kDqReducer)) {
+      if (warp_idx_in_wg == int(ProducerWarpRole::kDqReducer)) {
         bool const leader = cute::elect_one_sync();
-        Scheduler::template for_each_tile</*kDraws=*/false>(params, smem, [&](Tile const& tile, BwdProgress const& progress) {
-          dq.reduce(params, smem, progress, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv, tile.batch);
+        Scheduler::template for_each_tile</*kDraws=*/false>(params, smem, [&](Tile const& tile, BwdProgress const& pr) {
+          dq.reduce(params, smem, pr, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv, tile.batch);
         });
         if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       PipelineState state;
-      Scheduler::template for_each_tile</*kDraws=*/false>(params, smem, [&](Tile const& tile, BwdProgress const& progress) {
+      Scheduler::template for_each_tile</*kDraws=*/false>(params, smem, [&](Tile const& tile, BwdProgress const& pr) {
         if constexpr (Policy::kRS) {
-          mainloop.mma_rs(params, smem, pipeline, state, progress, tile.range, tile.num_steps, tile.n_block,
+          mainloop.mma_rs(params, smem, pipeline, state, pr, tile.range, tile.num_steps, tile.n_block,
                           tile.head_kv, tile.batch, threadIdx.x - 128, dq, epilogue);
         } else {
-          mainloop.mma_ss(params, smem, pipeline, pipeline_do, state, progress, tile.range, tile.num_steps,
+          mainloop.mma_ss(params, smem, pipeline, pipeline_do, state, pr, tile.range, tile.num_steps,
                           tile.n_block, tile.head_kv, tile.batch, threadIdx.x - 128, dq, epilogue);
         }
       });

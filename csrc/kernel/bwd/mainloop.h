@@ -80,7 +80,8 @@ struct BwdMainloop {
   using AtomLayoutKeys = Layout<Shape<Int<kKeyWGs>, Int<kOtherWGs>, _1>>;
   // S^T, dP^T: (keys, queries), K = head dim; A = K or V, B = Q or dO, both K-major.
   using SdPShape = Shape<_64, Int<kBlockM / kOtherWGs>, Int<kHeadDim>>;
-  using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, SdPShape>(), AtomLayoutKeys{}));
+  using TiledMmaSdP =
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, SdPShape>(), AtomLayoutKeys{}));
   // dV, dK: (keys, head dim), K = queries; A = P^T or dS^T (K-major: registers in RS, shared
   // memory in SS), B = dO^T or Q^T (MN-major).
   using MmadKVShape = Shape<_64, Int<kHeadDim / kOtherWGs>, Int<kBlockM>>;

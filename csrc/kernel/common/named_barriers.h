@@ -3,6 +3,13 @@
 
 namespace flash {
 
+// Warpgroup roles: warpgroup 0 produces (TMA loads, the dynamic schedulers' draws, the backward's
+// dQ reduction) on few registers; warpgroups 1.. consume (MMAs, softmax, epilogue), 64 query
+// rows (forward) or one warpgroup's share of the key block (backward) each.
+enum class WarpGroupRole : int { kProducer = 0, kFirstConsumer = 1 };
+// Warps of the producer warpgroup.
+enum class ProducerWarpRole : int { kLoad = 0, kDqReducer = 1 };
+
 enum class FwdNamedBarrier : int {
   kEpilogueWG1 = 1,  // + consumer warpgroup index: that warpgroup's O tile is in shared memory
   kEpilogueWG2 = 2,

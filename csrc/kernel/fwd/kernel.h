@@ -18,6 +18,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "kernel/common/block_range.h"
+#include "kernel/common/named_barriers.h"
 #include "kernel/common/policy.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
@@ -101,7 +102,7 @@ struct FwdKernel {
     int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;
     bool const lane_predicate = cute::elect_one_sync();
 
-    if (warp_group_idx == 0 && warp_idx_in_wg == 0 && lane_predicate) {
+    if (warp_group_idx == int(WarpGroupRole::kProducer) && warp_idx_in_wg == 0 && lane_predicate) {
       cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
@@ -116,8 +117,8 @@ struct FwdKernel {
     }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = Mainloop::kBytesKV;
-    pipeline_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer
-                                               : Pipeline::ThreadCategory::Consumer;
+    bool const producer = warp_group_idx == int(WarpGroupRole::kProducer);
+    pipeline_params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
     pipeline_params.is_leader = threadIdx.x == 0;
     pipeline_params.num_consumers = kNumMmaThreads;
     Pipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
@@ -138,9 +139,9 @@ struct FwdKernel {
                                                   params.window_left, params.window_right);
     };
 
-    if (warp_group_idx == 0) {
+    if (warp_group_idx == int(WarpGroupRole::kProducer)) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (warp_idx_in_wg == 0 && lane_predicate) {
+      if (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && lane_predicate) {
         PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
         PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
         // Which release of the Q buffer to wait for before loading Q (-1: none). Without
@@ -191,7 +192,7 @@ struct FwdKernel {
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      int const wg = warp_group_idx - 1;
+      int const wg = warp_group_idx - int(WarpGroupRole::kFirstConsumer);
       Mainloop::scheduler_init(wg);
       PipelineState state_k;
       PipelineState state_v;
