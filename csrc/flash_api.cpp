@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -249,6 +250,113 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
   return {out, lse};
 }
 
+// The sequences of a variable-length call: cu_seqlens (batch + 1) and seqused (batch) int32 on q's
+// device. Their contents are not read here (that would need a sync): the kernels clamp them.
+struct Varlen {
+  int64_t batch, total_q, total_k, max_seqlen_q, max_seqlen_k;
+};
+
+Varlen check_varlen(at::Tensor const& q, at::Tensor const& k, at::Tensor const& cu_seqlens_q,
+                    at::Tensor const& cu_seqlens_k, std::optional<at::Tensor> const& seqused_q,
+                    std::optional<at::Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3,
+              "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
+  auto check_index = [&](at::Tensor const& t, char const* name, int64_t numel) {
+    TORCH_CHECK(t.scalar_type() == at::kInt && t.dim() == 1 && t.is_contiguous(), "flash_attn_hopper: ", name,
+                " must be a contiguous 1-D int32 tensor");
+    TORCH_CHECK(t.device() == q.device(), "flash_attn_hopper: ", name, " must be on q's device");
+    TORCH_CHECK(numel < 0 || t.numel() == numel, "flash_attn_hopper: ", name, " must have ", numel,
+                " entries, got ", t.numel());
+  };
+  check_index(cu_seqlens_q, "cu_seqlens_q", -1);
+  TORCH_CHECK(cu_seqlens_q.numel() >= 1, "flash_attn_hopper: cu_seqlens_q must have batch + 1 >= 1 entries");
+  Varlen vl{};
+  vl.batch = cu_seqlens_q.numel() - 1;
+  check_index(cu_seqlens_k, "cu_seqlens_k", vl.batch + 1);
+  if (seqused_q) { check_index(*seqused_q, "seqused_q", vl.batch); }
+  if (seqused_k) { check_index(*seqused_k, "seqused_k", vl.batch); }
+  TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "flash_attn_hopper: max_seqlen_q and max_seqlen_k must be >= 0");
+  TORCH_CHECK(vl.batch <= flash::manifest::kMaxBatch, "flash_attn_hopper: at most ", flash::manifest::kMaxBatch,
+              " sequences");
+  vl.total_q = q.size(0);
+  vl.total_k = k.size(0);
+  // No sequence is longer than its packed tensor: larger bounds would only widen the grid.
+  vl.max_seqlen_q = std::min(max_seqlen_q, vl.total_q);
+  vl.max_seqlen_k = std::min(max_seqlen_k, vl.total_k);
+  return vl;
+}
+
+flash::VarlenArgs varlen_args(Varlen const& vl, at::Tensor const& cu_seqlens_q, at::Tensor const& cu_seqlens_k,
+                              std::optional<at::Tensor> const& seqused_q, std::optional<at::Tensor> const& seqused_k,
+                              bool top_left) {
+  flash::VarlenArgs args;
+  args.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+  args.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
+  args.seqused_q = seqused_q ? seqused_q->data_ptr<int>() : nullptr;
+  args.seqused_k = seqused_k ? seqused_k->data_ptr<int>() : nullptr;
+  args.total_q = int(vl.total_q);
+  args.total_k = int(vl.total_k);
+  args.top_left = top_left;
+  args.batch = int(vl.batch);
+  return args;
+}
+
+// Variable-length forward: q (total_q, heads, d), k and v (total_k, heads_kv, d), sequence b at
+// rows cu_seqlens[b] (FwdParams says how the kernels read them). Returns out like q and the LSE
+// (heads, total_q). With seqused_q, rows outside every sequence's used part are 0 (LSE -inf).
+std::tuple<at::Tensor, at::Tensor> mha_varlen_fwd(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
+                                                  at::Tensor const& cu_seqlens_q, at::Tensor const& cu_seqlens_k,
+                                                  std::optional<at::Tensor> const& seqused_q,
+                                                  std::optional<at::Tensor> const& seqused_k, int64_t max_seqlen_q,
+                                                  int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                                  int64_t window_size_left, int64_t window_size_right, bool top_left) {
+  TORCH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
+  Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  // One packed "batch entry" of total rows: the dense checks (dtypes, head dim, GQA, strides, sizes).
+  at::Tensor const q4 = q.unsqueeze(0), k4 = k.unsqueeze(0), v4 = v.unsqueeze(0);
+  Problem const pb = check_problem(q4, k4, v4);
+  check_scale(softmax_scale);
+  c10::cuda::CUDAGuard device_guard(q.device());
+  FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
+  TORCH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
+
+  bool const gaps = seqused_q.has_value();  // rows no sequence uses: defined as 0 / -inf
+  at::Tensor out = gaps ? at::zeros({vl.total_q, pb.heads_q, pb.head_dim}, q.options())
+                        : at::empty({vl.total_q, pb.heads_q, pb.head_dim}, q.options());
+  at::Tensor lse = at::empty({pb.heads_q, vl.total_q}, q.options().dtype(at::kFloat));
+  if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
+  if (vl.total_k == 0 || vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
+  if (gaps) { lse.fill_(-std::numeric_limits<float>::infinity()); }
+
+  at::Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
+  at::Tensor const o4 = out.unsqueeze(0);
+  flash::FwdParams params{};
+  fill_common(params, pb, qt, kt, vt, softmax_scale,
+              make_window(pb, causal, window_size_left, window_size_right, top_left));
+  params.batch = int(vl.batch);
+  params.seqlen_q = int(vl.max_seqlen_q);
+  params.seqlen_k = int(vl.max_seqlen_k);
+  params.varlen = varlen_args(vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
+  params.o_ptr = out.data_ptr();
+  params.lse_ptr = lse.data_ptr<float>();
+  params.o_batch_stride = o4.stride(0);
+  params.o_row_stride = o4.stride(1);
+  params.o_head_stride = o4.stride(2);
+  cudaStream_t const stream = c10::cuda::getCurrentCUDAStream(pb.device).stream();
+  at::Tensor tile_counter;
+  if (flash::fwd_needs_tile_counter(pb.head_dim_rounded, params.is_local, params.seqlen_k)) {
+    tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+    params.tile_counter = tile_counter.data_ptr<int>();
+    C10_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
+  }
+  fwd(params, stream);
+  return {out, lse};
+}
+
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 using BwdFn = void (*)(flash::BwdParams&, cudaStream_t);
 
@@ -344,6 +452,101 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   bwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
   return {dq, dk, dv};
 }
+
+// Gradients of varlen_fwd: the packed dq, dk, dv (zero on rows no sequence uses when seqused is
+// given), with the per-row workspaces padded per sequence (BwdParams).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_varlen_bwd(
+    at::Tensor const& dout, at::Tensor const& q, at::Tensor const& k, at::Tensor const& v, at::Tensor const& out,
+    at::Tensor const& softmax_lse, at::Tensor const& cu_seqlens_q, at::Tensor const& cu_seqlens_k,
+    std::optional<at::Tensor> const& seqused_q, std::optional<at::Tensor> const& seqused_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
+    bool top_left, bool deterministic) {
+  TORCH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
+  Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  at::Tensor const q4 = q.unsqueeze(0), k4 = k.unsqueeze(0), v4 = v.unsqueeze(0);
+  Problem const pb = check_problem(q4, k4, v4);
+  check_scale(softmax_scale);
+  c10::cuda::CUDAGuard device_guard(q.device());
+  TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(),
+              "flash_attn_hopper: dout and out must have q's shape (total_q, nheads, headdim)");
+  TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+              "flash_attn_hopper: dout and out must have q's dtype");
+  TORCH_CHECK(dout.device() == q.device() && out.device() == q.device() && softmax_lse.device() == q.device(),
+              "flash_attn_hopper: dout, out and softmax_lse must be on q's device");
+  TORCH_CHECK(dout.stride(2) == 1, "flash_attn_hopper: the last dimension of dout must be contiguous");
+  TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 2 && softmax_lse.size(0) == pb.heads_q &&
+                  softmax_lse.size(1) == vl.total_q,
+              "flash_attn_hopper: softmax_lse must be float32 (nheads, total_q) as varlen_fwd returns it");
+  BwdFn const bwd = find_bwd(pb.head_dim_rounded, pb.is_bf16);
+  TORCH_CHECK(bwd != nullptr, not_compiled("backward", pb, q.scalar_type()));
+
+  // Rows no sequence uses are not written by the kernels: zero them where there can be any.
+  bool const gaps_q = seqused_q.has_value(), gaps_k = seqused_k.has_value();
+  auto alloc = [&](at::Tensor const& like, bool zero) {
+    return zero ? at::zeros(like.sizes(), like.options()) : at::empty(like.sizes(), like.options());
+  };
+  at::Tensor dq = alloc(q, gaps_q), dk = alloc(k, gaps_k), dv = alloc(v, gaps_k);
+  if (vl.batch == 0 || pb.heads_q == 0 || vl.total_q == 0 || vl.total_k == 0 || vl.max_seqlen_q == 0 ||
+      vl.max_seqlen_k == 0) {  // no query sees any key
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+
+  // Each sequence's rows at a kBwdPadM-aligned offset of its own (seqlen.h, offset_q_padded).
+  int64_t const rows_padded =
+      (vl.total_q + vl.batch * flash::kBwdPadM + flash::kBwdPadM - 1) / flash::kBwdPadM * flash::kBwdPadM;
+  auto const f32 = q.options().dtype(at::kFloat);
+  at::Tensor lse_log2 = at::empty({pb.heads_q, rows_padded}, f32);
+  at::Tensor dsum = at::empty({pb.heads_q, rows_padded}, f32);
+  at::Tensor dq_accum = at::zeros({pb.heads_q, rows_padded, pb.head_dim_rounded}, f32);
+  at::Tensor dq_semaphore;
+  if (deterministic) {
+    dq_semaphore = at::zeros({pb.heads_q, rows_padded / flash::kBwdMinBlockM}, q.options().dtype(at::kInt));
+  }
+
+  at::Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4), dot = tma_ready(dout.unsqueeze(0));
+  at::Tensor const ot = tma_ready(out.unsqueeze(0));
+  at::Tensor const lse = softmax_lse.contiguous();
+  at::Tensor const dq4 = dq.unsqueeze(0);
+  flash::BwdParams params{};
+  fill_common(params, pb, qt, kt, vt, softmax_scale,
+              make_window(pb, causal, window_size_left, window_size_right, top_left));
+  params.batch = int(vl.batch);
+  params.seqlen_q = int(vl.max_seqlen_q);
+  params.seqlen_k = int(vl.max_seqlen_k);
+  params.varlen = varlen_args(vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
+  params.do_ptr = dot.data_ptr();
+  params.do_batch_stride = dot.stride(0);
+  params.do_row_stride = dot.stride(1);
+  params.do_head_stride = dot.stride(2);
+  params.o_ptr = ot.data_ptr();
+  params.o_batch_stride = ot.stride(0);
+  params.o_row_stride = ot.stride(1);
+  params.o_head_stride = ot.stride(2);
+  params.lse_ptr = lse.data_ptr<float>();
+  params.dq_ptr = dq.data_ptr();
+  params.dq_batch_stride = dq4.stride(0);
+  params.dq_row_stride = dq4.stride(1);
+  params.dq_head_stride = dq4.stride(2);
+  params.dk_ptr = dk.data_ptr();
+  params.dv_ptr = dv.data_ptr();
+  params.dq_accum_ptr = dq_accum.data_ptr<float>();
+  params.lse_log2_ptr = lse_log2.data_ptr<float>();
+  params.dsum_ptr = dsum.data_ptr<float>();
+  params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
+  at::Tensor tile_counter;
+  if (flash::bwd_needs_tile_counter(pb.head_dim_rounded, params.is_local, deterministic)) {
+    tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+    params.tile_counter = tile_counter.data_ptr<int>();
+  }
+  params.seqlen_q_padded = int(rows_padded);
+  params.head_dim_rounded = pb.head_dim_rounded;
+
+  bwd(params, c10::cuda::getCurrentCUDAStream(pb.device).stream());
+  return {dq, dk, dv};
+}
 #endif  // FLASH_ATTN_HOPPER_BUILD_BWD
 
 }  // namespace
@@ -360,17 +563,29 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   // corner (torch SDPA's is_causal) instead of the bottom-right one (FlashAttention's).
   m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
         "int window_size_right=-1, bool top_left=False) -> (Tensor out, Tensor softmax_lse)");
+  // q (total_q, nheads, d), k and v (total_k, nheads_kv, d), sequence b at rows cu_seqlens[b]; the
+  // LSE is (nheads, total_q).
+  m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
+        "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
+        "int window_size_left=-1, int window_size_right=-1, bool top_left=False) "
+        "-> (Tensor out, Tensor softmax_lse)");
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
         "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
         "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, "
+        "int max_seqlen_k, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
+        "bool top_left=False, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
 #endif
 }
 
 FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
   m.impl("fwd", &mha_fwd);
+  m.impl("varlen_fwd", &mha_varlen_fwd);
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.impl("bwd", &mha_bwd);
+  m.impl("varlen_bwd", &mha_varlen_bwd);
 #endif
 }
 

@@ -29,8 +29,12 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   static_assert(kBwdPadM % Kernel::kBlockM == 0 && Kernel::kBlockM >= kBwdMinBlockM,
                 "the binding pads the per-row buffers for this step");
 
-  ShapeQKV const shape_q = make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch);
-  ShapeQKV const shape_k = make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch);
+  // Varlen: one packed (total, d, heads) tensor, batch coordinate 0; tiles offset by their sequence.
+  constexpr bool kVarlen = Kernel::kVarlen;
+  ShapeQKV const shape_q =
+      make_shape(kVarlen ? p.varlen.total_q : p.seqlen_q, p.head_dim, p.heads_q, kVarlen ? 1 : p.batch);
+  ShapeQKV const shape_k =
+      make_shape(kVarlen ? p.varlen.total_k : p.seqlen_k, p.head_dim, p.heads_kv, kVarlen ? 1 : p.batch);
   auto tensor = [](void const* ptr, ShapeQKV const& shape, int64_t row, int64_t head, int64_t batch) {
     return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), shape, make_stride(row, _1{}, head, batch));
   };
@@ -69,14 +73,16 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.diag_offset,
       p.window_left,
       p.window_right,
+      {},  // varlen, set below
   };
+  if constexpr (kVarlen) { params.varlen = p.varlen; }
 
   if (Kernel::kDynamic && (p.tile_counter == nullptr || p.dq_semaphore_ptr != nullptr)) {
     throw std::runtime_error(
         "flash_attn_hopper: the dynamic backward kernel needs the binding's tile counter and the default mode");
   }
   {  // preprocess: resident CTAs (as many as fit, found once per instantiation) over the row units
-    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim>;
+    auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim, kVarlen>;
     static int const per_sm = [prep] {
       int n = 0;
       check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, prep, kPrepWarps * 32, 0),
@@ -84,7 +90,9 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       return std::max(n, 1);
     }();
     constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
-    int const units_per_head = (p.seqlen_q_padded + kPrepRows - 1) / kPrepRows;
+    // Varlen: units over the longest sequence's padded rows, per (head, sequence).
+    int const rows = kVarlen ? (p.seqlen_q + kBwdPadM - 1) / kBwdPadM * kBwdPadM : p.seqlen_q_padded;
+    int const units_per_head = (rows + kPrepRows - 1) / kPrepRows;
     int64_t const units = int64_t(units_per_head) * p.heads_q * p.batch;
     int const grid_prep = int(std::min<int64_t>(units, int64_t(p.num_sms) * per_sm));
     prep<<<grid_prep, kPrepWarps * 32, 0, stream>>>(p, units_per_head, units);
@@ -102,16 +110,18 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
   check_cuda(cudaGetLastError(), "launching the backward kernel");
 
-  dim3 const grid_post(p.seqlen_q_padded / Kernel::kBlockM, p.heads_q, p.batch);
+  int const post_blocks =
+      kVarlen ? (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM : p.seqlen_q_padded / Kernel::kBlockM;
+  dim3 const grid_post(post_blocks, p.heads_q, p.batch);
   flash_bwd_dq_postprocess_kernel<Kernel><<<grid_post, Kernel::kNumMmaThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward dQ postprocess kernel");
 }
 
-template <int kHeadDim, typename Element, bool kLocal>
+template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
 void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
   // The default and the deterministic mode share one kernel unless a policy tells them apart.
-  using Default = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/false>;
-  using Deterministic = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/true>;
+  using Default = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/false, kVarlen>;
+  using Deterministic = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/true, kVarlen>;
   if constexpr (!std::is_same_v<Default, Deterministic>) {
     if (p.dq_semaphore_ptr != nullptr) {
       launch_bwd<Deterministic>(p, stream);
@@ -124,10 +134,18 @@ void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
 template <int kHeadDim, typename Element>
 void run_flash_bwd(BwdParams& p, cudaStream_t stream) {
-  if (p.is_local) {
-    run_flash_bwd_mask<kHeadDim, Element, true>(p, stream);
+  auto run = [&](auto varlen) {
+    constexpr bool kVarlen = decltype(varlen)::value;
+    if (p.is_local) {
+      run_flash_bwd_mask<kHeadDim, Element, true, kVarlen>(p, stream);
+    } else {
+      run_flash_bwd_mask<kHeadDim, Element, false, kVarlen>(p, stream);
+    }
+  };
+  if (p.varlen.cu_seqlens_q != nullptr) {
+    run(std::true_type{});
   } else {
-    run_flash_bwd_mask<kHeadDim, Element, false>(p, stream);
+    run(std::false_type{});
   }
 }
 

@@ -30,8 +30,12 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   using Element = typename Kernel::Element;
   using ShapeQKV = typename Kernel::ShapeQKV;
 
-  ShapeQKV const shape_q = make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch);
-  ShapeQKV const shape_k = make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch);
+  // Varlen: one packed (total, d, heads) tensor, batch coordinate 0; tiles offset by their sequence.
+  constexpr bool kVarlen = Kernel::kVarlen;
+  ShapeQKV const shape_q =
+      make_shape(kVarlen ? p.varlen.total_q : p.seqlen_q, p.head_dim, p.heads_q, kVarlen ? 1 : p.batch);
+  ShapeQKV const shape_k =
+      make_shape(kVarlen ? p.varlen.total_k : p.seqlen_k, p.head_dim, p.heads_kv, kVarlen ? 1 : p.batch);
   auto tensor = [](void const* ptr, ShapeQKV const& shape, int64_t row, int64_t head, int64_t batch) {
     return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), shape,
                        make_stride(row, _1{}, head, batch));
@@ -71,10 +75,12 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.tile_counter,
       Kernel::Scheduler::divisors(num_m_blocks, p.heads_q, heads_per_group),
       {},  // direct_o, set below
+      {},  // varlen, set below
   };
   if constexpr (Kernel::kDirectO) {
     params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
   }
+  if constexpr (kVarlen) { params.varlen = p.varlen; }
   if (Kernel::kDynamic && p.tile_counter == nullptr) {
     throw std::runtime_error("flash_attn_hopper: dynamic tile scheduling needs the binding's tile counter");
   }
@@ -88,37 +94,46 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the forward kernel");
 }
 
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen>
 void run_flash_fwd_tile(FwdParams& p, cudaStream_t stream) {
-  launch_fwd<FwdKernelFor<kHeadDim, Element, kLocal, kKeys>>(p, stream);
+  launch_fwd<FwdKernelFor<kHeadDim, Element, kLocal, kKeys, kVarlen>>(p, stream);
 }
 
-// The tile of the key-length class of seqlen_k (policy.h); classes sharing a tile share a kernel.
-template <int kHeadDim, typename Element, bool kLocal>
+// The tile of the key-length class of seqlen_k (policy.h; varlen: of the longest sequence);
+// classes sharing a tile share a kernel.
+template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
 void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
   FwdKeys const keys = fwd_keys_class_for<kHeadDim, kLocal>(p.seqlen_k);
   if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kLongKeys>()) {
     if (keys == kLongKeys) {
-      run_flash_fwd_tile<kHeadDim, Element, kLocal, kLongKeys>(p, stream);
+      run_flash_fwd_tile<kHeadDim, Element, kLocal, kLongKeys, kVarlen>(p, stream);
       return;
     }
   }
   if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kMidKeys>()) {
     if (keys >= kMidKeys) {
-      run_flash_fwd_tile<kHeadDim, Element, kLocal, kMidKeys>(p, stream);
+      run_flash_fwd_tile<kHeadDim, Element, kLocal, kMidKeys, kVarlen>(p, stream);
       return;
     }
   }
-  run_flash_fwd_tile<kHeadDim, Element, kLocal, kShortKeys>(p, stream);
+  run_flash_fwd_tile<kHeadDim, Element, kLocal, kShortKeys, kVarlen>(p, stream);
 }
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& p, cudaStream_t stream) {
-  if (p.is_local) {
-    run_flash_fwd_mask<kHeadDim, Element, true>(p, stream);
+  auto run = [&](auto varlen) {
+    constexpr bool kVarlen = decltype(varlen)::value;
+    if (p.is_local) {
+      run_flash_fwd_mask<kHeadDim, Element, true, kVarlen>(p, stream);
+    } else {
+      run_flash_fwd_mask<kHeadDim, Element, false, kVarlen>(p, stream);
+    }
+  };
+  if (p.varlen.cu_seqlens_q != nullptr) {
+    run(std::true_type{});
   } else {
-    run_flash_fwd_mask<kHeadDim, Element, false>(p, stream);
+    run(std::false_type{});
   }
 }
 

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "params/varlen_args.h"
+
 namespace flash {
 
 // Query rows per main-loop step of the backward kernel (kernel/common/policy.h, bwd_tile): 128
@@ -60,6 +62,11 @@ struct BwdParams {
   int window_left;
   int window_right;
   int diag_offset;
+
+  // Variable-length batches, as in FwdParams. The per-row float32 buffers are then (heads_q,
+  // seqlen_q_padded) with each sequence at its own kBwdPadM-aligned rows (seqlen.h), seqlen_q_padded
+  // = total_q + batch * kBwdPadM rounded up to kBwdPadM; dq, dk, dv are packed like q, k, v.
+  VarlenArgs varlen;
 };
 
 }  // namespace flash

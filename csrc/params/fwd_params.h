@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "params/varlen_args.h"
+
 namespace flash {
 
 struct FwdParams {
@@ -41,6 +43,12 @@ struct FwdParams {
   // A zeroed int of this call's own: the tile counter of dynamic persistent scheduling
   // (persistent causal/local kernels, policy.h fwd_needs_tile_counter); null otherwise.
   int* tile_counter = nullptr;
+
+  // Variable-length batches (varlen.cu_seqlens_q null: dense). q, k, v, o are then packed (total,
+  // heads, head_dim) tensors (batch strides unused), batch counts the sequences, seqlen_q / seqlen_k
+  // are the longest sequences' lengths (they size the grid), lse is (heads_q, total_q) and the
+  // diagonal is per sequence (diag_offset unused).
+  VarlenArgs varlen;
 };
 
 }  // namespace flash

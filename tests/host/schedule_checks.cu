@@ -8,9 +8,13 @@
 // 3. The forward's dynamic tile counter: the binding and the launched kernel agree on it.
 // 4. Forward block range: every key a tile's rows see lies in the visited key blocks, and a block
 //    the range calls unmasked holds only keys that every row of the tile sees.
+// 5. Varlen sequence extents: whatever cu_seqlens / seqused hold, every sequence lies inside the
+//    packed tensors and its padded rows inside the backward's workspace; for well-formed offsets
+//    the sequences are the segments asked for and their padded rows do not overlap.
 // Random shapes from a fixed seed; prints a summary and exits non-zero on any failure.
 #include "kernel/bwd/kernel.h"
 #include "kernel/common/block_range.h"
+#include "kernel/common/seqlen.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/fwd/kernel.h"
 
@@ -216,6 +220,54 @@ int check_fwd_block_range(int cases) {
   return failures;
 }
 
+struct VarlenOnly {
+  flash::VarlenArgs varlen;
+};
+
+int check_varlen_extents(int cases) {
+  int failures = 0;
+  constexpr int kPad = flash::kBwdPadM;
+  for (int c = 0; c < cases; ++c) {
+    int const batch = uniform(1, 40);
+    bool const malformed = uniform(0, 2) == 0;
+    std::vector<int> cu_q(batch + 1), cu_k(batch + 1), used_q(batch), used_k(batch);
+    for (int b = 0; b < batch; ++b) {
+      cu_q[b + 1] = cu_q[b] + (uniform(0, 3) ? uniform(0, 300) : uniform(0, 1));
+      cu_k[b + 1] = cu_k[b] + uniform(0, 300);
+      used_q[b] = uniform(0, 320);
+      used_k[b] = uniform(0, 320);
+    }
+    int const total_q = cu_q[batch], total_k = cu_k[batch];
+    if (malformed) {  // contents no host check could see without a sync
+      for (int& x : cu_q) { x = uniform(-50, total_q + 50); }
+      for (int& x : used_q) { x = uniform(-50, 400); }
+    }
+    bool const with_used = uniform(0, 1);
+    VarlenOnly p{{cu_q.data(), cu_k.data(), with_used ? used_q.data() : nullptr, with_used ? used_k.data() : nullptr,
+                  total_q, total_k, false, batch}};
+    int64_t const rows_padded = (int64_t(total_q) + int64_t(batch) * kPad + kPad - 1) / kPad * kPad;
+    bool ok = true;
+    int64_t prev_end = 0;
+    for (int b = 0; b < batch; ++b) {
+      flash::VarSeqLen<VarlenOnly> const seq(p, b);
+      ok &= seq.offset_q() >= 0 && seq.seqlen_q() >= 0 && seq.offset_q() + seq.seqlen_q() <= total_q;
+      ok &= seq.offset_k() >= 0 && seq.seqlen_k() >= 0 && seq.offset_k() + seq.seqlen_k() <= total_k;
+      int64_t const padded = seq.offset_q_padded<kPad>();
+      int64_t const end = padded + (seq.seqlen_q() + kPad - 1) / kPad * kPad;
+      ok &= padded % kPad == 0 && padded >= 0 && end <= rows_padded;
+      if (!malformed) {
+        int const want_q = with_used ? std::min(used_q[b], cu_q[b + 1] - cu_q[b]) : cu_q[b + 1] - cu_q[b];
+        ok &= seq.offset_q() == cu_q[b] && seq.seqlen_q() == want_q && seq.offset_k() == cu_k[b];
+        ok &= padded >= prev_end;  // no overlap with the sequence before
+        prev_end = end;
+      }
+    }
+    if (!ok && failures++ < 5) { std::printf("varlen extents wrong: batch %d malformed %d\n", batch, int(malformed)); }
+  }
+  std::printf("varlen extents (clamping, padded rows): %d random shapes, %d failures\n", cases, failures);
+  return failures;
+}
+
 }  // namespace
 
 int main() {
@@ -235,5 +287,6 @@ int main() {
   failures += check_fwd_block_range<128, 64, true>(400);
   failures += check_fwd_block_range<192, 128, false>(200);
   failures += check_fwd_block_range<128, 176, false>(200);
+  failures += check_varlen_extents(3000);
   return failures != 0;
 }

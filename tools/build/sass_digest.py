@@ -116,9 +116,12 @@ def compare(before: Path, after: Path) -> int:
     bad = 0
     for name in sorted(set(a) & set(b)):
         da, db = sorted(a[name]["kernels"].values()), sorted(b[name]["kernels"].values())
-        same = sum(1 for h in db if h in da)
-        status = "identical" if da == db else f"{len(da) - same} of {len(da)} kernels differ"
-        bad += da != db
+        missing = [h for h in da if h not in db]  # kernels of before with no identical kernel after
+        new = len(db) - (len(da) - len(missing))
+        status = "identical" if not missing else f"{len(missing)} of {len(da)} kernels differ"
+        if new and not missing:
+            status += f" (+{new} new kernels)"
+        bad += bool(missing)
         print(f"{name}: {len(da)} kernels, {status}")
     for name in sorted(set(a) ^ set(b)):
         print(f"{name}: only in {'before' if name in a else 'after'}")

@@ -38,7 +38,7 @@
 #              samples (tools/profile/ncu_source_top.py). Reports: $OUT/ncu_*.ncu-rep
 #   sanitize   compute-sanitizer over tools/check/sanitize_check.py (HDIMS, first dtype): first
 #              the planted-overrun probe (must be caught), then each of $SANITIZE_TOOLS (default
-#              memcheck,synccheck,racecheck; all but memcheck on the --quick cases)
+#              memcheck,synccheck,racecheck,varlen; all but memcheck on the --quick cases)
 #   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, clock_probe.py, ...)
 # Default STEPS: build,check,pytest.
 #
@@ -167,6 +167,12 @@ if has check; then
     rc=$?; grep -v "^ok" "$OUT/bwd_check.log" | tail -20; echo "$(grep -c '^ok' "$OUT/bwd_check.log") backward cases ok"
     result bwd_check $rc
   fi
+  vl_bwd=$([ "${DISABLE_BACKWARD:-0}" = 1 ] && echo --no-bwd)
+  # shellcheck disable=SC2086
+  timeout "${CHECK_TIMEOUT:-200}" python3 tools/check/varlen_check.py --hdims "$HDIMS" --dtype "${DTYPES%%,*}" \
+    $vl_bwd > "$OUT/varlen_check.log" 2>&1
+  rc=$?; grep -v "^ok\|^ran" "$OUT/varlen_check.log" | tail -20; echo "$(grep -c '^ok' "$OUT/varlen_check.log") varlen cases ok"
+  result varlen_check $rc
 fi
 
 if has pytest; then
@@ -269,10 +275,10 @@ fi
 
 if has sanitize; then
   step sanitize
-  cs() {  # tool, seconds, log name, sanitize_check.py arguments
+  cs() {  # tool, seconds, log name, script arguments (script: $CS_SCRIPT, default sanitize_check.py)
     local tool=$1 secs=$2 log=$3; shift 3
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$secs" compute-sanitizer --tool "$tool" --kernel-name kns=flash \
-      --error-exitcode 9 --print-limit 10 python3 tools/check/sanitize_check.py --hdims "$HDIMS" \
+      --error-exitcode 9 --print-limit 10 python3 "tools/check/${CS_SCRIPT:-sanitize_check.py}" --hdims "$HDIMS" \
       --dtype "${DTYPES%%,*}" "$@" > "$OUT/sanitize_$log.log" 2>&1
     local rc=$?
     grep -E "FAIL|all ok|SOME|probe|ERROR SUMMARY|rror|nrecognized" "$OUT/sanitize_$log.log" | head -12
@@ -283,11 +289,13 @@ if has sanitize; then
   # kernel filter instruments nothing and the clean reports below mean nothing.
   cs memcheck 60 probe --probe
   [ $? -eq 9 ] || { echo "the probe's overrun was not reported"; failed="$failed sanitize_probe"; }
-  for tool in $(tr ',' ' ' <<< "${SANITIZE_TOOLS:-memcheck,synccheck,racecheck}"); do
+  for tool in $(tr ',' ' ' <<< "${SANITIZE_TOOLS:-memcheck,synccheck,racecheck,varlen}"); do
     case $tool in
       memcheck) cs memcheck "${MEMCHECK_SECS:-200}" memcheck || failed="$failed memcheck";;
       synccheck) cs synccheck "${SYNCCHECK_SECS:-80}" synccheck --quick || failed="$failed synccheck";;
       racecheck) cs racecheck "${RACECHECK_SECS:-120}" racecheck --quick || failed="$failed racecheck";;
+      varlen) CS_SCRIPT=varlen_check.py cs memcheck "${VARLEN_MEMCHECK_SECS:-200}" varlen_memcheck \
+                || failed="$failed varlen_memcheck";;  # malformed cu_seqlens / seqused
       *) echo "unknown sanitizer tool $tool"; failed="$failed sanitize";;
     esac
   done

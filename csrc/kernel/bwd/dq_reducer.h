@@ -38,7 +38,7 @@ struct BwdDqReducer {
   using SharedStorage = typename Mainloop::SharedStorage;
   using Range = typename Mainloop::Range;
   using Walk = typename Mainloop::Walk;
-  using Scheduler = BwdTileScheduler<kBlockM, kBlockN, kLocal, Policy::kPersistent, Policy::kDynamic>;
+  using Scheduler = BwdTileScheduler<kBlockM, kBlockN, kLocal, Policy::kPersistent, Policy::kDynamic, Policy::kVarlen>;
   static constexpr int kNumMmaThreads = Mainloop::kNumMmaThreads;
   static constexpr uint32_t kBytesDq = kBlockM * kHeadDim * sizeof(float);
 
@@ -85,16 +85,17 @@ struct BwdDqReducer {
   // addition to complete before passing the turn on.
   // progress.steps + step is the CTA-wide step (buffers run on across tiles); the caller waits for
   // the last reductions.
-  template <typename Params>
-  CUTLASS_DEVICE void reduce(Params const& params, SharedStorage& smem, BwdProgress const& progress, bool leader,
-                             Range const& range, int num_steps, int n_block, int head_kv, int batch) const {
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void reduce(Params const& params, Seq const& seq, SharedStorage& smem, BwdProgress const& progress,
+                             bool leader, Range const& range, int num_steps, int n_block, int head_kv,
+                             int batch) const {
     Walk walk(params, range, n_block);
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
       int const global_step = progress.steps + step;
       if constexpr (kDqPerWG) {
-        reduce_per_wg(params, smem, leader, global_step, head, m_block, n_block, batch);
+        reduce_per_wg(params, seq, smem, leader, global_step, head, m_block, n_block, batch);
         continue;
       }
       int const buffer = global_step % kDqStages;
@@ -105,12 +106,13 @@ struct BwdDqReducer {
         cutlass::arch::NamedBarrier::arrive(kNumMmaThreads + 32,
                                             static_cast<int>(BwdNamedBarrier::kDqEmpty0) + buffer);
       }
-      int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
+      int64_t const row_base = Mainloop::row_base(params, seq, batch, head);
       float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
       float const* const sdq = smem.dq.dq.data() + buffer * (kBlockM * kHeadDim);
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads + 32, static_cast<int>(BwdNamedBarrier::kDqFull0) + buffer);
       if (leader) {
-        int* const semaphore = params.dq_semaphore != nullptr ? take_dq_turn(params, row_base, m_block, n_block) : nullptr;
+        int* const semaphore = params.dq_semaphore != nullptr ? take_dq_turn(params, seq, row_base, m_block, n_block)
+                                                             : nullptr;
         bulk_reduce_add<kBytesDq>(gdq, sdq);
         if (semaphore != nullptr) {
           pass_dq_turn(semaphore);
@@ -134,10 +136,11 @@ struct BwdDqReducer {
 
   // Deterministic mode: wait until dQ block m_block's counter reaches this key block's turn (the
   // reduce-adds after it then see the earlier blocks' additions); returns the counter.
-  template <typename Params>
-  CUTLASS_DEVICE static int* take_dq_turn(Params const& params, int64_t row_base, int m_block, int n_block) {
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE static int* take_dq_turn(Params const& params, Seq const& seq, int64_t row_base, int m_block,
+                                          int n_block) {
     int* const semaphore = params.dq_semaphore + (row_base / kBlockM) + m_block;
-    int const turn = dq_turn(m_block, n_block, params);
+    int const turn = dq_turn(m_block, n_block, seq.seqlen_k(params), seq.diag(params), params.window_right);
     while (load_acquire(semaphore) != turn) {}
     asm volatile("fence.proxy.async.global;" ::: "memory");
     return semaphore;
@@ -153,11 +156,12 @@ struct BwdDqReducer {
   // kDqPerWG: the reducer's share of one step. Each warpgroup's half of the block goes to the
   // accumulator as soon as that warpgroup has staged it. Deterministic mode waits for both halves
   // before it takes the block's turn, so that the turn is held no longer than with one buffer.
-  template <typename Params>
-  CUTLASS_DEVICE void reduce_per_wg(Params const& params, SharedStorage& smem, bool leader, int global_step,
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void reduce_per_wg(Params const& params, Seq const& seq, SharedStorage& smem, bool leader,
+                                    int global_step,
                                     int head, int m_block, int n_block, int batch) const {
     constexpr int kHalf = kBlockM * kHeadDim / 2;
-    int64_t const row_base = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
+    int64_t const row_base = Mainloop::row_base(params, seq, batch, head);
     float* const gdq = params.dq_accum + (row_base + int64_t(m_block) * kBlockM) * kHeadDim;
     auto reduce_half = [&](int wg) { bulk_reduce_add<kBytesDq / 2>(gdq + wg * kHalf, smem.dq.dq.data() + wg * kHalf); };
     auto full = [](int wg) { return static_cast<int>(BwdNamedBarrier::kDqFull0) + wg; };
@@ -173,7 +177,7 @@ struct BwdDqReducer {
       cutlass::arch::NamedBarrier::sync(128 + 32, full(0));
       cutlass::arch::NamedBarrier::sync(128 + 32, full(1));
       if (leader) {
-        int* const semaphore = take_dq_turn(params, row_base, m_block, n_block);
+        int* const semaphore = take_dq_turn(params, seq, row_base, m_block, n_block);
         reduce_half(0);
         reduce_half(1);
         pass_dq_turn(semaphore);
@@ -197,21 +201,24 @@ struct BwdDqReducer {
   // n - 1, which reaches it that many steps later: a wavefront. In descending order each CTA waits
   // for CTAs that got there first [D:032]. Query block m's last key block holds key
   // (m + 1) * kBlockM - 1 + diag + right. Its CTAs wait on higher key blocks, so those launch
-  // first (tile_scheduler.h, key_block_of_cta), or a head with more CTAs than fit on the GPU at once could deadlock.
+  // first (tile_scheduler.h, key_block_of_cta), or a head with more CTAs than fit on the GPU at
+  // once could deadlock. Varlen: the same per sequence.
   // tests/host/schedule_checks.cu checks, on random shapes, windows and both alignments, that
   // the turns of each dQ block's key blocks are 0..k-1 in this order.
   static constexpr bool kDetDescending = Scheduler::kDetDescending;
 
-  template <typename Params>
-  CUTLASS_HOST_DEVICE static int dq_turn(int m_block, int n_block, Params const& params) {
+  CUTLASS_HOST_DEVICE static int dq_turn(int m_block, int n_block, int seqlen_k, int diag, int window_right) {
     if constexpr (kDetDescending) {
-      int const num_n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-      int const last = min(num_n_blocks - 1,
-                           floor_div((m_block + 1) * kBlockM - 1 + params.diag_offset + params.window_right, kBlockN));
+      int const num_n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+      int const last = min(num_n_blocks - 1, floor_div((m_block + 1) * kBlockM - 1 + diag + window_right, kBlockN));
       return last - n_block;
     } else {
       return n_block;
     }
+  }
+  template <typename Params>  // dense problems (the host checks)
+  CUTLASS_HOST_DEVICE static int dq_turn(int m_block, int n_block, Params const& params) {
+    return dq_turn(m_block, n_block, params.seqlen_k, params.diag_offset, params.window_right);
   }
 };
 

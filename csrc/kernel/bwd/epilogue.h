@@ -24,9 +24,9 @@ struct BwdEpilogue {
   // 4-byte pieces of 8 rows per store instruction). Rows past seqlen_k and columns past the real
   // head dim are dropped. dk and dv are allocated by the binding (contiguous, rows 16-byte
   // aligned). A CTA that no query sees writes zeros.
-  template <typename Params, typename TensorAcc>
-  CUTLASS_DEVICE void store(Params const& params, TiledMmadKV const& mma_dkv, TensorAcc& tdKrdK, TensorAcc& tdVrdV,
-                            int n_block, int head_kv, int batch, int mma_tidx) const {
+  template <typename Params, typename Seq, typename TensorAcc>
+  CUTLASS_DEVICE void store(Params const& params, Seq const& seq, TiledMmadKV const& mma_dkv, TensorAcc& tdKrdK,
+                            TensorAcc& tdVrdV, int n_block, int head_kv, int batch, int mma_tidx) const {
     auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
     Tensor tc = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
     Tensor tc_rc = make_tensor(tc.data(), acc_layout_rowcol(tc.layout()));
@@ -37,7 +37,14 @@ struct BwdEpilogue {
     int const lane_in_quad = mma_tidx % 4;
     int const n0 = n_block * kBlockN;
     int64_t const row_stride = int64_t(params.heads_kv) * params.head_dim;  // dk, dv are contiguous
-    int64_t const base = (int64_t(batch) * params.seqlen_k) * row_stride + int64_t(head_kv) * params.head_dim;
+    // This head's rows of the batch entry, or (varlen) of the sequence in the packed (total_k, ...).
+    int64_t const base = [&] {
+      if constexpr (Policy::kVarlen) {
+        return int64_t(seq.offset_k(params)) * row_stride + int64_t(head_kv) * params.head_dim;
+      } else {
+        return (int64_t(batch) * params.seqlen_k) * row_stride + int64_t(head_kv) * params.head_dim;
+      }
+    }();
     auto pack = [](float x, float y) {
       Element pair[2] = {Element(x), Element(y)};
       return *reinterpret_cast<uint32_t*>(pair);
@@ -57,7 +64,7 @@ struct BwdEpilogue {
         uint4 const dv_chunk = quad_transpose(dv_words, lane_in_quad);
         // Column g of this thread is 2 * lane_in_quad into the group's first chunk.
         int const col = get<1>(tc_rc(r, g)) - 2 * lane_in_quad + 8 * lane_in_quad;
-        if (key < params.seqlen_k && col < params.head_dim) {  // head dims are multiples of 8
+        if (key < seq.seqlen_k(params) && col < params.head_dim) {  // head dims are multiples of 8
           int64_t const offset = base + int64_t(key) * row_stride + col;
           *reinterpret_cast<uint4*>(params.dk + offset) = dk_chunk;
           *reinterpret_cast<uint4*>(params.dv + offset) = dv_chunk;

@@ -24,6 +24,7 @@
 #include "kernel/bwd/shared_storage.h"
 #include "kernel/common/named_barriers.h"
 #include "kernel/common/policy.h"
+#include "kernel/common/seqlen.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
 
@@ -45,7 +46,8 @@ struct BwdKernel {
   using Mainloop = BwdMainloop<Policy>;
   using DqReducer = BwdDqReducer<Policy>;
   using Epilogue = BwdEpilogue<Policy, typename Mainloop::TiledMmadKV>;
-  using Scheduler = BwdTileScheduler<kBlockM, kBlockN, kLocal, kPersistent, kDynamic>;
+  static constexpr bool kVarlen = Policy::kVarlen;
+  using Scheduler = BwdTileScheduler<kBlockM, kBlockN, kLocal, kPersistent, kDynamic, kVarlen>;
   using Tile = typename Scheduler::Tile;
   using SharedStorage = typename Mainloop::SharedStorage;
   using Pipeline = typename Mainloop::Pipeline;
@@ -93,6 +95,7 @@ struct BwdKernel {
     int diag_offset;
     int window_left;
     int window_right;
+    [[no_unique_address]] std::conditional_t<kVarlen, VarlenArgs, NoVarlen> varlen;
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
@@ -132,27 +135,30 @@ struct BwdKernel {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && lane_predicate) {
         PipelineState state = cutlass::make_producer_start_state<Pipeline>();
-        Scheduler::template for_each_tile</*kDraws=*/true>(params, smem, [&](Tile const& tile, BwdProgress const& pr) {
-          mainloop.load(params, smem, pipeline, pipeline_do, state, pr, tile.range, tile.num_steps, tile.n_block,
+        Scheduler::template for_each_tile</*kDraws=*/true>(params, smem, [&](Tile const& tile, auto const& seq,
+                                                                              BwdProgress const& pr) {
+          mainloop.load(params, seq, smem, pipeline, pipeline_do, state, pr, tile.range, tile.num_steps, tile.n_block,
                         tile.head_kv, tile.batch);
         });
       }
       if (warp_idx_in_wg == int(ProducerWarpRole::kDqReducer)) {
         bool const leader = cute::elect_one_sync();
-        Scheduler::template for_each_tile</*kDraws=*/false>(params, smem, [&](Tile const& tile, BwdProgress const& pr) {
-          dq.reduce(params, smem, pr, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv, tile.batch);
+        Scheduler::template for_each_tile</*kDraws=*/false>(params, smem, [&](Tile const& tile, auto const& seq,
+                                                                               BwdProgress const& pr) {
+          dq.reduce(params, seq, smem, pr, leader, tile.range, tile.num_steps, tile.n_block, tile.head_kv, tile.batch);
         });
         if (leader) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       PipelineState state;
-      Scheduler::template for_each_tile</*kDraws=*/false>(params, smem, [&](Tile const& tile, BwdProgress const& pr) {
+      Scheduler::template for_each_tile</*kDraws=*/false>(params, smem, [&](Tile const& tile, auto const& seq,
+                                                                             BwdProgress const& pr) {
         if constexpr (Policy::kRS) {
-          mainloop.mma_rs(params, smem, pipeline, state, pr, tile.range, tile.num_steps, tile.n_block,
+          mainloop.mma_rs(params, seq, smem, pipeline, state, pr, tile.range, tile.num_steps, tile.n_block,
                           tile.head_kv, tile.batch, threadIdx.x - 128, dq, epilogue);
         } else {
-          mainloop.mma_ss(params, smem, pipeline, pipeline_do, state, pr, tile.range, tile.num_steps,
+          mainloop.mma_ss(params, seq, smem, pipeline, pipeline_do, state, pr, tile.range, tile.num_steps,
                           tile.n_block, tile.head_kv, tile.batch, threadIdx.x - 128, dq, epilogue);
         }
       });
@@ -160,9 +166,9 @@ struct BwdKernel {
   }
 };
 
-// The kernel of (head dim, dtype, mask, mode): the tile and choices of policy.h.
-template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic>
-using BwdKernelFor = BwdKernel<BwdPolicyFor<kHeadDim, Element, kLocal, kDeterministic>>;
+// The kernel of (head dim, dtype, mask, mode, varlen): the tile and choices of policy.h.
+template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic, bool kVarlen = false>
+using BwdKernelFor = BwdKernel<BwdPolicyFor<kHeadDim, Element, kLocal, kDeterministic, kVarlen>>;
 
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

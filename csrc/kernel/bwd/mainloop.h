@@ -25,8 +25,10 @@
 #include "kernel/bwd/shared_storage.h"
 #include "kernel/common/block_range.h"
 #include "kernel/common/named_barriers.h"
+#include "kernel/common/seqlen.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
+#include "params/bwd_params.h"  // kBwdPadM
 
 namespace flash {
 
@@ -50,6 +52,7 @@ struct BwdMainloop {
   static constexpr int kDvLate = Policy::kDvLate;
   static constexpr bool kLateP16 = Policy::kLateP16;
   static constexpr bool kDsKMajor = Policy::kDsKMajor;
+  static constexpr bool kVarlen = Policy::kVarlen;
 
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
@@ -113,16 +116,38 @@ struct BwdMainloop {
   static constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesRow = kBlockM * sizeof(float);  // LSE2 or D of one query block
 
-  template <typename Params>
-  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline, Pipeline& pipeline_do,
-                           PipelineState& state, BwdProgress const& progress,
-                           Range const& range, int num_steps, int n_block,
-                           int head_kv, int batch) const {
+  // A (rows, d) view of one head: dense, the batch entry's own; varlen (batch coordinate 0 of the
+  // packed tensor), starting at the sequence's first row.
+  template <typename TensorT>
+  CUTLASS_DEVICE static auto rows_of(TensorT const& t, int offset) {
+    if constexpr (kVarlen) {
+      return domain_offset(make_coord(offset, _0{}), t);
+    } else {
+      return t;
+    }
+  }
+
+  // The first row of (batch, head) in the per-row float32 buffers (LSE2, D, the dQ accumulator):
+  // dense (batch, heads_q, seqlen_q_padded); varlen (heads_q, seqlen_q_padded rows), each sequence
+  // at its own kBwdPadM-aligned offset (seqlen.h).
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE static int64_t row_base(Params const& params, Seq const& seq, int batch, int head) {
+    if constexpr (kVarlen) {
+      return int64_t(head) * params.seqlen_q_padded + seq.template offset_q_padded<kBwdPadM>();
+    } else {
+      return (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded;
+    }
+  }
+
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void load(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline,
+                           Pipeline& pipeline_do, PipelineState& state, BwdProgress const& progress,
+                           Range const& range, int num_steps, int n_block, int head_kv, int batch) const {
     if (num_steps == 0) { return; }
     // The consumers' last GEMMs of the previous tile have read K and V.
     if (progress.kv_loads > 0) { smem.barrier_kv_empty.wait((progress.kv_loads - 1) & 1); }
-    Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
-    Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
+    Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch), seq.offset_k(params));
+    Tensor mV = rows_of(params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch), seq.offset_k(params));
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
@@ -139,14 +164,14 @@ struct BwdMainloop {
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
-      Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);
-      Tensor mdO = params.tma_do.get_tma_tensor(params.shape_q)(_, _, head, batch);
+      Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch), seq.offset_q(params));
+      Tensor mdO = rows_of(params.tma_do.get_tma_tensor(params.shape_q)(_, _, head, batch), seq.offset_q(params));
       Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
       Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tdOgdO, tdOsdO] =
           tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      int64_t const row = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_padded + m_block * kBlockM;
+      int64_t const row = row_base(params, seq, batch, head) + m_block * kBlockM;
       pipeline.producer_acquire(state);
       uint64_t* const full = reinterpret_cast<uint64_t*>(pipeline.producer_get_barrier(state));
       copy(params.tma_q.with(*pipeline.producer_get_barrier(state)), tQgQ, tQsQ(_, state.index()));
@@ -216,35 +241,51 @@ struct BwdMainloop {
   // Whether the mask hides a key of a step's (key block n0, query block m0) from a query, given
   // their offsets in the blocks: x = key - diag_key is > window_right or < -window_left, i.e.
   // x + window_left, taken as unsigned, exceeds window_left + window_right (both windows lie in
-  // [0, seqlen_q + seqlen_k]). One add and one compare per element [D:042].
+  // [0, seqlen_q + seqlen_k]). One add and one compare per element [D:042]. Varlen: keys at or
+  // past the sequence's end (the next sequence's rows, not zeros as past a dense tensor's end)
+  // are hidden too.
   struct StepMask {
     uint32_t base, width;
-    template <typename Params>
-    CUTLASS_DEVICE StepMask(Params const& params, int n0, int m0)
-        : base(uint32_t(n0 - m0 - params.diag_offset + params.window_left)),
-          width(uint32_t(params.window_left) + uint32_t(params.window_right)) {}
+    int key_end;  // varlen: the sequence's end, as an offset from n0
+    template <typename Params, typename Seq>
+    CUTLASS_DEVICE StepMask(Params const& params, Seq const& seq, int n0, int m0)
+        : base(uint32_t(n0 - m0 - seq.diag(params) + params.window_left)),
+          width(uint32_t(params.window_left) + uint32_t(params.window_right)),
+          key_end(kVarlen ? seq.seqlen_k(params) - n0 : 0) {}
     CUTLASS_DEVICE bool hides(int key_offset, int query_offset) const {
-      return base + uint32_t(key_offset - query_offset) > width;
+      if constexpr (kVarlen) {
+        return base + uint32_t(key_offset - query_offset) > width || key_offset >= key_end;
+      } else {
+        return base + uint32_t(key_offset - query_offset) > width;
+      }
     }
   };
 
   // Whether the (query block m0, key block n0) tile crosses a window edge (causal diagonal
-  // included), so that its elements need the mask.
-  template <typename Params>
-  CUTLASS_DEVICE static bool block_needs_mask(int m0, int n0, Params const& params) {
-    return kLocal && (n0 + kBlockN - 1 > m0 + params.diag_offset + params.window_right ||
-                      n0 < m0 + kBlockM - 1 + params.diag_offset - params.window_left);
+  // included), or (varlen) the sequence's end, so that its elements need the mask.
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE static bool block_needs_mask(int m0, int n0, Params const& params, Seq const& seq) {
+    if constexpr (kVarlen) {
+      return (kLocal && (n0 + kBlockN - 1 > m0 + seq.diag(params) + params.window_right ||
+                         n0 < m0 + kBlockM - 1 + seq.diag(params) - params.window_left)) ||
+             n0 + kBlockN > seq.seqlen_k(params);
+    } else {
+      return kLocal && (n0 + kBlockN - 1 > m0 + seq.diag(params) + params.window_right ||
+                        n0 < m0 + kBlockM - 1 + seq.diag(params) - params.window_left);
+    }
   }
 
   // The consumer step loops (mainloop_ss.h, mainloop_rs.h): dK and dV accumulated over the tile's
   // steps, each step's dQ handed to the reducer, dK / dV stored by the epilogue.
-  template <typename Params, typename DqReducer, typename Epilogue>
-  CUTLASS_DEVICE void mma_ss(Params const& params, SharedStorage& smem, Pipeline& pipeline, Pipeline& pipeline_do,
+  template <typename Params, typename Seq, typename DqReducer, typename Epilogue>
+  CUTLASS_DEVICE void mma_ss(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline,
+                             Pipeline& pipeline_do,
                              PipelineState& state, BwdProgress const& progress, Range const& range, int num_steps,
                              int n_block, int head_kv, int batch, int mma_tidx, DqReducer const& dq,
                              Epilogue const& epilogue) const;
-  template <typename Params, typename DqReducer, typename Epilogue>
-  CUTLASS_DEVICE void mma_rs(Params const& params, SharedStorage& smem, Pipeline& pipeline, PipelineState& state,
+  template <typename Params, typename Seq, typename DqReducer, typename Epilogue>
+  CUTLASS_DEVICE void mma_rs(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline,
+                             PipelineState& state,
                              BwdProgress const& progress, Range const& range, int num_steps, int n_block,
                              int head_kv, int batch, int mma_tidx, DqReducer const& dq,
                              Epilogue const& epilogue) const;

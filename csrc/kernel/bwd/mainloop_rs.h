@@ -21,12 +21,12 @@ namespace flash {
 using namespace cute;
 
 template <typename Policy>
-template <typename Params, typename DqReducer, typename Epilogue>
-CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, SharedStorage& smem, Pipeline& pipeline,
-                                                PipelineState& state, BwdProgress const& progress,
-                                                Range const& range, int num_steps, int n_block, int head_kv,
-                                                int batch, int mma_tidx, DqReducer const& dq,
-                                                Epilogue const& epilogue) const {
+template <typename Params, typename Seq, typename DqReducer, typename Epilogue>
+CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, Seq const& seq, SharedStorage& smem,
+                                                Pipeline& pipeline, PipelineState& state,
+                                                BwdProgress const& progress, Range const& range, int num_steps,
+                                                int n_block, int head_kv, int batch, int mma_tidx,
+                                                DqReducer const& dq, Epilogue const& epilogue) const {
   TiledMmaSdP mma_sdp;
   TiledMmadKV mma_dkv;
   TiledMmadQ mma_dq;
@@ -113,7 +113,7 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, SharedStor
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
     warpgroup_wait<1>();  // S^T ready
-    StepMask const step_mask(params, n0, m0);
+    StepMask const step_mask(params, seq, n0, m0);
     // Where the step decides at run time, the mask writes -inf into S^T in a loop of its own
     // under a uniform branch, so that unmasked steps skip it (-inf * scale - lse2 is -inf: lse2
     // is +inf, never -inf, for rows that see nothing). A select per element fused into the exp
@@ -220,10 +220,12 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, SharedStor
     // and unmasked runs.
     Walk walk(params, range, n_block);
     for (int step = 0; step < num_steps;) {
-      for (; step < num_steps && block_needs_mask(walk.m_block * kBlockM, n0, params); ++step, walk.advance()) {
+      for (; step < num_steps && block_needs_mask(walk.m_block * kBlockM, n0, params, seq);
+           ++step, walk.advance()) {
         step_body(step, walk.m_block, std::true_type{});
       }
-      for (; step < num_steps && !block_needs_mask(walk.m_block * kBlockM, n0, params); ++step, walk.advance()) {
+      for (; step < num_steps && !block_needs_mask(walk.m_block * kBlockM, n0, params, seq);
+           ++step, walk.advance()) {
         step_body(step, walk.m_block, std::false_type{});
       }
     }
@@ -231,8 +233,8 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, SharedStor
     Walk walk(params, range, n_block);
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
       int const m_block = walk.m_block;
-      if constexpr (kLocal) {
-        step_body(step, m_block, block_needs_mask(m_block * kBlockM, n0, params));
+      if constexpr (kLocal || kVarlen) {  // varlen: the block at the sequence's end is masked
+        step_body(step, m_block, block_needs_mask(m_block * kBlockM, n0, params, seq));
       } else {
         step_body(step, m_block, std::false_type{});
       }
@@ -240,7 +242,7 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, SharedStor
   }
   // Persistent: K and V are free for the next tile once the last step's GEMMs are done.
   if (kPersistent && num_steps > 0) { smem.barrier_kv_empty.arrive(); }
-  epilogue.store(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
+  epilogue.store(params, seq, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
 }
 
 }  // namespace flash

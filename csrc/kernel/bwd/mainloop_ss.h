@@ -21,9 +21,9 @@ namespace flash {
 using namespace cute;
 
 template <typename Policy>
-template <typename Params, typename DqReducer, typename Epilogue>
-CUTLASS_DEVICE void BwdMainloop<Policy>::mma_ss(Params const& params, SharedStorage& smem, Pipeline& pipeline,
-                                                Pipeline& pipeline_do, PipelineState& state,
+template <typename Params, typename Seq, typename DqReducer, typename Epilogue>
+CUTLASS_DEVICE void BwdMainloop<Policy>::mma_ss(Params const& params, Seq const& seq, SharedStorage& smem,
+                                                Pipeline& pipeline, Pipeline& pipeline_do, PipelineState& state,
                                                 BwdProgress const& progress, Range const& range, int num_steps,
                                                 int n_block, int head_kv, int batch, int mma_tidx,
                                                 DqReducer const& dq, Epilogue const& epilogue) const {
@@ -96,8 +96,8 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_ss(Params const& params, SharedStor
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
     warpgroup_wait<1>();  // S^T ready
-    bool const needs_mask = block_needs_mask(m0, n0, params);
-    StepMask const step_mask(params, n0, m0);
+    bool const needs_mask = block_needs_mask(m0, n0, params, seq);
+    StepMask const step_mask(params, seq, n0, m0);
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(tSrS_rc); ++r) {
       CUTLASS_PRAGMA_UNROLL
@@ -147,7 +147,7 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_ss(Params const& params, SharedStor
   }
   // Persistent: K and V are free for the next tile once the last step's GEMMs are done.
   if (kPersistent && num_steps > 0) { smem.barrier_kv_empty.arrive(); }
-  epilogue.store(params, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
+  epilogue.store(params, seq, mma_dkv, tdKrdK, tdVrdV, n_block, head_kv, batch, mma_tidx);
 }
 
 }  // namespace flash

@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
+#include "kernel/common/seqlen.h"
 #include "params/bwd_params.h"
 
 namespace flash {
@@ -33,13 +34,27 @@ constexpr int prep_rows_per_cta() {
   return kPrepWarps * kPrepPasses * (32 / prep_lanes_per_row<kHeadDim>());
 }
 
+// Varlen: sequence bh / heads_q's first row in the packed tensors and in the padded buffers, its
+// rows and padded rows.
+struct PrepExtent {
+  int64_t offset, offset_padded;
+  int rows, rows_padded;
+};
+CUTLASS_DEVICE PrepExtent prep_extent(BwdParams const& p, int64_t bh) {
+  VarSeqLen<BwdParams> const seq(p, int(bh / p.heads_q));
+  return PrepExtent{seq.offset_q(), seq.template offset_q_padded<kBwdPadM>(), seq.seqlen_q(),
+                    (seq.seqlen_q() + kBwdPadM - 1) / kBwdPadM * kBwdPadM};
+}
+
 // A grid of resident CTAs striding over the units (prep_rows_per_cta padded query rows of one
 // (head, batch)), each warp loading the next unit's O and dO before it reduces the current one, so
 // that every SM keeps loads in flight from start to end (one unit per CTA ran in waves of
 // load-wait-reduce-exit at half of HBM bandwidth) [D:044].
 // Block 0 also zeroes the persistent causal kernel's tile counter (BwdParams::tile_counter), which
-// the main kernel, launched next on the stream, draws from.
-template <typename Element, int kHeadDim>
+// the main kernel, launched next on the stream, draws from. Varlen: a unit's rows are those of its
+// sequence (clamped as in seqlen.h), written to the sequence's padded rows (mainloop.h, row_base);
+// units past a sequence's padded rows do nothing.
+template <typename Element, int kHeadDim, bool kVarlen = false>
 __global__ void __launch_bounds__(kPrepWarps * 32)
     flash_bwd_preprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p, int units_per_head, int64_t units) {
   constexpr int kGroup = prep_lanes_per_row<kHeadDim>();
@@ -53,12 +68,29 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
     int64_t bh;     // batch * heads_q + head
     int first_row;  // this lane's padded query row of pass 0
   };
+
   auto decode = [&](int64_t unit) {
     int const row_block = int(unit % units_per_head);
     return Unit{unit / units_per_head, row_block * prep_rows_per_cta<kHeadDim>() + warp_row};
   };
   auto load = [&](Unit const& u, uint4 (&o_chunk)[kPrepPasses], uint4 (&do_chunk)[kPrepPasses]) {
     int64_t const head = u.bh % p.heads_q, batch = u.bh / p.heads_q;
+    if constexpr (kVarlen) {
+      PrepExtent const e = prep_extent(p, u.bh);
+      auto const* o = static_cast<Element const*>(p.o_ptr) + e.offset * p.o_row_stride + head * p.o_head_stride + d;
+      auto const* dout =
+          static_cast<Element const*>(p.do_ptr) + e.offset * p.do_row_stride + head * p.do_head_stride + d;
+      CUTLASS_PRAGMA_UNROLL
+      for (int pass = 0; pass < kPrepPasses; ++pass) {
+        int const i = u.first_row + pass * kRowsPerPass;
+        o_chunk[pass] = do_chunk[pass] = make_uint4(0, 0, 0, 0);
+        if (i < e.rows && d < p.head_dim) {
+          o_chunk[pass] = *reinterpret_cast<uint4 const*>(o + i * p.o_row_stride);
+          do_chunk[pass] = *reinterpret_cast<uint4 const*>(dout + i * p.do_row_stride);
+        }
+      }
+      return;
+    }
     auto const* o = static_cast<Element const*>(p.o_ptr) + batch * p.o_batch_stride + head * p.o_head_stride + d;
     auto const* dout =
         static_cast<Element const*>(p.do_ptr) + batch * p.do_batch_stride + head * p.do_head_stride + d;
@@ -83,6 +115,20 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
       CUTLASS_PRAGMA_UNROLL
       for (int offset = kGroup / 2; offset > 0; offset /= 2) { dot += __shfl_xor_sync(0xffffffff, dot, offset); }
       int const i = u.first_row + pass * kRowsPerPass;
+      if constexpr (kVarlen) {
+        PrepExtent const e = prep_extent(p, u.bh);
+        if (lane % kGroup == 0 && i < e.rows_padded) {
+          int64_t const head = u.bh % p.heads_q;
+          float lse2 = INFINITY;
+          if (i < e.rows) {
+            float const lse = p.lse_ptr[head * p.varlen.total_q + e.offset + i];
+            lse2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+          }
+          p.dsum_ptr[head * p.seqlen_q_padded + e.offset_padded + i] = dot;
+          p.lse_log2_ptr[head * p.seqlen_q_padded + e.offset_padded + i] = lse2;
+        }
+        continue;
+      }
       if (lane % kGroup == 0 && i < p.seqlen_q_padded) {
         float lse2 = INFINITY;  // padding rows and rows that see no key: P = exp2(s - inf) = 0
         if (i < p.seqlen_q) {
@@ -139,8 +185,19 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
   constexpr int kAcc = decltype(size(coord))::value;
   static_assert(kAcc == Kernel::kDqAccPerThread);
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  float const* block = p.dq_accum_ptr +
-      ((int64_t(batch) * p.heads_q + head) * p.seqlen_q_padded + int64_t(m_block) * kBlockM) * kHeadDim;
+  float const* block;
+  [[maybe_unused]] int rows;            // varlen: the sequence's query rows
+  [[maybe_unused]] int64_t dq_offset;   // varlen: its first row in the packed dq
+  if constexpr (Kernel::kVarlen) {  // the grid covers the longest sequence
+    VarSeqLen<BwdParams> const seq(p, batch);
+    if (m_block * kBlockM >= seq.seqlen_q()) { return; }
+    block = p.dq_accum_ptr + (Kernel::Mainloop::row_base(p, seq, batch, head) + int64_t(m_block) * kBlockM) * kHeadDim;
+    rows = seq.seqlen_q();
+    dq_offset = seq.offset_q();
+  } else {
+    block = p.dq_accum_ptr +
+            ((int64_t(batch) * p.heads_q + head) * p.seqlen_q_padded + int64_t(m_block) * kBlockM) * kHeadDim;
+  }
   float2 acc[kAcc / 2];
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < kAcc / 2; ++j) {
@@ -153,13 +210,18 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
         *reinterpret_cast<uint32_t*>(pair);
   }
   __syncthreads();
-  auto* dq = static_cast<Element*>(p.dq_ptr) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  Element* dq;  // this head's rows of the batch entry, or of the sequence in the packed dq
+  if constexpr (Kernel::kVarlen) {
+    dq = static_cast<Element*>(p.dq_ptr) + dq_offset * p.dq_row_stride + head * p.dq_head_stride;
+  } else {
+    dq = static_cast<Element*>(p.dq_ptr) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  }
   constexpr int kChunksPerRow = kHeadDim / 8;
   CUTLASS_PRAGMA_UNROLL
   for (int c = threadIdx.x; c < kBlockM * kChunksPerRow; c += kThreads) {
     int const row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     int const query = m_block * kBlockM + row;
-    if (query < p.seqlen_q && col < p.head_dim) {  // head dims are multiples of 8: chunks stay whole
+    if (query < (Kernel::kVarlen ? rows : p.seqlen_q) && col < p.head_dim) {  // head dims are multiples of 8: chunks stay whole
       *reinterpret_cast<uint4*>(dq + int64_t(query) * p.dq_row_stride + col) =
           *reinterpret_cast<uint4 const*>(&tile[row * kPitch + col]);
     }

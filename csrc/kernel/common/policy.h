@@ -122,8 +122,8 @@ inline FwdKeys fwd_keys_class_for(int seqlen_k) {
   return keys;
 }
 
-// What the forward kernel of (head dim, dtype, mask, tile) does beyond its tile.
-template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_>
+// What the forward kernel of (head dim, dtype, mask, tile, varlen) does beyond its tile.
+template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_, bool kVarlen_ = false>
 struct FwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
@@ -134,6 +134,8 @@ struct FwdPolicy {
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
   static constexpr bool kPersistent = kTile.persistent;
+  // Variable-length batches: sequences packed along the rows, each tile's extent from SeqLenInfo.
+  static constexpr bool kVarlen = kVarlen_;
 
   // Persistent with its own O buffer: O is staged there and a second Q buffer alternates with the
   // first, so the next tile's Q loads while this tile still reads its own [D:012]; the O
@@ -141,7 +143,8 @@ struct FwdPolicy {
   static constexpr bool kSeparateO = kPersistent && kTile.own_o;
   // Persistent without room for an own O: O goes from registers straight to global memory in
   // 16-byte stores, so Q is released after the tile's last Q.K^T GEMM all the same [D:015].
-  static constexpr bool kDirectO = kPersistent && !kTile.own_o;
+  // Varlen kernels always: a TMA store of a whole tile would write past the sequence's end.
+  static constexpr bool kDirectO = (kPersistent && !kTile.own_o) || kVarlen;
   // Q's buffer is released by the tile's last Q.K^T GEMM (not by the epilogue's O store).
   static constexpr bool kEarlyQ = kSeparateO || kDirectO;
   // Persistent causal/local: tiles drawn from an atomic counter, heaviest first [D:005].
@@ -160,8 +163,8 @@ struct FwdPolicy {
       (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent)));
 };
 
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>
-using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_tile<kHeadDim, kLocal, kKeys>()>;
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false>
+using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_tile<kHeadDim, kLocal, kKeys>(), kVarlen>;
 
 // For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
 // to needs a tile counter. A class that does not differ from the one below has the same tile, so
@@ -231,9 +234,10 @@ inline bool bwd_needs_tile_counter(int head_dim_rounded, bool local, bool determ
   }
 }
 
-// What the backward kernel of (head dim, dtype, mask, dV order, persistence) does beyond its tile.
-// The default and deterministic modes share a kernel where these agree.
-template <int kHeadDim_, typename Element_, typename Mask_, bool kDvAfterDs_, bool kPersistent_>
+// What the backward kernel of (head dim, dtype, mask, dV order, persistence, varlen) does beyond
+// its tile. The default and deterministic modes share a kernel where these agree.
+template <int kHeadDim_, typename Element_, typename Mask_, bool kDvAfterDs_, bool kPersistent_,
+          bool kVarlen_ = false>
 struct BwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
@@ -249,6 +253,9 @@ struct BwdPolicy {
   static constexpr bool kDvAfterDs = kDvAfterDs_;
   static constexpr bool kPersistent = kPersistent_;
   static constexpr bool kDynamic = kPersistent && kLocal;
+  // Variable-length batches: sequences packed along the rows (SeqLenInfo); the key blocks that
+  // cross a sequence's end are masked in every kernel, not only in causal/local ones.
+  static constexpr bool kVarlen = kVarlen_;
   // SS with one Q/dO stage: Q and dO in two pipelines, so each stage is released as soon as its
   // GEMM has read it [D:041].
   static constexpr bool kSplitQdO = !kRS && kStages == 1;
@@ -272,8 +279,8 @@ struct BwdPolicy {
   static constexpr bool kDsKMajor = kRS && kHeadDim == 128;
 };
 
-template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic>
+template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic, bool kVarlen = false>
 using BwdPolicyFor = BwdPolicy<kHeadDim, Element, MaskFor<kLocal>, bwd_dv_after_ds<kHeadDim, kLocal, kDeterministic>(),
-                               bwd_persistent<kHeadDim, kLocal, kDeterministic>()>;
+                               bwd_persistent<kHeadDim, kLocal, kDeterministic>(), kVarlen>;
 
 }  // namespace flash

@@ -25,6 +25,7 @@
 #include <cutlass/fast_math.h>
 
 #include "kernel/common/block_range.h"
+#include "kernel/common/seqlen.h"
 
 namespace flash {
 
@@ -149,7 +150,7 @@ struct BwdProgress {
   int kv_loads = 0;  // K/V blocks loaded for them (tiles without steps load none)
 };
 
-template <int kBlockM, int kBlockN, bool kLocal, bool kPersistent, bool kDynamic>
+template <int kBlockM, int kBlockN, bool kLocal, bool kPersistent, bool kDynamic, bool kVarlen = false>
 struct BwdTileScheduler {
   using Range = BwdBlockRange<kBlockM, kBlockN, kLocal>;
   struct Tile {
@@ -165,19 +166,26 @@ struct BwdTileScheduler {
   // + gridDim.x, ... of the (key blocks, KV heads, batch) grid, key blocks fastest; (kDynamic)
   // tile ids blockIdx.x, then from the counter, decoded by tile_coords. kDraws: the producer
   // thread, which draws the ids and writes them into the ring; every other role reads them there.
+  // fn(tile, seq, progress): seq is the tile's sequence (seqlen.h). Varlen: the grid covers the
+  // longest sequence; a key block past its own sequence's end has no steps.
   template <bool kDraws, typename Params, typename Storage, typename Fn>
   CUTLASS_DEVICE static void for_each_tile(Params const& params, Storage& smem, Fn&& fn) {
     BwdProgress progress;
     auto visit = [&](int n_block, int head_kv, int batch) {
-      BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n_block, params.seqlen_q, params.diag_offset,
-                                                          params.window_left, params.window_right);
-      Tile const tile{n_block, head_kv, batch, range, range.count() * params.q_heads_per_kv_head};
-      fn(tile, progress);
+      SeqLenFor<kVarlen, Params> const seq(params, batch);
+      BwdBlockRange<kBlockM, kBlockN, kLocal> const range(n_block, seq.seqlen_q(params), seq.diag(params), params.window_left,
+                                                          params.window_right);
+      int num_steps = range.count() * params.q_heads_per_kv_head;
+      if constexpr (kVarlen) {
+        if (n_block * kBlockN >= seq.seqlen_k(params)) { num_steps = 0; }
+      }
+      Tile const tile{n_block, head_kv, batch, range, num_steps};
+      fn(tile, seq, progress);
       progress.steps += tile.num_steps;
       progress.kv_loads += tile.num_steps > 0 ? 1 : 0;
     };
     int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-    int const tiles = n_blocks * params.heads_kv * int(get<3>(params.shape_q));
+    int const tiles = n_blocks * params.heads_kv * num_batches(params);
     if constexpr (kDynamic) {
       int tile = blockIdx.x;
       for (int iteration = 0;; ++iteration) {
@@ -209,6 +217,15 @@ struct BwdTileScheduler {
     }
   }
 
+  template <typename Params>
+  CUTLASS_DEVICE static int num_batches(Params const& params) {
+    if constexpr (kVarlen) {
+      return params.varlen.batch;
+    } else {
+      return int(get<3>(params.shape_q));
+    }
+  }
+
   // kDynamic: tile id -> (key block, KV head, batch), longest first over all heads. The ids run in
   // sections of up to kLptBytes of Q, dO and dQ accumulator ((KV head, batch) pairs, a power of
   // two of them, as L2 reuse wants), key blocks major and pairs minor within a section: every
@@ -220,7 +237,7 @@ struct BwdTileScheduler {
   static constexpr int64_t kLptBytes = 40ll << 20;
   template <typename Params>
   CUTLASS_DEVICE static BwdCoords tile_coords(Params const& params, int tile, int n_blocks) {
-    int const pairs = params.heads_kv * int(get<3>(params.shape_q));
+    int const pairs = params.heads_kv * num_batches(params);
     int64_t const bytes_per_pair = int64_t(params.seqlen_q_padded) * params.q_heads_per_kv_head * params.head_dim *
                                    (2 * 2 + 4);  // Q + dO (16-bit) + dQ (float)
     int const fit = int(max(int64_t(1), min(int64_t(pairs), kLptBytes / bytes_per_pair)));

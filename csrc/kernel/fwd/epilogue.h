@@ -52,8 +52,9 @@ struct FwdEpilogue {
   // chunks in pairs (lane q: columns 2q, 2q + 1 of every chunk); a 4 x 4 transpose across the quad
   // (utils.h quad_transpose, two butterfly steps) leaves lane q the whole chunk 4g + q of each group of four
   // chunks. Rows past seqlen_q and chunks past the real head dim (a multiple of 8) are left out.
-  template <typename Params, typename TensorO>
-  CUTLASS_DEVICE void store_o_direct(Params const& params, TiledMmaPV const& tiled_mma_pv, TensorO const& tOrO_out,
+  template <typename Params, typename Seq, typename TensorO>
+  CUTLASS_DEVICE void store_o_direct(Params const& params, Seq const& seq, TiledMmaPV const& tiled_mma_pv,
+                                     TensorO const& tOrO_out,
                                      int m_block, int head, int batch, int mma_tidx) const {
     static_assert(kHeadDim % 32 == 0, "groups of four 8-column chunks");
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
@@ -64,8 +65,14 @@ struct FwdEpilogue {
     static_assert(kCols % 8 == 0);
     int const head_dim = get<1>(params.shape_q);
     int const quad_lane = threadIdx.x % 4;
-    Element* const o_head = params.direct_o.ptr + int64_t(batch) * params.direct_o.batch_stride +
-                            int64_t(head) * params.direct_o.head_stride;
+    Element* o_head;  // this head's rows of the batch entry, or of the sequence
+    if constexpr (Policy::kVarlen) {
+      o_head = params.direct_o.ptr + int64_t(seq.offset_q(params)) * params.direct_o.row_stride +
+               int64_t(head) * params.direct_o.head_stride;
+    } else {
+      o_head = params.direct_o.ptr + int64_t(batch) * params.direct_o.batch_stride +
+               int64_t(head) * params.direct_o.head_stride;
+    }
     auto pack = [&](int r, int c) {
       cutlass::Array<Element, 2> pair;
       pair[0] = tOrO_rc(r, c);
@@ -84,7 +91,7 @@ struct FwdEpilogue {
         uint4 const chunk = quad_transpose(a, quad_lane);  // utils.h
         // Chunk 4g + q starts 8 q columns after chunk 4g, whose first column lane 0 holds.
         int const col = get<1>(tOcO_rc(r, 8 * g)) - 2 * quad_lane + 8 * quad_lane;
-        if (row < params.seqlen_q && col < head_dim) { *reinterpret_cast<uint4*>(o_row + col) = chunk; }
+        if (row < seq.seqlen_q(params) && col < head_dim) { *reinterpret_cast<uint4*>(o_row + col) = chunk; }
       }
     }
   }
@@ -92,15 +99,15 @@ struct FwdEpilogue {
   // O goes registers -> shared memory (the O buffer, or this warpgroup's own Q rows, no longer
   // read) -> TMA store, which clips rows past seqlen_q and columns past the real head dim. LSE goes
   // straight out.
-  template <typename Params, typename TensorO, typename TensorL>
-  CUTLASS_DEVICE void store(Params const& params, SharedStorage& smem, TiledMmaPV const& tiled_mma_pv,
+  template <typename Params, typename Seq, typename TensorO, typename TensorL>
+  CUTLASS_DEVICE void store(Params const& params, Seq const& seq, SharedStorage& smem, TiledMmaPV const& tiled_mma_pv,
                             TensorO const& tOrO, TensorL const& lse, int m_block, int head, int batch, int mma_tidx,
                             int wg) const {
     Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
     convert_into(tOrO, tOrO_out);
     int const warp_idx_in_wg = (threadIdx.x / 32) % 4;
     if constexpr (kDirectO) {
-      store_o_direct(params, tiled_mma_pv, tOrO_out, m_block, head, batch, mma_tidx);
+      store_o_direct(params, seq, tiled_mma_pv, tOrO_out, m_block, head, batch, mma_tidx);
     } else {
       if constexpr (kLazyStore) {
         // The previous O store of this warpgroup has read the buffer before anyone writes it.
@@ -134,11 +141,16 @@ struct FwdEpilogue {
     Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
     if (get<1>(tOcO_rc(0, 0)) == 0) {
-      float* lse_row = params.lse + (int64_t(batch) * params.heads_q + head) * params.seqlen_q;
+      float* lse_row;  // (batch, heads_q, seqlen_q), or varlen (heads_q, total_q)
+      if constexpr (Policy::kVarlen) {
+        lse_row = params.lse + int64_t(head) * params.varlen.total_q + seq.offset_q(params);
+      } else {
+        lse_row = params.lse + (int64_t(batch) * params.heads_q + head) * params.seqlen_q;
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < size(lse); ++r) {
         int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
-        if (row < params.seqlen_q) { lse_row[row] = lse(r); }
+        if (row < seq.seqlen_q(params)) { lse_row[row] = lse(r); }
       }
     }
   }

@@ -20,6 +20,7 @@
 #include "kernel/common/block_range.h"
 #include "kernel/common/named_barriers.h"
 #include "kernel/common/policy.h"
+#include "kernel/common/seqlen.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
 #include "kernel/fwd/epilogue.h"
@@ -41,6 +42,7 @@ struct FwdKernel {
   static constexpr bool kDynamic = Policy::kDynamic;
   static constexpr bool kDirectO = Policy::kDirectO;
   static constexpr bool kRingDecode = Policy::kRingDecode;
+  static constexpr bool kVarlen = Policy::kVarlen;
 
   using Mainloop = FwdMainloop<Policy>;
   using Epilogue = FwdEpilogue<Policy, typename Mainloop::TiledMmaPV>;
@@ -94,7 +96,9 @@ struct FwdKernel {
     int* tile_counter;    // kDynamic: zeroed before the launch
     typename Scheduler::Divisors divisors;
     [[no_unique_address]] typename Epilogue::DirectO direct_o;
+    [[no_unique_address]] std::conditional_t<kVarlen, VarlenArgs, NoVarlen> varlen;
   };
+  using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
     SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
@@ -134,9 +138,14 @@ struct FwdKernel {
         return scheduler.decode(tile, params.divisors);
       }
     };
-    auto range_of = [&](FwdTile const& t) {
-      return BlockRange<kBlockM, kBlockN, kLocal>(t.m_block, params.seqlen_q, params.seqlen_k, params.diag_offset,
-                                                  params.window_left, params.window_right);
+    auto range_of = [&](FwdTile const& t, Seq const& seq) {
+      BlockRange<kBlockM, kBlockN, kLocal> range(t.m_block, seq.seqlen_q(params), seq.seqlen_k(params), seq.diag(params),
+                                                 params.window_left, params.window_right);
+      // Varlen: the grid covers the longest sequence; a tile past its own sequence's end is empty.
+      if constexpr (kVarlen) {
+        if (t.m_block * kBlockM >= seq.seqlen_q(params)) { range.n_block_max = range.n_block_min; }
+      }
+      return range;
     };
 
     if (warp_group_idx == int(WarpGroupRole::kProducer)) {
@@ -150,7 +159,8 @@ struct FwdKernel {
         int q_loads = 0;
         auto produce = [&](auto const& tile, int iteration) {  // a tile id, or (kRingDecode) a decoded tile
           FwdTile const t = decoded(tile);
-          auto const range = range_of(t);
+          Seq const seq(params, t.batch);
+          auto const range = range_of(t, seq);
           // kSeparateO: load k into Q slot k % 2 waits for that slot's release number k / 2 - 1.
           int const wait_phase = Policy::kSeparateO ? (q_loads > 1 ? ((q_loads >> 1) - 1) & 1 : -1)
                                  : Policy::kEarlyQ  ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
@@ -159,7 +169,7 @@ struct FwdKernel {
             if (!Policy::kEarlyQ && wait_phase >= 0) { smem.barrier_q_empty.wait(wait_phase); }
             return;
           }
-          mainloop.load(params, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase,
+          mainloop.load(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase,
                         Policy::kSeparateO ? q_loads & 1 : 0);
           ++q_loads;
         };
@@ -200,7 +210,8 @@ struct FwdKernel {
       Epilogue const epilogue;
       auto consume_tile = [&](auto const& tile) {  // a tile id, or (kRingDecode) a decoded tile
         FwdTile const t = decoded(tile);
-        mainloop.mma(params, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t),
+        Seq const seq(params, t.batch);
+        mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq),
                      threadIdx.x - 128, wg, epilogue);
       };
       if constexpr (kDynamic) {
@@ -224,9 +235,9 @@ struct FwdKernel {
   }
 };
 
-// The kernel of (head dim, dtype, mask, key-length class): the tile of policy.h's table.
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys>
-using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys>>;
+// The kernel of (head dim, dtype, mask, key-length class, varlen): the tile of policy.h's table.
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false>
+using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys, kVarlen>>;
 
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

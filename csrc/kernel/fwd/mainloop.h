@@ -84,18 +84,29 @@ struct FwdMainloop {
 
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
 
+  // A (rows, d) view of one head: dense, the batch entry's own; varlen (batch coordinate 0 of the
+  // packed tensor), starting at the sequence's first row.
+  template <typename TensorT>
+  CUTLASS_DEVICE static auto rows_of(TensorT const& t, int offset) {
+    if constexpr (Policy::kVarlen) {
+      return domain_offset(make_coord(offset, _0{}), t);
+    } else {
+      return t;
+    }
+  }
+
   // Producer: K(n_max-1), then Q once (after the previous tile released the Q buffer: persistent
   // mode), then K(n-1) ahead of V(n), matching the consumers' order.
-  template <typename Params>
-  CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, Pipeline& pipeline_k,
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void load(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                            Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
                            FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
                            int q_empty_phase, int q_slot) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     int const head_kv = head / params.q_heads_per_kv_head;
-    Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch);     // (seqlen_q, d)
-    Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);  // (seqlen_k, d)
-    Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch);
+    Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch), seq.offset_q(params));  // (sq, d)
+    Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch), seq.offset_k(params));  // (sk, d)
+    Tensor mV = rows_of(params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch), seq.offset_k(params));
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
@@ -153,10 +164,10 @@ struct FwdMainloop {
 
   // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
   // The epilogue (epilogue.h) stores the tile's O and LSE.
-  template <typename Params, typename Epilogue>
-  CUTLASS_DEVICE void mma(Params const& params, SharedStorage& smem, Pipeline& pipeline_k, Pipeline& pipeline_v,
-                          PipelineState& state_k, PipelineState& state_v, int& q_phase, FwdTile const& t,
-                          BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
+  template <typename Params, typename Seq, typename Epilogue>
+  CUTLASS_DEVICE void mma(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
+                          Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v, int& q_phase,
+                          FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
                           Epilogue const& epilogue) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     TiledMmaQK tiled_mma_qk;
@@ -191,7 +202,7 @@ struct FwdMainloop {
     int const row0 = m_block * kBlockM;
     auto mask = [&](int n) {
       if (range.needs_mask(n)) {
-        apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+        apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, seq.seqlen_k(params), seq.diag(params),
                            params.window_left, params.window_right, n < range.n_unmasked_lo);
       }
     };
@@ -222,8 +233,8 @@ struct FwdMainloop {
       if constexpr (kHalfSoftmax) {
         // This warpgroup's last row sees no key past the first half of block n (BlockRange's
         // bound, for this warpgroup's rows).
-        int const wg_last_row = min(row0 + 64 * wg + 63, params.seqlen_q - 1);
-        int const hi = min(params.seqlen_k, wg_last_row + params.diag_offset + params.window_right + 1);
+        int const wg_last_row = min(row0 + 64 * wg + 63, seq.seqlen_q(params) - 1);
+        int const hi = min(seq.seqlen_k(params), wg_last_row + seq.diag(params) + params.window_right + 1);
         // Views of one half of S: the first kBlockN / 2 columns are the first half of the
         // accumulator's registers (column groups of 8 are the fragment's outermost value mode).
         TiledMmaQKHalf mma_half;
@@ -235,7 +246,7 @@ struct FwdMainloop {
         if (hi - n * kBlockN <= kBlockN / 2) {
           Tensor s_half_rc = make_tensor(tSrS.data(), acc_layout_rowcol(half_layout));
           if (range.needs_mask(n)) {
-            apply_mask<kLocal>(s_half_rc, c_half_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+            apply_mask<kLocal>(s_half_rc, c_half_rc, row0, n * kBlockN, seq.seqlen_k(params), seq.diag(params),
                                params.window_left, params.window_right, n < range.n_unmasked_lo);
           }
           softmax.first_block(s_half_rc);
@@ -246,14 +257,14 @@ struct FwdMainloop {
           // half (the first half's coordinates, 64 columns on).
           int const wg_first_row = row0 + 64 * wg;
           bool const first_half_whole =
-              min(params.seqlen_k, wg_first_row + params.diag_offset + params.window_right + 1) >=
+              min(seq.seqlen_k(params), wg_first_row + seq.diag(params) + params.window_right + 1) >=
                   n * kBlockN + kBlockN / 2 &&
-              wg_last_row + params.diag_offset - params.window_left <= n * kBlockN;
+              wg_last_row + seq.diag(params) - params.window_left <= n * kBlockN;
           if (first_half_whole) {
             Tensor s_upper_rc = make_tensor(tSrS.data() + size(half_layout), acc_layout_rowcol(half_layout));
             if (range.needs_mask(n)) {
-              apply_mask<kLocal>(s_upper_rc, c_half_rc, row0, n * kBlockN + kBlockN / 2, params.seqlen_k,
-                                 params.diag_offset, params.window_left, params.window_right,
+              apply_mask<kLocal>(s_upper_rc, c_half_rc, row0, n * kBlockN + kBlockN / 2, seq.seqlen_k(params),
+                                 seq.diag(params), params.window_left, params.window_right,
                                  n < range.n_unmasked_lo);
             }
           } else {
@@ -290,7 +301,7 @@ struct FwdMainloop {
           if constexpr (std::is_same_v<decltype(masked), MaskIfNeeded>) {
             mask(n);
           } else if constexpr (decltype(masked)::value) {
-            apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, params.seqlen_k, params.diag_offset,
+            apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, seq.seqlen_k(params), seq.diag(params),
                                params.window_left, params.window_right, n < range.n_unmasked_lo);
           }
         };
@@ -350,7 +361,7 @@ struct FwdMainloop {
       clear(tOrO);
       fill(lse, -INFINITY);
     }
-    epilogue.store(params, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg);
+    epilogue.store(params, seq, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg);
   }
 
   // kEarlyQ (own O buffer, or O stored from registers): this warpgroup's last Q.K^T GEMM of the

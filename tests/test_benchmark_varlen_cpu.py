@@ -1,0 +1,27 @@
+"""CPU checks of benchmarks/benchmark_varlen.py: the cases the issue names and the FLOP count."""
+from __future__ import annotations
+
+import sys
+
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import benchmark_varlen as bv  # noqa: E402
+
+
+def test_cases_are_the_issues():
+    cs = {c.name: c for c in bv.cases("all")}
+    assert cs["8x2k"].lengths == (2048,) * 8 and cs["2x8k"].lengths == (8192,) * 2
+    uniform = cs["32 x U[1,4k]"].lengths
+    assert len(uniform) == 32 and all(1 <= n <= 4096 for n in uniform) and len(set(uniform)) > 1
+    mix = cs["16k + 64 x U[16,512]"].lengths
+    assert mix[0] == 16384 and len(mix) == 65 and all(16 <= n <= 512 for n in mix[1:])
+    assert [c.lengths for c in bv.cases("ragged")] == [c.lengths for c in bv.cases("ragged")]  # seeded
+    assert not any(c.ragged for c in bv.cases("equal")) and all(c.ragged for c in bv.cases("ragged"))
+
+
+def test_attended_pairs():
+    assert bv.attended_pairs([3], causal=False) == 9
+    assert bv.attended_pairs([3], causal=True) == 6  # 1 + 2 + 3
+    assert bv.attended_pairs([2048] * 8, causal=False) == 8 * 2048 * 2048
+    assert bv.attended_pairs([0, 1], causal=True) == 1
