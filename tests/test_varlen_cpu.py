@@ -18,21 +18,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import math
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flash_attn_hopper
-from flash_attn_hopper import _build_info, manifest, ops, support, torch_registry
+from flash_attn_hopper import _build_info, ops, support, torch_registry
 from flash_attn_hopper import flash_attn_varlen_func
 from flash_attn_hopper.integrations import transformers as fah_transformers
 
 from helpers.grads import EMULATION_REL_NORM, assert_grads_close, check_grads, deterministic_algorithms
 from helpers.inputs import varlen_qkv
 from op_emulator import emulate_varlen_bwd, emulate_varlen_fwd, emulated_op, emulated_varlen_ops
-from reference import assert_fa_close, attention_ref_varlen, sdpa_ref
+from reference import assert_fa_close, attention_ref_varlen
 
 FP16 = torch.float16
 BF16 = torch.bfloat16
