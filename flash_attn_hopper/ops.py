@@ -29,6 +29,12 @@ calls it.  Either op's backward is also deterministic when
 ``torch.use_deterministic_algorithms(True)`` is in force at the forward call
 (so SDPA users get torch's switch).
 
+The varlen ops get the same treatment (:func:`register_varlen`): fake kernels
+(out (total_q, nheads, headdim), lse (nheads, total_q)), the autograd formula of
+``varlen_fwd`` calling ``varlen_bwd`` (saving q, k, v, out, lse and the int32
+sequence tensors), and ``varlen_fwd_deterministic_bwd``, which
+``flash_attn_varlen_func(deterministic=True)`` calls.
+
 When the extension is missing or fails to load, importing this module still
 succeeds; :data:`LOAD_ERROR` says why, and the entry points refuse calls with
 it and the build command (:func:`flash_attn_hopper.support.check`).
