@@ -445,16 +445,26 @@ def test_tiny_llama_training_tracks_sdpa(kind):
     torch.manual_seed(0)
     sdpa_model = transformers.LlamaForCausalLM(copy.deepcopy(config)).to("cuda", torch.bfloat16)
     sdpa_model.set_attn_implementation("sdpa")
-    ours = transformers.LlamaForCausalLM(copy.deepcopy(config)).to("cuda", torch.bfloat16)
-    ours.load_state_dict(sdpa_model.state_dict())
-    ours.set_attn_implementation(name)
+    models = {"sdpa": sdpa_model}
+    for implementation in ("eager", name):
+        model = transformers.LlamaForCausalLM(copy.deepcopy(config)).to("cuda", torch.bfloat16)
+        model.load_state_dict(sdpa_model.state_dict())
+        model.set_attn_implementation(implementation)
+        models[implementation] = model
+    ours = models[name]
     batches = _batches(kind, config.vocab_size, torch.Generator().manual_seed(1))
     names = cuda_kernel_names(lambda: ours(**batches[0]).loss.backward())
     assert any(map(is_our_forward_kernel, names)) and any(map(is_our_backward_kernel, names)), names
     ours.zero_grad(set_to_none=True)
-    ours_losses = _train(ours, batches, 50)
-    sdpa_losses = _train(sdpa_model, batches, 50)
+    losses = {implementation: _train(model, batches, 50) for implementation, model in models.items()}
+    sdpa_losses = losses["sdpa"]
     assert sdpa_losses[-1] < sdpa_losses[0] - 0.5, f"the model did not learn: {sdpa_losses[0]} -> {sdpa_losses[-1]}"
-    # bf16 noise: the two runs differ by rounding only, which grows slowly over 50 steps.
-    for step, (a, b) in enumerate(zip(ours_losses, sdpa_losses)):
-        assert abs(a - b) <= 0.02 + 0.02 * b, f"step {step}: {a:.4f} (flash_attn_hopper) vs {b:.4f} (sdpa)"
+    # bf16 noise: rounding differences grow chaotically over 50 steps of training (on CPU, eager vs
+    # sdpa: ~0.002 over the first steps, 0.04 mean and 0.25 max over 50). So, FlashAttention's rule
+    # applied to the run: the mean distance to "sdpa" at most twice PyTorch's own (eager's) plus a
+    # little, and the first steps, before the noise grows, close; a wrong mask shows at once.
+    ours_gap = [abs(a - b) for a, b in zip(losses[name], sdpa_losses)]
+    eager_gap = [abs(a - b) for a, b in zip(losses["eager"], sdpa_losses)]
+    report = f"ours {[round(x, 4) for x in losses[name]]}\nsdpa {[round(x, 4) for x in sdpa_losses]}"
+    assert max(ours_gap[:5]) <= 0.01, report
+    assert sum(ours_gap) / len(ours_gap) <= 2 * sum(eager_gap) / len(eager_gap) + 0.01, report
