@@ -357,6 +357,27 @@ def activated():
         attention.restore_flash_attention_impl()
 
 
+def varlen_attn_options(varlen, window, gqa):
+    """varlen_attn's keyword arguments for ``window`` and GQA on this torch, or a skip naming what it lacks."""
+    import inspect
+
+    parameters = inspect.signature(varlen.varlen_attn).parameters
+    if "return_aux" not in parameters or not hasattr(varlen, "AuxRequest"):
+        pytest.skip(f"torch {torch.__version__}'s varlen_attn cannot return the log-sum-exp")
+    options = {}
+    if "window_size" in parameters:
+        options["window_size"] = window
+    elif window in ((-1, -1), (-1, 0)):
+        options["is_causal"] = window == (-1, 0)
+    else:
+        pytest.skip(f"torch {torch.__version__}'s varlen_attn has no window_size")
+    if gqa:
+        if "enable_gqa" not in parameters:
+            pytest.skip(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
+        options["enable_gqa"] = True
+    return options
+
+
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (32, 0)])
 def test_torch_varlen_attn_runs_our_kernels(activated, window):
     varlen = activated
@@ -364,9 +385,10 @@ def test_torch_varlen_attn_runs_our_kernels(activated, window):
     q, k, v, dout, cu_q, cu_k, max_q, max_k = varlen_qkv([300, 1, 129, 64], None, 8, 2, hdim, dtype=dtype, seed=21)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
+    options = varlen_attn_options(varlen, window, gqa=True)
+
     def forward():
-        return varlen.varlen_attn(*leaves, cu_q, cu_k, max_q, max_k, window_size=window, enable_gqa=True,
-                                  return_aux=varlen.AuxRequest(lse=True))
+        return varlen.varlen_attn(*leaves, cu_q, cu_k, max_q, max_k, return_aux=varlen.AuxRequest(lse=True), **options)
 
     names = cuda_kernel_names(forward)
     assert any(map(is_our_forward_kernel, names)) and not any(map(is_torch_flash_kernel, names)), names
@@ -389,14 +411,22 @@ def test_torch_varlen_attn_runs_our_kernels(activated, window):
 
 
 def _name_transformers_accepts():
-    from transformers.utils import generic
+    import transformers.utils
 
     name = fah_transformers.register()
-    check = getattr(generic, "is_flash_attention_requested", None)
+    check = getattr(getattr(transformers.utils, "generic", None), "is_flash_attention_requested", None)
     if check is not None and check(requested_attention_implementation=name):
         # transformers >= 5 hands names containing "flash" to its own FlashAttention loader.
         name = fah_transformers.register("hopper_attention")
     return name
+
+
+def _use(model, implementation):
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(implementation)
+    else:  # transformers before set_attn_implementation
+        model.config._attn_implementation = implementation
+    assert model.config._attn_implementation == implementation
 
 
 def _train(model, batches, steps):
@@ -444,12 +474,12 @@ def test_tiny_llama_training_tracks_sdpa(kind):
     )
     torch.manual_seed(0)
     sdpa_model = transformers.LlamaForCausalLM(copy.deepcopy(config)).to("cuda", torch.bfloat16)
-    sdpa_model.set_attn_implementation("sdpa")
+    _use(sdpa_model, "sdpa")
     models = {"sdpa": sdpa_model}
     for implementation in ("eager", name):
         model = transformers.LlamaForCausalLM(copy.deepcopy(config)).to("cuda", torch.bfloat16)
         model.load_state_dict(sdpa_model.state_dict())
-        model.set_attn_implementation(implementation)
+        _use(model, implementation)
         models[implementation] = model
     ours = models[name]
     batches = _batches(kind, config.vocab_size, torch.Generator().manual_seed(1))
