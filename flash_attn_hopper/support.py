@@ -12,6 +12,10 @@ dtype, mask, GQA ratio and the compiled kernel that serves it) or a
 :class:`Refusal` (what is wrong and how to fix it; ``error`` is the exception
 type the FA3 API raises for it).
 
+Variable-length calls (packed sequences with ``cu_seqlens``) ask
+:func:`check_varlen` instead, whose answer is a :class:`VarlenProblem` or a
+:class:`Refusal`.
+
 Entry points translate their own conventions before asking: tensor names
 (``q``/``query``), layout (``"bshd"`` or SDPA's ``"bhsd"``), the mask as an
 effective window (FlashAttention-3's or FlashAttention-2's clamping rules are

@@ -1,4 +1,6 @@
-"""Float32 emulations of ``torch.ops.flash_attn_hopper.fwd`` and ``bwd``'s contracts, and ways to install them.
+"""Float32 emulations of ``torch.ops.flash_attn_hopper.fwd`` and ``bwd``'s contracts (and of the
+variable-length ``varlen_fwd`` / ``varlen_bwd``: each sequence through the dense emulation, see
+:func:`emulated_varlen_ops`), and ways to install them.
 
 The CPU tests of the SDPA drop-in, torch's registry route and the
 transformers integration run their fast paths through this emulation, so

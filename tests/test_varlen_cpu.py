@@ -697,6 +697,21 @@ def test_varlen_attn_with_seqused_k_for_inference(registry_varlen):
     assert_fa_close(out, ref, low)
 
 
+def test_inplace_override_serves_varlen_attn_out(registry_varlen):
+    # aten::_flash_attention_forward_no_dropout_inplace (torch's varlen_attn_out) with cum_seq: writes out, returns lse.
+    fwd, _ = registry_varlen
+    q, k, v, _, cu_q, cu_k, max_q, max_k = inputs([3, 10, 7], [9, 4, 7], 4, 2, seed=8)
+    out = torch.full_like(q, float("nan"))
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False)
+    assert torch_registry._inplace_refusal(out, *args) is None
+    lse = torch_registry._flash_attention_forward_inplace(out, *args)
+    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_q, cu_k, causal=True)
+    low_out, _ = attention_ref_varlen(q, k, v, cu_q, cu_k, causal=True, upcast=False)
+    assert_fa_close(out, ref_out, low_out)
+    assert lse.shape == (4, q.size(0)) and torch.equal(torch.isposinf(lse), torch.isneginf(ref_lse))
+    assert fwd.calls[0]["cu_seqlens_k"] is cu_k
+
+
 def test_the_window_rule_of_fa2s_varlen_reaches_the_op(registry_varlen):
     # Only a left side: FlashAttention-2 bounds the right one at max_k; sides >= max_k are unbounded.
     fwd, _ = registry_varlen

@@ -410,6 +410,30 @@ def test_torch_varlen_attn_runs_our_kernels(activated, window):
 # --------------------------------------------------------------------------
 
 
+def test_transformers_padding_mask_runs_the_varlen_kernel():
+    import types
+
+    hdim, dtype = compiled_config()
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    # (batch, heads, seqlen, head_dim) views of (batch, seqlen, heads, head_dim) memory, as models make them.
+    q, k, v = (torch.randn(3, 200, h, hdim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2) for h in (8, 2, 2))
+    lengths = [200, 150, 1]  # right padding
+    mask = (torch.arange(200, device="cuda")[None] < torch.tensor(lengths, device="cuda")[:, None]).long()
+    module = types.SimpleNamespace(num_key_value_groups=4, is_causal=True, training=False)
+    call = lambda: fah_transformers.attention_forward(module, q, k, v, mask)  # noqa: E731
+    names = cuda_kernel_names(call)
+    assert any(map(is_our_forward_kernel, names)) and not any(map(is_torch_flash_kernel, names)), names
+    out, weights = call()
+    assert weights is None and out.shape == (3, 200, 8, hdim)
+    for b, n in enumerate(lengths):
+        seq = [t[b, :, :n].transpose(0, 1) for t in (q, k, v)]  # (n, heads, head_dim)
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        ref, _ = attention_ref_varlen(*seq, cu, cu, causal=True)
+        low, _ = attention_ref_varlen(*seq, cu, cu, causal=True, upcast=False)
+        assert_fa_close(out[b, :n], ref, low)
+        assert not out[b, n:].any()  # padded query rows are 0
+
+
 def _name_transformers_accepts():
     import transformers.utils
 
