@@ -159,9 +159,12 @@ def _packed_varlen(query, key, value, cu_q, cu_k, max_q, max_k, causal, scaling,
 
 def _packed_by_position_ids(position_ids, query, key) -> tuple[torch.Tensor, int] | None:
     """(cu_seqlens, max_seqlen) when one row of ``position_ids`` restarts (several packed
-    sequences), else None; transformers' test, a device sync."""
+    sequences), else None; transformers' test, a device sync per layer.  Not while torch.compile
+    traces (the test would break the graph): compiled packed batches pass ``cu_seq_lens_q/k``."""
     batch, _, q_len, _ = query.shape
     if position_ids is None or batch != 1 or q_len <= 1 or key.size(2) != q_len:
+        return None
+    if torch.compiler.is_compiling():
         return None
     position_ids = position_ids.reshape(-1)
     if position_ids.numel() != q_len:
