@@ -61,7 +61,8 @@ def build_info() -> dict:
     ``build_seconds``, ``compile_seconds`` per file, ``built_at``.  Also the
     manifest's ``supported_head_dims``, ``supported_dtypes`` and ``features``,
     where ``features["backward"]`` says whether this build can compute
-    gradients (the manifest's own entry only says whether every build can).
+    gradients and ``features["varlen"]`` whether it has the variable-length op
+    (the manifest's own entries only say what every build of this version can).
     """
     import torch
 
@@ -77,7 +78,11 @@ def build_info() -> dict:
         "runtime_torch_cuda_version": torch.version.cuda,
         "supported_head_dims": list(manifest.HEAD_DIMS),
         "supported_dtypes": list(manifest.DTYPES),
-        "features": dict(manifest.FEATURES, backward=backward_available()),
+        "features": dict(
+            manifest.FEATURES,
+            backward=backward_available(),
+            varlen=bool(manifest.FEATURES["varlen"]) and ops.has_varlen_fwd_op(),
+        ),
     }
     config = build_config()
     info["build_config_found"] = config is not None

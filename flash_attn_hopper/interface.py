@@ -8,8 +8,9 @@ registry override fall back on), with messages that say what was asked, what
 is supported and how to fix it; arguments that ask for features without
 kernels in this version raise instead of returning a made-up result.
 
-Layout is ``(batch, seqlen, nheads, headdim)``; ``softmax_lse`` is float32
-``(batch, nheads, seqlen_q)`` in natural log; ``causal`` is aligned to the
+Layout is ``(batch, seqlen, nheads, headdim)`` (``(total, nheads, headdim)`` for the
+varlen function); ``softmax_lse`` is float32
+``(batch, nheads, seqlen_q)`` (``(nheads, total_q)`` for varlen) in natural log; ``causal`` is aligned to the
 bottom-right corner of the attention matrix.
 """
 
@@ -235,14 +236,69 @@ def flash_attn_varlen_func(
     sm_margin=0,
     return_attn_probs=False,
 ):
-    """Variable-length attention (FlashAttention-3's signature).
+    """Attention over a batch of sequences of different lengths, packed along one dimension.
 
-    This version has no varlen kernel, so every call raises RuntimeError
-    rather than return anything.
+    Arguments:
+        q: (total_q, nheads, headdim), the batch's queries one sequence after the other;
+            fp16 or bf16 on an sm_90 GPU.
+        k, v: (total_k, nheads_kv, headdim), same dtype; nheads a multiple of nheads_kv
+            (GQA / MQA as in :func:`flash_attn_func`).  Only the last dimension must be
+            contiguous.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device: sequence b is rows
+            cu_seqlens_q[b] : cu_seqlens_q[b + 1] of q (likewise of k and v).  Without
+            seqused_q, cu_seqlens_q[-1] must be total_q.
+        max_seqlen_q, max_seqlen_k: Python ints, at least every sequence's length (they
+            size the launch; known on the host, so no device sync happens).
+        seqused_q, seqused_k: None or int32 (batch,) on q's device: only the first
+            seqused[b] rows of sequence b's segment take part (a KV cache filled up to
+            seqused_k, a batch padded per sequence).  With seqused_q, rows outside every
+            used part get out 0 and lse -inf; their gradients are 0.
+        softmax_scale: defaults to 1 / sqrt(headdim).
+        causal, window_size: per sequence, aligned to the bottom-right corner of that
+            sequence's attention matrix, as :func:`flash_attn_func` does per batch entry;
+            a query that sees no key gets output 0 and lse -inf.
+        deterministic: a bitwise reproducible backward (also under
+            torch.use_deterministic_algorithms(True) at the forward call).
+        softcap, qv, q/k/v_descale, attention_chunk, sm_margin: accepted for
+            FlashAttention-3 compatibility; values other than the defaults raise
+            RuntimeError (no kernels for them yet).
+        num_splits, pack_gqa: scheduling hints in FlashAttention-3; ignored here, as by
+            :func:`flash_attn_func` (the result does not depend on them).
+        return_attn_probs: also return softmax_lse.
+
+    Contents of cu_seqlens / seqused are not checked on the host (that would need a
+    device sync); the kernels clamp them so that no memory outside the tensors is
+    touched, but malformed offsets give meaningless results.
+
+    Returns:
+        out (total_q, nheads, headdim) in q's dtype, or (out, softmax_lse) with
+        softmax_lse float32 (nheads, total_q), FlashAttention's varlen layout.
     """
-    raise support.feature_refusal(
-        "varlen",
-        "variable-length attention (flash_attn_varlen_func)",
-        "Split the packed batch at cu_seqlens and call flash_attn_func on each sequence "
-        "as a (1, seqlen, nheads, headdim) tensor.",
-    ).exception()
+    _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
+    ):
+        raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    answer = support.check_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+        causal=causal, window_size=window_size,
+        softmax_scale=None if softmax_scale is None else float(softmax_scale), softcap=softcap,
+    )
+    if isinstance(answer, support.Refusal):
+        raise answer.exception()
+    scale = answer.head_dim ** (-0.5) if answer.softmax_scale is None else answer.softmax_scale
+    left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
+    if deterministic:
+        ops.varlen_fwd_op()  # a clear error for a build without the op or with another schema
+        fwd = getattr(torch.ops.flash_attn_hopper, ops.VARLEN_DETERMINISTIC_FWD_NAME)
+    else:
+        fwd = ops.varlen_fwd_op()
+    out, softmax_lse = fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
+        scale, answer.causal, left, right,
+    )
+    return (out, softmax_lse) if return_attn_probs else out

@@ -110,7 +110,7 @@ FEATURES: Mapping[str, bool] = {
     "strided_inputs": True,  # any strides with a contiguous last dim
     "local_window": True,  # window_size other than (-1, -1) / causal
     "softcap": False,
-    "varlen": False,
+    "varlen": True,  # flash_attn_varlen_func: packed sequences (cu_seqlens, seqused), forward and backward
     "paged_kv": False,
     "fp8": False,
     # Verified backward kernels in this version (a build may still leave them out):

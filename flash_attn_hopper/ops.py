@@ -8,7 +8,11 @@ C++ ``TORCH_LIBRARY(flash_attn_hopper, m)`` registration, which defines::
         -> (Tensor out, Tensor softmax_lse)
 
 with its CUDA kernel, and, in a build with the backward kernels (the
-default), ``bwd`` with the schema :data:`BWD_SCHEMA`.
+default), ``bwd`` with the schema :data:`BWD_SCHEMA`.  Builds of this version
+also define the variable-length ops ``varlen_fwd`` (:data:`VARLEN_FWD_SCHEMA`)
+and, with the backward, ``varlen_bwd`` (:data:`VARLEN_BWD_SCHEMA`); an older
+build lacks them and the varlen entry points refuse calls, saying so
+(:func:`varlen_fwd_op`).
 
 This module adds what makes the ops good citizens of torch: fake
 (shape-only) kernels, so FakeTensorMode, ``torch.compile`` and
@@ -24,6 +28,12 @@ kernel: the op itself says which backward it wants, which holds through
 calls it.  Either op's backward is also deterministic when
 ``torch.use_deterministic_algorithms(True)`` is in force at the forward call
 (so SDPA users get torch's switch).
+
+The varlen ops get the same treatment (:func:`register_varlen`): fake kernels
+(out (total_q, nheads, headdim), lse (nheads, total_q)), the autograd formula of
+``varlen_fwd`` calling ``varlen_bwd`` (saving q, k, v, out, lse and the int32
+sequence tensors), and ``varlen_fwd_deterministic_bwd``, which
+``flash_attn_varlen_func(deterministic=True)`` calls.
 
 When the extension is missing or fails to load, importing this module still
 succeeds; :data:`LOAD_ERROR` says why, and the entry points refuse calls with
@@ -68,6 +78,41 @@ BWD_SCHEMA_ARGS = (
 
 #: The forward op whose backward is the deterministic one (defined below, in Python).
 DETERMINISTIC_FWD_NAME = "fwd_deterministic_bwd"
+
+#: Variable-length forward (csrc/flash_api.cpp, every build of this version).  q (total_q, nheads,
+#: headdim), k and v (total_k, nheads_kv, headdim); cu_seqlens_q / cu_seqlens_k int32 (batch + 1,);
+#: seqused_q / seqused_k None or int32 (batch,); sequence b is rows [cu_seqlens[b], cu_seqlens[b] + len_b)
+#: with len_b = seqused[b] if given else cu_seqlens[b + 1] - cu_seqlens[b]; max_seqlen_q / max_seqlen_k
+#: bound every len_b.  Causal and windows per sequence, as fwd's.  Returns out (total_q, nheads, headdim)
+#: in q's dtype and softmax_lse float32 (nheads, total_q), FlashAttention's varlen layout.
+VARLEN_FWD_SCHEMA = (
+    "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
+    "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
+    "int window_size_left=-1, int window_size_right=-1, bool top_left=False) -> (Tensor out, Tensor softmax_lse)"
+)
+
+#: Variable-length backward (builds with the backward kernels): dq like q, dk and dv like k and v
+#: (GQA summed over each group), zero on rows outside every sequence's used part.
+VARLEN_BWD_SCHEMA = (
+    "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, "
+    "int max_seqlen_k, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
+    "bool top_left=False, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)"
+)
+
+#: The argument names of the two varlen schemas, checked against the compiled ops before each call.
+VARLEN_FWD_SCHEMA_ARGS = (
+    "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k",
+    "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left",
+)
+VARLEN_BWD_SCHEMA_ARGS = (
+    "dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k",
+    "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "window_size_left", "window_size_right",
+    "top_left", "deterministic",
+)
+
+#: The varlen forward op whose backward is the deterministic one (defined below, in Python).
+VARLEN_DETERMINISTIC_FWD_NAME = "varlen_fwd_deterministic_bwd"
 
 _C = None
 LOAD_ERROR: str | None = None
@@ -239,6 +284,165 @@ def _fwd_deterministic_bwd_impl(q, k, v, softmax_scale, causal, window_size_left
     )
 
 
+# --------------------------------------------------------------------------
+# Variable-length ops
+# --------------------------------------------------------------------------
+
+
+def has_varlen_fwd_op() -> bool:
+    """Whether ``torch.ops.flash_attn_hopper.varlen_fwd`` exists (builds of this version define it)."""
+    return hasattr(torch.ops.flash_attn_hopper, "varlen_fwd")
+
+
+def has_varlen_bwd_op() -> bool:
+    """Whether ``torch.ops.flash_attn_hopper.varlen_bwd`` exists (builds with the backward kernels)."""
+    return hasattr(torch.ops.flash_attn_hopper, "varlen_bwd")
+
+
+def varlen_unavailable_message() -> str:
+    return (
+        "flash_attn_hopper: this build of the extension has no variable-length op (varlen_fwd); it was built "
+        f"from a version without flash_attn_varlen_func kernels. Rebuild it from this version: {build_hint()}"
+    )
+
+
+def _checked_op(name: str, expected: tuple[str, ...]):
+    op = getattr(torch.ops.flash_attn_hopper, name).default
+    if torch.compiler.is_compiling():
+        return op  # the schema is C++ state dynamo cannot trace; eager calls check it, traced ones bind by it
+    names = tuple(arg.name for arg in op._schema.arguments)
+    if names != expected:
+        raise RuntimeError(
+            f"flash_attn_hopper: the compiled {name} op takes {names}, but flash_attn_hopper/ops.py "
+            f"calls it with {expected}; the Python package and the extension are out of step"
+        )
+    return op
+
+
+def varlen_fwd_op():
+    """``torch.ops.flash_attn_hopper.varlen_fwd.default``, checked against :data:`VARLEN_FWD_SCHEMA_ARGS`.
+
+    Raises RuntimeError when the extension has no such op (built before this
+    version) or when it takes other arguments than this module passes.
+    """
+    if not has_varlen_fwd_op():
+        raise RuntimeError(varlen_unavailable_message())
+    return _checked_op("varlen_fwd", VARLEN_FWD_SCHEMA_ARGS)
+
+
+def varlen_backward_unavailable_message() -> str:
+    return (
+        f"{manifest.direction_unavailable_message('bwd')} The forward pass ran, but gradients through "
+        "flash_attn_varlen_func cannot be computed (this build has no varlen_bwd op): call it under "
+        "torch.no_grad() / torch.inference_mode() or on inputs that do not require grad."
+    )
+
+
+def varlen_bwd_op():
+    """``torch.ops.flash_attn_hopper.varlen_bwd.default``, checked against :data:`VARLEN_BWD_SCHEMA_ARGS`."""
+    if not has_varlen_bwd_op():
+        raise RuntimeError(varlen_backward_unavailable_message())
+    return _checked_op("varlen_bwd", VARLEN_BWD_SCHEMA_ARGS)
+
+
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, causal, *window_and_alignment):
+    # out (total_q, nheads, headdim) in q's dtype, softmax_lse float32 (nheads, total_q): the shapes
+    # depend on q alone (the sequences only decide which rows see which keys).
+    total_q, nheads_q, head_dim = q.shape
+    out = q.new_empty((total_q, nheads_q, head_dim))
+    softmax_lse = q.new_empty((nheads_q, total_q), dtype=torch.float32)
+    return out, softmax_lse
+
+
+def _varlen_bwd_fake(dout, q, k, v, *rest):
+    # Contiguous gradients shaped like their inputs: dq (total_q, nheads, headdim), dk and dv (total_k, nheads_kv, headdim).
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output, deterministic: bool) -> None:
+    # inputs has every schema argument, defaults filled in by torch.
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+     softmax_scale, causal, window_size_left, window_size_right, top_left) = inputs
+    out, softmax_lse = output
+    # Only the inputs, out, lse and the int32 sequence tensors: nothing of size seqlen².
+    ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    ctx.max_seqlen_q, ctx.max_seqlen_k = max_seqlen_q, max_seqlen_k
+    ctx.softmax_scale, ctx.causal = softmax_scale, causal
+    ctx.window_size_left, ctx.window_size_right, ctx.top_left = window_size_left, window_size_right, top_left
+    ctx.deterministic = bool(deterministic or torch.are_deterministic_algorithms_enabled())
+    ctx.num_inputs = len(inputs)
+    ctx.set_materialize_grads(False)  # as for fwd: no zero-filled lse gradient
+
+
+def _varlen_fwd_setup_context(ctx, inputs, output):
+    _varlen_setup_context(ctx, inputs, output, deterministic=False)
+
+
+def _varlen_fwd_deterministic_setup_context(ctx, inputs, output):
+    _varlen_setup_context(ctx, inputs, output, deterministic=True)
+
+
+def kernel_readable(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy when the kernels could not read it in place: a last dimension
+    that is not contiguous, or a broadcast dimension (stride 0, size > 1), which autograd hands
+    over as the gradient of e.g. ``out.sum(0)``; the TMA descriptors are meant for real strides."""
+    if t.stride(-1) == 1 and all(stride != 0 or size == 1 for size, stride in zip(t.shape, t.stride())):
+        return t
+    return t.contiguous()
+
+
+def _varlen_fwd_backward(ctx, grad_out, grad_lse):
+    # The gradient flowing into softmax_lse is not propagated, as for fwd.
+    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k = ctx.saved_tensors
+    rest = (None,) * (ctx.num_inputs - 3)
+    if grad_out is None:
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + rest
+    op = varlen_bwd_op()
+    dq, dk, dv = op(
+        kernel_readable(grad_out), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.window_size_left,
+        ctx.window_size_right, ctx.top_left, ctx.deterministic,
+    )
+    return (dq, dk, dv) + rest
+
+
+def _varlen_fwd_deterministic_bwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                       max_seqlen_k, softmax_scale, causal, window_size_left=-1,
+                                       window_size_right=-1, top_left=False):
+    # varlen_fwd's kernel, below autograd: only the autograd formula differs.
+    return torch.ops.flash_attn_hopper.varlen_fwd.default(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_size_left, window_size_right, top_left,
+    )
+
+
+def register_varlen_bwd_fake(lib=None) -> None:
+    """Register the varlen_bwd op's fake kernel (done at import when the build has the op)."""
+    torch.library.register_fake("flash_attn_hopper::varlen_bwd", _varlen_bwd_fake, lib=lib)
+
+
+def register_varlen(lib) -> None:
+    """What makes ``varlen_fwd`` a good citizen: its fake kernel and autograd formula, and the
+    Python-defined ``varlen_fwd_deterministic_bwd`` (same schema and kernel, deterministic backward),
+    all owned by ``lib`` (a FRAGMENT ``torch.library.Library`` of the flash_attn_hopper namespace).
+
+    Done at import when the extension defines ``varlen_fwd``; the CPU tests call it for a
+    stand-in op with :data:`VARLEN_FWD_SCHEMA` (tests/op_emulator.py) and destroy ``lib`` after.
+    """
+    torch.library.register_fake("flash_attn_hopper::varlen_fwd", _varlen_fwd_fake, lib=lib)
+    torch.library.register_autograd(
+        "flash_attn_hopper::varlen_fwd", _varlen_fwd_backward, setup_context=_varlen_fwd_setup_context, lib=lib
+    )
+    lib.define(VARLEN_FWD_SCHEMA.replace("varlen_fwd(", f"{VARLEN_DETERMINISTIC_FWD_NAME}(", 1))
+    lib.impl(VARLEN_DETERMINISTIC_FWD_NAME, _varlen_fwd_deterministic_bwd_impl, "CompositeExplicitAutograd")
+    name = f"flash_attn_hopper::{VARLEN_DETERMINISTIC_FWD_NAME}"
+    torch.library.register_fake(name, _varlen_fwd_fake, lib=lib)
+    torch.library.register_autograd(
+        name, _varlen_fwd_backward, setup_context=_varlen_fwd_deterministic_setup_context, lib=lib
+    )
+
+
 #: Owns the Python-defined op; kept for the life of the process.
 _PY_LIBRARY = None
 
@@ -262,3 +466,7 @@ if _C is not None:
         setup_context=_fwd_deterministic_setup_context,
         lib=_PY_LIBRARY,
     )
+    if has_varlen_fwd_op():
+        register_varlen(_PY_LIBRARY)
+    if has_varlen_bwd_op():
+        register_varlen_bwd_fake()

@@ -12,6 +12,10 @@ dtype, mask, GQA ratio and the compiled kernel that serves it) or a
 :class:`Refusal` (what is wrong and how to fix it; ``error`` is the exception
 type the FA3 API raises for it).
 
+Variable-length calls (packed sequences with ``cu_seqlens``) ask
+:func:`check_varlen` instead, whose answer is a :class:`VarlenProblem` or a
+:class:`Refusal`.
+
 Entry points translate their own conventions before asking: tensor names
 (``q``/``query``), layout (``"bshd"`` or SDPA's ``"bhsd"``), the mask as an
 effective window (FlashAttention-3's or FlashAttention-2's clamping rules are
@@ -348,4 +352,232 @@ def check(
     return Problem(
         batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, kernel_head_dim,
         bool(causal), None if window is None else tuple(window), bool(top_left), softmax_scale,
+    )
+
+
+# --------------------------------------------------------------------------
+# Variable-length batches
+# --------------------------------------------------------------------------
+
+#: cu_seqlens and seqused are int32: no offset or length beyond this.
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class VarlenProblem:
+    """A variable-length attention call the kernels compute, in the varlen op's terms."""
+
+    batch: int
+    total_q: int
+    total_k: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str
+    kernel_head_dim: int
+    causal: bool
+    window: tuple[int, int] | None  # effective (left, right) for every sequence, -1 = unbounded
+    top_left: bool
+    softmax_scale: float | None
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    def kernel(self, direction: str = "fwd") -> manifest.Instantiation:
+        return manifest.Instantiation(direction, self.kernel_head_dim, self.dtype)
+
+
+def _host_int_refusal(name: str, value) -> Refusal | None:
+    """A max_seqlen must be a host integer >= 0 (it sizes the launch grid); SymInts pass while tracing."""
+    if isinstance(value, torch.SymInt):
+        return None
+    if isinstance(value, bool) or isinstance(value, torch.Tensor) or not hasattr(value, "__index__"):
+        return Refusal(
+            f"{name} must be a Python int (the longest sequence's length, known on the host), "
+            f"got {type(value).__name__}",
+            f"pass int({name}) computed once, e.g. from the lengths before they went to the GPU",
+            TypeError,
+        )
+    if value.__index__() < 0:
+        return Refusal(f"{name}={value.__index__()} is negative", f"{name} must be >= every sequence's length")
+    return None
+
+
+def _seq_tensor_refusal(name: str, t, length: int | None, q: torch.Tensor, what: str) -> Refusal | None:
+    """cu_seqlens_* (length None: any >= 1) or seqused_* (length batch): int32, 1-D, contiguous, on q's device."""
+    if not isinstance(t, torch.Tensor):
+        return Refusal(f"{name} must be a torch.Tensor ({what}), got {type(t).__name__}", error=TypeError)
+    if t.dtype != torch.int32:
+        return Refusal(f"{name} has dtype {t.dtype}; it must be torch.int32 ({what})", f"pass {name}.to(torch.int32)")
+    if t.dim() != 1:
+        return Refusal(f"{name} must be 1-dimensional ({what}), got shape {_shape(t)}")
+    if length is None and t.numel() < 1:
+        return Refusal(f"{name} is empty; it must hold batch + 1 offsets, starting with 0")
+    if length is not None and t.numel() != length:
+        return Refusal(
+            f"{name} has {t.numel()} entries but the batch has {length} sequences "
+            f"(cu_seqlens_q has {length + 1} offsets); {name} must be ({length},)"
+        )
+    if not t.is_contiguous():
+        return Refusal(f"{name} must be contiguous, got stride {tuple(t.stride())}", f"pass {name}.contiguous()")
+    if t.device != q.device:
+        return Refusal(f"{name} is on {t.device} but q is on {q.device}", f"move it with {name}.to(q.device)")
+    return None
+
+
+def check_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    seqused_q,
+    seqused_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    causal: bool = False,
+    window_size=(-1, -1),
+    window_rules: str = "fa3",
+    softmax_scale: float | None = None,
+    softcap: float = 0.0,
+    names: tuple[str, str, str] = ("q", "k", "v"),
+) -> VarlenProblem | Refusal:
+    """The variable-length problem the kernels compute for these arguments, or why they cannot.
+
+    q (total_q, nheads, headdim), k and v (total_k, nheads_kv, headdim), only the last
+    dimension contiguous; cu_seqlens_q / cu_seqlens_k int32 (batch + 1,), seqused_q /
+    seqused_k None or int32 (batch,), all on q's device; max_seqlen_q / max_seqlen_k host
+    ints >= 0.  Only what needs no device sync is checked: the contents of the sequence
+    tensors are the kernels' to clamp.  ``window_size`` is read with ``window_rules``
+    (``"fa3"`` or ``"fa2"``) against max_seqlen_q / max_seqlen_k, which gives every
+    sequence the window the per-sequence rule would (a side reaching max_seqlen reaches
+    every sequence's end).  Same order as :func:`check`: structure, scale, features,
+    the compiled set, the device, then whether the extension has the varlen op.
+    """
+    nq, nk, nv = names
+    for name, t in ((nq, q), (nk, k), (nv, v)):
+        if not isinstance(t, torch.Tensor):
+            return Refusal(f"{name} must be a torch.Tensor, got {type(t).__name__}", error=TypeError)
+    for name, t, dims in (
+        (nq, q, "(total_q, nheads, headdim)"),
+        (nk, k, "(total_k, nheads_kv, headdim)"),
+        (nv, v, "(total_k, nheads_kv, headdim)"),
+    ):
+        if t.dim() != 3:
+            return Refusal(
+                f"{name} must have 3 dimensions {dims} (the sequences packed along the first), got shape {_shape(t)}",
+                "for (batch, seqlen, nheads, headdim) inputs use flash_attn_func" if t.dim() == 4 else "",
+            )
+    if q.dtype not in DTYPE_NAMES:
+        return Refusal(
+            f"{nq} has dtype {q.dtype}; flash_attn_hopper supports {_SUPPORTED_DTYPES}",
+            f"convert with {nq}.to(torch.bfloat16)",
+        )
+    for name, t in ((nk, k), (nv, v)):
+        if t.dtype != q.dtype:
+            return Refusal(
+                f"{name} has dtype {t.dtype} but {nq} has {q.dtype}: {nq}, {nk} and {nv} have different dtypes",
+                f"{nq}, {nk} and {nv} must share one dtype",
+            )
+    total_q, heads_q, head_dim = q.shape
+    if k.shape != v.shape:
+        return Refusal(
+            f"{nk} and {nv} must have the same shape (total_k, nheads_kv, headdim), got {nk} {_shape(k)} and {nv} {_shape(v)}"
+        )
+    total_k, heads_kv = k.size(0), k.size(1)
+    if k.size(2) != head_dim:
+        return Refusal(
+            f"head dim mismatch: {nq} has {head_dim}, {nk} and {nv} have {k.size(2)}",
+            f"flash_attn_hopper needs one head dim for {nq}, {nk} and {nv}",
+        )
+    kernel_head_dim = manifest.round_up_headdim(head_dim)
+    if kernel_head_dim is None:
+        return Refusal(
+            f"head dim {head_dim} is not supported: it must be a positive multiple of {manifest.HEAD_DIM_MULTIPLE} "
+            f"and at most {manifest.MAX_HEAD_DIM} (kernels exist for {list(manifest.HEAD_DIMS)}; "
+            f"other multiples of {manifest.HEAD_DIM_MULTIPLE} run on the next one up)",
+            "pad the head dim with zeros",
+        )
+    if heads_kv == 0:
+        return Refusal(f"{nk} and {nv} must have at least one head, got {nk} shape {_shape(k)}")
+    if heads_q % heads_kv != 0:
+        return Refusal(
+            f"nheads_q ({heads_q}) must be a multiple of nheads_kv ({heads_kv}) for grouped-query attention "
+            f"({nq} shape {_shape(q)}, {nk} shape {_shape(k)})"
+        )
+    offsets = "batch + 1 int32 offsets of the sequences"
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        refusal = _seq_tensor_refusal(name, t, None, q, offsets)
+        if refusal is not None:
+            return refusal
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        return Refusal(
+            f"batch size mismatch: cu_seqlens_q has {cu_seqlens_q.numel()} offsets ({cu_seqlens_q.numel() - 1} "
+            f"sequences), cu_seqlens_k has {cu_seqlens_k.numel()} ({cu_seqlens_k.numel() - 1} sequences)",
+            "both must hold batch + 1 offsets",
+        )
+    batch = cu_seqlens_q.numel() - 1
+    for name, t in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if t is not None:
+            refusal = _seq_tensor_refusal(name, t, batch, q, "each sequence's used length")
+            if refusal is not None:
+                return refusal
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        refusal = _host_int_refusal(name, value)
+        if refusal is not None:
+            return refusal
+    # SymInts (tracing) stay symbolic; plain ints are normalised.
+    max_q = max_seqlen_q if isinstance(max_seqlen_q, torch.SymInt) else max_seqlen_q.__index__()
+    max_k = max_seqlen_k if isinstance(max_seqlen_k, torch.SymInt) else max_seqlen_k.__index__()
+    for name, total in (("total_q", total_q), ("total_k", total_k)):
+        if total > _INT32_MAX:
+            return Refusal(f"{name} = {total} rows do not fit the int32 offsets of cu_seqlens (at most 2**31 - 1)")
+    problem = manifest.size_limit_problem(batch, heads_q, max_q, max_k)
+    if problem is not None:
+        return Refusal(problem.replace("seqlen_q + seqlen_k", "max_seqlen_q + max_seqlen_k"))
+    for name, t in ((nq, q), (nk, k), (nv, v)):
+        if t.stride(-1) != 1:
+            return Refusal(
+                f"{name}'s last dimension must be contiguous (stride 1), got strides {tuple(t.stride())}",
+                f"other strides may be anything: pass {name}.contiguous() or slice along other dims only",
+            )
+    refusal = scale_refusal(softmax_scale)
+    if refusal is not None:
+        return refusal
+    if window_rules == "fa3":
+        try:
+            left, right = fa3_window(window_size, causal, max_q, max_k)
+        except ValueError as err:
+            return Refusal(str(err))
+        if (left, right) == (-1, 0):
+            causal = True
+    else:
+        left, right = fa2_window(window_size[0], window_size[1], causal, max_k)
+    window = None if (left, right) in ((-1, -1), (-1, 0) if causal else (-1, -1)) else (left, right)
+    if window is not None and not manifest.FEATURES["local_window"]:
+        return feature_refusal(
+            "local_window", f"sliding-window (local) attention with window_size={tuple(window_size)}",
+            "Supported: window_size=(-1, -1), optionally with causal=True.",
+        )
+    if softcap != 0.0:
+        return feature_refusal("softcap", f"softcap={softcap}", "Supported: softcap=0.0.")
+    if not manifest.FEATURES["varlen"]:
+        return feature_refusal("varlen", "variable-length attention (flash_attn_varlen_func)",
+                               "Split the batch at cu_seqlens and call flash_attn_func per sequence.")
+    dtype = DTYPE_NAMES[q.dtype]
+    refusal = not_compiled_refusal("fwd", head_dim, dtype)
+    if refusal is not None:
+        return refusal
+    refusal = device_refusal(q, k, v, names)
+    if refusal is not None:
+        return refusal
+    if not ops.has_varlen_fwd_op():
+        return Refusal(ops.varlen_unavailable_message(), error=RuntimeError)
+    return VarlenProblem(
+        batch, total_q, total_k, max_q, max_k, heads_q, heads_kv, head_dim, dtype, kernel_head_dim,
+        bool(causal), None if window is None else tuple(window), False, softmax_scale,
     )

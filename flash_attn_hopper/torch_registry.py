@@ -28,12 +28,19 @@ log-sum-exp +inf, and outputs and gradients have the strides of aten's meta
 kernels (``empty_like(query)``, ``empty_like(key)``...), so ``torch.compile``
 finds what it traced.
 
+Variable-length calls (``cum_seq_q`` / ``cum_seq_k``, optionally ``seqused_k``:
+what ``torch.nn.attention.varlen.varlen_attn`` sends) run the varlen ops
+(``varlen_fwd`` / ``varlen_bwd``) with FlashAttention-2's varlen conventions:
+q, k, v (total, heads, head_dim), log-sum-exp (heads, total_q) with +inf for rows
+that see no key, windows clamped against ``max_k``; ``block_table`` (paged KV),
+``num_splits``, ALiBi and dropout still go to torch's kernels.
+
 Backward: the backward overrides take exactly what the forward ops return
 (output and log-sum-exp in FlashAttention-2's conventions), whichever
 kernel computed them, and apply the same masks as the forward overrides.
-Calls they refuse (dropout, variable-length batches, a head dim or dtype
-without a backward kernel in this build, ...) go to aten's FlashAttention-2
-backward.  In a build without the backward kernels only the forward ops are
+Calls they refuse (dropout, variable-length batches in a build without the
+varlen_bwd op, a head dim or dtype without a backward kernel in this build,
+...) go to aten's FlashAttention-2 backward.  In a build without the backward kernels only the forward ops are
 overridden, and aten's own backward differentiates our forward; it needs
 only the output and the log-sum-exp.  ``Activation.op_names`` lists what an
 activation replaced, ``Activation.backward_refusal`` why the backward ops
@@ -114,6 +121,24 @@ def _run_forward(q, k, v, scale, is_causal, window_left, window_right):
     return out, lse
 
 
+def _run_varlen_forward(q, k, v, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
+                        window_left, window_right):
+    """varlen_fwd on (total, heads, head_dim) inputs with FlashAttention-2's conventions.
+
+    Returns out (contiguous, total_q, heads, head_dim) and lse (heads, total_q), +inf
+    (FlashAttention-2's) where ours is -inf: rows that see no key.  The window is clamped
+    against max_k for every sequence, as FlashAttention-2's varlen kernel clamps it.
+    """
+    softmax_scale = _softmax_scale(q, scale)
+    left, right = support.fa2_window(window_left, window_right, is_causal, max_k)
+    out, lse = ops.varlen_fwd_op()(
+        q, k, v, cum_seq_q, cum_seq_k, None, seqused_k, max_q, max_k, softmax_scale, bool(is_causal), left, right,
+        False,
+    )
+    # Which rows see no key depends on each sequence's lengths (device data): convert every -inf.
+    return out, lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
 def _kernel_readable(t: torch.Tensor) -> torch.Tensor:
     """``t``, or a contiguous copy of it when the bwd op could not read it in place.
 
@@ -154,6 +179,19 @@ def _run_backward(grad_out, q, k, v, out, lse, scale, is_causal, window_left, wi
         left,
         right,
         False,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+
+
+def _run_varlen_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, scale, is_causal,
+                         window_left, window_right):
+    """varlen_bwd with the conventions of :func:`_run_varlen_forward`; lse may hold +inf or -inf for
+    rows that see no key.  Deterministic as :func:`_run_backward` decides it."""
+    softmax_scale = _softmax_scale(q, scale)
+    left, right = support.fa2_window(window_left, window_right, is_causal, max_k)
+    return ops.varlen_bwd_op()(
+        _kernel_readable(grad_out), q, k, v, _kernel_readable(out), lse, cum_seq_q, cum_seq_k, None, None,
+        max_q, max_k, softmax_scale, bool(is_causal), left, right, False,
         torch.are_deterministic_algorithms_enabled(),
     )
 
@@ -223,14 +261,17 @@ def flash_attention_forward_refusal(
     ``num_splits`` is a scheduling hint with no effect on the result.
     Keyword arguments of a later torch that this version does not know make it fall back.
     """
-    if cum_seq_q is not None or cum_seq_k is not None:
-        return "variable-length (cum_seq_q / cum_seq_k) inputs"
+    varlen = cum_seq_q is not None or cum_seq_k is not None
+    if varlen and (cum_seq_q is None or cum_seq_k is None):
+        return "only one of cum_seq_q and cum_seq_k is given"
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p}"
     if return_debug_mask:
         return "return_debug_mask=True"
-    if seqused_k is not None:
-        return "seqused_k is given"
+    if seqused_k is not None and not varlen:
+        return "seqused_k is given without cum_seq_q / cum_seq_k"
+    if varlen and num_splits is not None:
+        return f"num_splits={num_splits} with variable-length inputs (torch's split-KV path)"
     if alibi_slopes is not None:
         return "alibi_slopes is given"
     if block_table is not None:
@@ -238,7 +279,24 @@ def flash_attention_forward_refusal(
     reason = _unknown_arguments(newer)
     if reason is not None:
         return reason
+    if varlen:
+        return _varlen_refusal(
+            query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, is_causal,
+            (window_size_left, window_size_right), scale,
+        )
     return _forward_refusal(query, key, value, "bshd", is_causal, (window_size_left, window_size_right), scale)
+
+
+def _varlen_refusal(query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, is_causal, window_size, scale):
+    """support.check_varlen's answer for an aten varlen call (FlashAttention-2's window rules), as a reason or None."""
+    for name, t in (("query", query), ("key", key)):
+        if isinstance(t, torch.Tensor) and t.numel() == 0:
+            return f"{name} is empty (shape {tuple(t.shape)})"
+    answer = support.check_varlen(
+        query, key, value, cum_seq_q, cum_seq_k, None, seqused_k, max_q, max_k, causal=bool(is_causal),
+        window_size=window_size, window_rules="fa2", softmax_scale=scale, names=("query", "key", "value"),
+    )
+    return str(answer) if isinstance(answer, support.Refusal) else None
 
 
 def _forward_refusal(query, key, value, layout, is_causal, window_size, scale) -> str | None:
@@ -258,15 +316,22 @@ def _unknown_arguments(newer: dict) -> str | None:
     return None
 
 
-def _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer: dict) -> str | None:
-    """What both backward ops refuse before looking at the tensors."""
-    if cum_seq_q is not None or cum_seq_k is not None:
-        return "variable-length (cum_seq_q / cum_seq_k) inputs"
+def _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer: dict, varlen_ok: bool = False) -> str | None:
+    """What both backward ops refuse before looking at the tensors (``varlen_ok``: the op serves
+    variable-length calls when the build has the varlen_bwd op)."""
+    varlen = cum_seq_q is not None or cum_seq_k is not None
+    if varlen:
+        if not varlen_ok:
+            return "variable-length (cum_seq_q / cum_seq_k) inputs"
+        if cum_seq_q is None or cum_seq_k is None:
+            return "only one of cum_seq_q and cum_seq_k is given"
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p}"
     reason = _unknown_arguments(newer)
     if reason is not None:
         return reason
+    if varlen:
+        return None if ops.has_varlen_bwd_op() else "this build of flash_attn_hopper has no varlen_bwd op"
     if not ops.has_bwd_op():
         # Activation installs no backward override then; this guards a direct call.
         return "this build of flash_attn_hopper has no backward op"
@@ -382,12 +447,42 @@ def flash_attention_backward_refusal(
     the forward override computes with.
     Keyword arguments of a later torch that this version does not know make it fall back.
     """
-    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer)
+    reason = _backward_call_refusal(cum_seq_q, cum_seq_k, dropout_p, newer, varlen_ok=True)
     if reason is not None:
         return reason
+    if cum_seq_q is not None:
+        return _varlen_backward_tensors_refusal(
+            grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, is_causal,
+            (window_size_left, window_size_right), scale,
+        )
     return _backward_tensors_refusal(
         grad_out, query, key, value, out, logsumexp, "bshd", is_causal, (window_size_left, window_size_right), scale
     )
+
+
+def _varlen_backward_tensors_refusal(
+    grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, window_size, scale
+) -> str | None:
+    """Why varlen_bwd cannot take these tensors ((total, heads, head_dim), lse (heads, total_q)); None when it can."""
+    reason = _undefined_tensors(grad_out=grad_out, query=q, key=k, value=v, out=out, logsumexp=logsumexp)
+    if reason is not None:
+        return reason
+    reason = _varlen_refusal(q, k, v, cum_seq_q, cum_seq_k, None, max_q, max_k, is_causal, window_size, scale)
+    if reason is not None:
+        return reason
+    refusal = support.not_compiled_refusal("bwd", q.size(-1), support.DTYPE_NAMES[q.dtype])
+    if refusal is not None:
+        return str(refusal)
+    if grad_out.shape != q.shape or out.shape != q.shape:
+        return f"grad_out {tuple(grad_out.shape)} or out {tuple(out.shape)} does not have the query's shape"
+    if grad_out.dtype != q.dtype or out.dtype != q.dtype:
+        return f"grad_out ({grad_out.dtype}) or out ({out.dtype}) does not have the query's dtype"
+    lse_shape = (q.size(1), q.size(0))
+    if logsumexp.dtype != torch.float32 or logsumexp.shape != lse_shape:
+        return f"logsumexp is {logsumexp.dtype} {tuple(logsumexp.shape)}, not float32 (heads, total_q) = {lse_shape}"
+    if grad_out.device != q.device or out.device != q.device or logsumexp.device != q.device:
+        return "grad_out, out or logsumexp is not on the query's device"
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -406,18 +501,30 @@ def _sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, retur
 
 def _flash_attention_forward(
     query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
-    scale=None, window_size_left=None, window_size_right=None, **_,
+    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, **_,
 ):
-    out, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right)
+    if cum_seq_q is not None:
+        out, lse = _run_varlen_forward(
+            query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
+            window_size_left, window_size_right,
+        )
+    else:
+        out, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right)
     rng_state, unused, debug_mask = _aux_outputs(query)
     return _with_strides_of(out, query), lse, rng_state, unused, debug_mask
 
 
 def _flash_attention_forward_inplace(
     out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
-    scale=None, window_size_left=None, window_size_right=None, **_,
+    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, **_,
 ):
-    result, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right)
+    if cum_seq_q is not None:
+        result, lse = _run_varlen_forward(
+            query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
+            window_size_left, window_size_right,
+        )
+    else:
+        result, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right)
     out.copy_(result)
     return lse
 
@@ -437,9 +544,15 @@ def _flash_attention_backward(
     grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
     rng_state, unused, *, scale=None, window_size_left=None, window_size_right=None, **_,
 ):
-    grads = _run_backward(
-        grad_out, query, key, value, out, logsumexp, scale, is_causal, window_size_left, window_size_right
-    )
+    if cum_seq_q is not None:
+        grads = _run_varlen_backward(
+            grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, scale, is_causal,
+            window_size_left, window_size_right,
+        )
+    else:
+        grads = _run_backward(
+            grad_out, query, key, value, out, logsumexp, scale, is_causal, window_size_left, window_size_right
+        )
     return tuple(_with_strides_of(g, like) for g, like in zip(grads, (query, key, value)))
 
 

@@ -1,4 +1,6 @@
-"""Float32 emulations of ``torch.ops.flash_attn_hopper.fwd`` and ``bwd``'s contracts, and ways to install them.
+"""Float32 emulations of ``torch.ops.flash_attn_hopper.fwd`` and ``bwd``'s contracts (and of the
+variable-length ``varlen_fwd`` / ``varlen_bwd``: each sequence through the dense emulation, see
+:func:`emulated_varlen_ops`), and ways to install them.
 
 The CPU tests of the SDPA drop-in, torch's registry route and the
 transformers integration run their fast paths through this emulation, so
@@ -166,3 +168,141 @@ def emulated_bwd_op(device_type: str = "cpu", schema: str | None = None):
         yield kernel
     finally:
         library._destroy()
+
+
+# --------------------------------------------------------------------------
+# The variable-length ops (ops.VARLEN_FWD_SCHEMA / VARLEN_BWD_SCHEMA)
+# --------------------------------------------------------------------------
+
+
+def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, total_q, total_k):
+    """[(q_start, q_len, k_start, k_len)] per sequence, as the contract defines them.
+
+    Strict where the kernels clamp: a malformed call (offsets out of order or out of range,
+    lengths over max_seqlen, cu_seqlens_q[-1] != total_q without seqused_q) raises
+    AssertionError, so a Python layer that builds such a call fails its CPU test.
+    """
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    uq = None if seqused_q is None else seqused_q.tolist()
+    uk = None if seqused_k is None else seqused_k.tolist()
+    assert len(cq) == len(ck) >= 1, (cq, ck)
+    if uq is None:
+        assert cq[-1] == total_q, f"cu_seqlens_q[-1] = {cq[-1]} but total_q = {total_q} (no seqused_q)"
+    segments = []
+    for b in range(len(cq) - 1):
+        assert 0 <= cq[b] <= cq[b + 1] <= total_q and 0 <= ck[b] <= ck[b + 1] <= total_k, (b, cq, ck)
+        len_q = cq[b + 1] - cq[b] if uq is None else uq[b]
+        len_k = ck[b + 1] - ck[b] if uk is None else uk[b]
+        assert 0 <= len_q <= cq[b + 1] - cq[b] and 0 <= len_k <= ck[b + 1] - ck[b], (b, len_q, len_k)
+        assert len_q <= max_seqlen_q and len_k <= max_seqlen_k, (b, len_q, len_k, max_seqlen_q, max_seqlen_k)
+        segments.append((cq[b], len_q, ck[b], len_k))
+    return segments
+
+
+def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                       softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False):
+    """What varlen_fwd returns: each sequence through emulate_fwd; rows outside every used part
+    out 0 and lse -inf, rows past cu_seqlens_q[-1] NaN ("not written") when there is no seqused_q."""
+    total_q, heads_q, head_dim = q.shape
+    segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                               total_q, k.size(0))
+    out = torch.zeros(total_q, heads_q, head_dim, dtype=q.dtype, device=q.device)
+    lse = torch.full((heads_q, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    for q_start, len_q, k_start, len_k in segments:
+        if len_q == 0 or len_k == 0:
+            continue
+        o, l = emulate_fwd(
+            q[q_start : q_start + len_q][None], k[k_start : k_start + len_k][None],
+            v[k_start : k_start + len_k][None], softmax_scale, causal, window_size_left, window_size_right, top_left,
+        )
+        out[q_start : q_start + len_q] = o[0]
+        lse[:, q_start : q_start + len_q] = l[0]
+    return out, lse
+
+
+def emulate_varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                       max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left=-1,
+                       window_size_right=-1, top_left=False, deterministic=False):
+    """(dq, dk, dv) of varlen_fwd per sequence through emulate_bwd; zero outside the used parts."""
+    segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                               q.size(0), k.size(0))
+    assert softmax_lse.shape == (q.size(1), q.size(0)) and softmax_lse.dtype == torch.float32, softmax_lse.shape
+    assert dout.shape == q.shape and out.shape == q.shape, (dout.shape, out.shape, q.shape)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    for q_start, len_q, k_start, len_k in segments:
+        if len_q == 0 or len_k == 0:
+            continue
+        rows, keys = slice(q_start, q_start + len_q), slice(k_start, k_start + len_k)
+        g = emulate_bwd(
+            dout[rows][None], q[rows][None], k[keys][None], v[keys][None], out[rows][None],
+            softmax_lse[:, rows][None], softmax_scale, causal, window_size_left, window_size_right, top_left,
+        )
+        dq[rows] = g[0][0]
+        # Segments of k may overlap when cu_seqlens_k repeats (seqused_k shorter than segments never
+        # overlaps); summing is what the kernel's atomics would do.
+        dk[keys] += g[1][0]
+        dv[keys] += g[2][0]
+    return dq, dk, dv
+
+
+class EmulatedVarlen:
+    """Records the calls that reached one emulated varlen op (every argument, by name)."""
+
+    def __init__(self, schema: str, emulation) -> None:
+        self.schema = torch._C.parse_schema(f"flash_attn_hopper::{schema}")
+        self.emulation = emulation
+        self.calls: list[dict] = []
+
+    def __call__(self, *args, **kwargs):
+        # The dispatcher leaves trailing arguments equal to their defaults out of a Python kernel's call.
+        call = {a.name: a.default_value for a in self.schema.arguments if a.has_default_value()}
+        call.update(zip([a.name for a in self.schema.arguments], args), **kwargs)
+        self.calls.append(call)
+        return self.emulation(**call)
+
+
+@contextlib.contextmanager
+def emulated_varlen_ops(monkeypatch: pytest.MonkeyPatch, device_type: str = "cpu", backward: bool = True):
+    """Give varlen_fwd (and, with ``backward``, varlen_bwd) the emulations as kernels for ``device_type``;
+    yields (fwd, bwd) recorders (bwd None without ``backward``).
+
+    Where the extension defines an op, the emulation becomes its kernel for that device (the
+    real schema, fake kernel and autograd formula stay).  Where it does not (no extension, as
+    on CPU-only machines, or a build without the backward), a stand-in op with the contract's
+    schema (ops.VARLEN_FWD_SCHEMA / VARLEN_BWD_SCHEMA) is defined and given ops.py's fake
+    kernel, autograd formula and deterministic variant (ops.register_varlen), and removed
+    again afterwards.  Also lets the routing accept ``device_type`` and every head dim / dtype.
+    """
+    from flash_attn_hopper import _build_info, support
+
+    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
+    monkeypatch.setattr(_build_info, "COMPILED", None)
+    fwd = EmulatedVarlen(ops.VARLEN_FWD_SCHEMA, emulate_varlen_fwd)
+    bwd = EmulatedVarlen(ops.VARLEN_BWD_SCHEMA, emulate_varlen_bwd) if backward else None
+    libraries = []
+    try:
+        impl = torch.library.Library("flash_attn_hopper", "IMPL")
+        libraries.append(impl)
+        if ops.has_varlen_fwd_op():
+            impl.impl("varlen_fwd", fwd, device_type.upper())
+        else:
+            stand_in = torch.library.Library("flash_attn_hopper", "FRAGMENT")
+            libraries.append(stand_in)
+            stand_in.define(ops.VARLEN_FWD_SCHEMA)
+            stand_in.impl("varlen_fwd", fwd, device_type.upper())
+            ops.register_varlen(stand_in)
+        if backward:
+            if ops.has_varlen_bwd_op():
+                impl.impl("varlen_bwd", bwd, device_type.upper())
+            else:
+                stand_in = torch.library.Library("flash_attn_hopper", "FRAGMENT")
+                libraries.append(stand_in)
+                stand_in.define(ops.VARLEN_BWD_SCHEMA)
+                stand_in.impl("varlen_bwd", bwd, device_type.upper())
+                ops.register_varlen_bwd_fake(lib=stand_in)
+        elif ops.has_varlen_bwd_op():
+            pytest.skip("this build defines varlen_bwd; a build without it cannot be emulated")
+        yield fwd, bwd
+    finally:
+        for library in reversed(libraries):
+            library._destroy()

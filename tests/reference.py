@@ -99,25 +99,59 @@ def attention_ref_varlen(
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen attention by splitting: q (total_q, hq, d), k/v (total_k, hk, d).
 
-    Sequence i is rows cu_seqlens_q[i]:cu_seqlens_q[i+1] of q (likewise k, v).
-    Returns out (total_q, hq, d) and lse (hq, total_q), FlashAttention's varlen layout.
+    Sequence i is rows cu_seqlens_q[i]:cu_seqlens_q[i+1] of q (likewise k, v), of which only
+    the first seqused_q[i] (seqused_k[i]) take part when given.  Returns out (total_q, hq, d)
+    and lse (hq, total_q), FlashAttention's varlen layout; rows outside every used part (and
+    rows that see no key) get out 0 and lse -inf.  Differentiable (built with torch.cat).
+    ``kwargs`` go to :func:`attention_ref` (causal, window_size, softmax_scale, upcast).
     """
     bounds_q = cu_seqlens_q.tolist()
     bounds_k = cu_seqlens_k.tolist()
     if len(bounds_q) != len(bounds_k):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must describe the same number of sequences")
-    outs, lses = [], []
+    used_q = None if seqused_q is None else seqused_q.tolist()
+    used_k = None if seqused_k is None else seqused_k.tolist()
+    out_dtype = torch.float32 if kwargs.get("upcast", True) else q.dtype
+    heads = q.size(1)
+
+    def gap(rows):  # rows outside every used part
+        return (q.new_zeros(rows, heads, v.size(-1), dtype=out_dtype),
+                torch.full((heads, rows), float("-inf"), device=q.device))
+
+    outs, lses, row = [], [], 0
     for i in range(len(bounds_q) - 1):
-        qi = q[bounds_q[i] : bounds_q[i + 1]].unsqueeze(0)
-        ki = k[bounds_k[i] : bounds_k[i + 1]].unsqueeze(0)
-        vi = v[bounds_k[i] : bounds_k[i + 1]].unsqueeze(0)
-        out, lse = attention_ref(qi, ki, vi, **kwargs)
-        outs.append(out[0])
-        lses.append(lse[0])
+        start_q, start_k = bounds_q[i], bounds_k[i]
+        len_q = bounds_q[i + 1] - start_q if used_q is None else used_q[i]
+        len_k = bounds_k[i + 1] - start_k if used_k is None else used_k[i]
+        if start_q > row:
+            o, l = gap(start_q - row)
+            outs.append(o)
+            lses.append(l)
+        if len_q:
+            if len_k:
+                qi = q[start_q : start_q + len_q].unsqueeze(0)
+                ki = k[start_k : start_k + len_k].unsqueeze(0)
+                vi = v[start_k : start_k + len_k].unsqueeze(0)
+                out, lse = attention_ref(qi, ki, vi, **kwargs)
+                outs.append(out[0])
+                lses.append(lse[0])
+            else:
+                o, l = gap(len_q)
+                outs.append(o)
+                lses.append(l)
+        row = start_q + len_q
+    if q.size(0) > row:
+        o, l = gap(q.size(0) - row)
+        outs.append(o)
+        lses.append(l)
+    if not outs:
+        return gap(0)
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
 
 

@@ -204,10 +204,12 @@ def test_other_unsupported_features_refused(kwargs, fragments):
         flash_attn_func(q, k, v, **kwargs)
 
 
-def test_varlen_is_refused_never_faked():
+def test_varlen_on_cpu_is_refused_never_faked():
+    # Valid arguments on a device without kernels: refused by the device check, nothing computed
+    # (the argument checks themselves are tests/test_varlen_cpu.py's).
     q = torch.randn(10, 4, 64, dtype=BF16)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    with raises(RuntimeError, "variable-length attention", "not available in this version", "varlen"):
+    with raises(ValueError, "on cpu", "flash_attn_hopper runs on NVIDIA Hopper"):
         flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
 
 
@@ -344,9 +346,11 @@ def test_build_info_shape():
     assert info["available"] == flash_attn_hopper.is_available()
     assert info["available"] == (info["unavailable_reason"] is None)
     assert info["supported_head_dims"] == list(manifest.HEAD_DIMS)
-    assert info["features"]["varlen"] is False and info["features"]["causal"] is True
-    info["features"]["varlen"] = True  # a copy: callers cannot change the package's state
-    assert flash_attn_hopper.build_info()["features"]["varlen"] is False
+    # varlen: in the manifest, and in this build when the extension defines the varlen op.
+    assert manifest.FEATURES["varlen"] is True
+    assert info["features"]["varlen"] is ops.has_varlen_fwd_op() and info["features"]["causal"] is True
+    info["features"]["causal"] = False  # a copy: callers cannot change the package's state
+    assert flash_attn_hopper.build_info()["features"]["causal"] is True
 
 
 def test_batch_over_the_grid_limit():

@@ -165,23 +165,33 @@ def _install_transformers(monkeypatch, with_masks=True):
     package = types.ModuleType("transformers")
     package.AttentionInterface = attention
     monkeypatch.setitem(sys.modules, "transformers", package)
-    sdpa_mask = object()
+    sdpa_mask, flash_mask = object(), object()
     if with_masks:
         masking_utils = types.ModuleType("transformers.masking_utils")
         masking_utils.AttentionMaskInterface = masks
         masking_utils.ALL_MASK_ATTENTION_FUNCTIONS = {"sdpa": sdpa_mask, "eager": object()}
+        if with_masks == "flash":
+            masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"] = flash_mask
         monkeypatch.setitem(sys.modules, "transformers.masking_utils", masking_utils)
     else:
         monkeypatch.setitem(sys.modules, "transformers.masking_utils", None)
-    return attention, masks, sdpa_mask
+    return attention, masks, flash_mask if with_masks == "flash" else sdpa_mask
 
 
-def test_register_adds_the_function_and_sdpas_mask_builder(monkeypatch):
-    attention, masks, sdpa_mask = _install_transformers(monkeypatch)
+def test_register_adds_the_function_and_the_flash_mask_builder(monkeypatch):
+    # The FlashAttention mask builder hands over 2-D padding masks, which attention_forward unpads.
+    attention, masks, flash_mask = _install_transformers(monkeypatch, with_masks="flash")
     assert fah_transformers.register() == "flash_attn_hopper"
     assert attention.registered == {"flash_attn_hopper": fah_transformers.attention_forward}
-    assert masks.registered == {"flash_attn_hopper": sdpa_mask}
+    assert masks.registered == {"flash_attn_hopper": flash_mask}
     assert fah_transformers.register("fah") == "fah" and "fah" in attention.registered
+
+
+def test_register_falls_back_to_sdpas_mask_builder(monkeypatch):
+    # A transformers without the FlashAttention builder: 4-D masks, which torch's SDPA computes.
+    attention, masks, sdpa_mask = _install_transformers(monkeypatch)
+    fah_transformers.register()
+    assert masks.registered == {"flash_attn_hopper": sdpa_mask}
 
 
 def test_register_without_a_mask_registry(monkeypatch):

@@ -242,7 +242,9 @@ def test_flash_attention_forward_refusals(fake_cuda):
     assert refusal(*base) is None
     assert refusal(*base, scale=0.2, window_size_left=5, window_size_right=0, num_splits=4) is None
     cu = torch.zeros(3, dtype=torch.int32, device="cuda")
-    assert "variable-length" in refusal(q, k, k, cu, cu, 100, 130, 0.0, True, False)
+    # Variable-length calls take the varlen route (tests/test_varlen_cpu.py): (total, heads, head_dim) tensors.
+    assert "query must have 3 dimensions" in refusal(q, k, k, cu, cu, 100, 130, 0.0, True, False)
+    assert "only one of cum_seq_q and cum_seq_k" in refusal(q, k, k, cu, None, 100, 130, 0.0, True, False)
     assert "dropout_p" in refusal(q, k, k, None, None, 100, 130, 0.5, True, False)
     assert "positive finite" in refusal(*base, scale=-0.2)
     assert "return_debug_mask" in refusal(q, k, k, None, None, 100, 130, 0.0, True, True)
@@ -385,8 +387,11 @@ def test_flash_attention_backward_refusals(monkeypatch, fake_cuda, backward_buil
     assert refusal(*base, scale=0.2, window_size_left=5, window_size_right=0) is None
     assert refusal(*with_arg(base, DROPOUT_P, 0.0), scale=None, window_size_left=None) is None
     cu = torch.zeros(3, dtype=torch.int32, device="cuda")
-    assert "variable-length" in refusal(*with_arg(base, CUM_SEQ_Q, cu))
-    assert "variable-length" in refusal(*with_arg(base, CUM_SEQ_K, cu))
+    # Variable-length calls take the varlen route (tests/test_varlen_cpu.py).
+    assert "only one of cum_seq_q and cum_seq_k" in refusal(*with_arg(base, CUM_SEQ_Q, cu))
+    assert "only one of cum_seq_q and cum_seq_k" in refusal(*with_arg(base, CUM_SEQ_K, cu))
+    if not ops.has_varlen_bwd_op():
+        assert "no varlen_bwd op" in refusal(*with_arg(with_arg(base, CUM_SEQ_Q, cu), CUM_SEQ_K, cu))
     assert "dropout_p=0.1" in refusal(*with_arg(base, DROPOUT_P, 0.1))
     assert "positive finite" in refusal(*base, scale=0.0)
     assert "some_future_argument" in refusal(*base, some_future_argument=1)

@@ -1,7 +1,8 @@
 """What the test files share (tests/ is on sys.path: ``from helpers.inputs import qkv``).
 
 - ``inputs``: the one factory of random q, k, v (and dout) -- dtype, shape, GQA, layout
-  (strided, transposed, packed), device, seed -- and ``poison_allocations``, which fills the
+  (strided, transposed, packed), device, seed --, ``varlen_qkv`` (packed variable-length batches
+  with their cu_seqlens) and ``poison_allocations``, which fills the
   memory an op's outputs will land in with NaN.
 - ``grads``: ``reference_grads`` (autograd through a reference, in float32 or in the
   inputs' dtype) and ``assert_grads_close`` / ``check_grads`` (FlashAttention's rule, the

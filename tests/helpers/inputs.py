@@ -138,3 +138,67 @@ def cpu_inputs(b, sq, sk, hq, hk, d, seed=0, dtype=torch.float16):
     and rounded to ``dtype`` (fp16 by default: the CPU tests' emulations compute in float32, and fp16
     keeps their comparisons sharp)."""
     return qkv(b, sq, sk, hq, hk, d, dtype=dtype, device="cpu", seed=seed, dout=True, draw_dtype=torch.float32)
+
+
+#: Memory layouts of packed (total, heads, head_dim) tensors, each with a unit last stride.
+VARLEN_LAYOUTS = ("contiguous", "every_other_head", "row_gap", "packed")
+
+
+def _cu(lengths, device) -> torch.Tensor:
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + int(n))
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def varlen_qkv(
+    lens_q,
+    lens_k=None,
+    hq: int = 4,
+    hk: int = 2,
+    d: int = 64,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cuda",
+    seed: int = 0,
+    layout: str = "contiguous",
+    draw_dtype: torch.dtype | None = None,
+):
+    """A packed batch: q (total_q, hq, d), k and v (total_k, hk, d), dout like q, cu_seqlens_q and
+    cu_seqlens_k (int32 on ``device``), max_seqlen_q and max_seqlen_k (ints).
+
+    Sequence b has lens_q[b] queries and lens_k[b] keys (lens_k defaults to lens_q).  ``layout``:
+    ``"contiguous"``; ``"every_other_head"`` (every other head of (total, 2h, d)); ``"row_gap"``
+    (rows of (total, h, d + 16) memory cut to d: row stride beyond h * d); ``"packed"`` (q, k, v split
+    along the heads of one (total, hq + 2 hk, d) tensor; needs lens_q == lens_k).  One seeded generator.
+    """
+    lens_k = list(lens_q) if lens_k is None else list(lens_k)
+    lens_q = list(lens_q)
+    if len(lens_q) != len(lens_k):
+        raise ValueError("lens_q and lens_k need one entry per sequence")
+    total_q, total_k = sum(lens_q), sum(lens_k)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def draw(shape):
+        return _randn(shape, gen, dtype, draw_dtype, device)
+
+    def packed(total, h):
+        if layout == "contiguous":
+            return draw((total, h, d))
+        if layout == "every_other_head":
+            return draw((total, 2 * h, d))[:, ::2]
+        if layout == "row_gap":
+            return draw((total, h, d + 16))[:, :, :d]
+        raise ValueError(f"unknown layout {layout!r}; one of {VARLEN_LAYOUTS}")
+
+    if layout == "packed":
+        if lens_q != lens_k:
+            raise ValueError("the packed layout needs lens_q == lens_k")
+        q, k, v = draw((total_q, hq + 2 * hk, d)).split([hq, hk, hk], dim=1)
+        dout = draw((total_q, hq, d))
+    else:
+        q, k, v, dout = packed(total_q, hq), packed(total_k, hk), packed(total_k, hk), packed(total_q, hq)
+    return (
+        q, k, v, dout, _cu(lens_q, device), _cu(lens_k, device),
+        max(lens_q, default=0), max(lens_k, default=0),
+    )
