@@ -209,6 +209,20 @@ std::string not_compiled(char const* direction, Problem const& pb, at::ScalarTyp
          flash::manifest::kEnvDtypes + " including " + dt;
 }
 
+// Launches the forward on torch's current stream, with the zeroed tile counter that the dynamic
+// persistent causal/local kernels draw from (a 4-byte memset rather than at::zeros' fill kernel).
+void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, at::TensorOptions const& options,
+             int device) {
+  cudaStream_t const stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  at::Tensor tile_counter;
+  if (flash::fwd_needs_tile_counter(head_dim_rounded, params.is_local, params.seqlen_k)) {
+    tile_counter = at::empty({1}, options.dtype(at::kInt));
+    params.tile_counter = tile_counter.data_ptr<int>();
+    C10_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
+  }
+  fwd(params, stream);
+}
+
 std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v,
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left) {
@@ -237,16 +251,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(at::Tensor const& q, at::Tensor const
   params.o_batch_stride = out.stride(0);
   params.o_row_stride = out.stride(1);
   params.o_head_stride = out.stride(2);
-  cudaStream_t const stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles
-  if (flash::fwd_needs_tile_counter(head_dim_rounded, params.is_local, params.seqlen_k)) {
-    // A 4-byte memset on the stream rather than at::zeros' fill kernel.
-    tile_counter = at::empty({1}, q.options().dtype(at::kInt));
-    params.tile_counter = tile_counter.data_ptr<int>();
-    C10_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
-  }
-
-  fwd(params, stream);
+  run_fwd(fwd, params, head_dim_rounded, q.options(), device);
   return {out, lse};
 }
 
@@ -346,14 +351,7 @@ std::tuple<at::Tensor, at::Tensor> mha_varlen_fwd(at::Tensor const& q, at::Tenso
   params.o_batch_stride = o4.stride(0);
   params.o_row_stride = o4.stride(1);
   params.o_head_stride = o4.stride(2);
-  cudaStream_t const stream = c10::cuda::getCurrentCUDAStream(pb.device).stream();
-  at::Tensor tile_counter;
-  if (flash::fwd_needs_tile_counter(pb.head_dim_rounded, params.is_local, params.seqlen_k)) {
-    tile_counter = at::empty({1}, q.options().dtype(at::kInt));
-    params.tile_counter = tile_counter.data_ptr<int>();
-    C10_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
-  }
-  fwd(params, stream);
+  run_fwd(fwd, params, pb.head_dim_rounded, q.options(), pb.device);
   return {out, lse};
 }
 
@@ -368,6 +366,45 @@ BwdFn find_bwd(int head_dim_rounded, bool is_bf16) {
   FLASH_ATTN_HOPPER_FOR_EACH_BWD(FLASH_ATTN_HOPPER_MATCH_BWD)
 #undef FLASH_ATTN_HOPPER_MATCH_BWD
   return nullptr;
+}
+
+// The backward's tensors beside q, k, v: dout, out and dq as 4-D (batch, rows, heads, d) views,
+// the LSE, dk and dv (contiguous), and the float32 workspaces.
+struct BwdTensors {
+  at::Tensor dout, out, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore;
+};
+
+// Fills the backward params from t; returns the tile counter of the dynamic persistent causal/local
+// kernels (zeroed by the preprocess kernel), or an undefined tensor.
+at::Tensor fill_bwd(flash::BwdParams& params, BwdTensors const& t, int head_dim_rounded, int64_t seqlen_q_padded,
+                    bool deterministic) {
+  params.do_ptr = t.dout.data_ptr();
+  params.do_batch_stride = t.dout.stride(0);
+  params.do_row_stride = t.dout.stride(1);
+  params.do_head_stride = t.dout.stride(2);
+  params.o_ptr = t.out.data_ptr();
+  params.o_batch_stride = t.out.stride(0);
+  params.o_row_stride = t.out.stride(1);
+  params.o_head_stride = t.out.stride(2);
+  params.lse_ptr = t.lse.data_ptr<float>();
+  params.dq_ptr = t.dq.data_ptr();
+  params.dq_batch_stride = t.dq.stride(0);
+  params.dq_row_stride = t.dq.stride(1);
+  params.dq_head_stride = t.dq.stride(2);
+  params.dk_ptr = t.dk.data_ptr();
+  params.dv_ptr = t.dv.data_ptr();
+  params.dq_accum_ptr = t.dq_accum.data_ptr<float>();
+  params.lse_log2_ptr = t.lse_log2.data_ptr<float>();
+  params.dsum_ptr = t.dsum.data_ptr<float>();
+  params.dq_semaphore_ptr = deterministic ? t.dq_semaphore.data_ptr<int>() : nullptr;
+  params.seqlen_q_padded = int(seqlen_q_padded);
+  params.head_dim_rounded = head_dim_rounded;
+  at::Tensor tile_counter;
+  if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
+    tile_counter = at::empty({1}, t.dq_accum.options().dtype(at::kInt));
+    params.tile_counter = tile_counter.data_ptr<int>();
+  }
+  return tile_counter;
 }
 
 // Gradients of fwd: preprocess (D = rowsum(dO * O), LSE in the log2 domain), the main kernel and the
@@ -422,32 +459,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(at::Tensor const& dout, a
   flash::BwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
-  params.do_ptr = dot.data_ptr();
-  params.do_batch_stride = dot.stride(0);
-  params.do_row_stride = dot.stride(1);
-  params.do_head_stride = dot.stride(2);
-  params.o_ptr = ot.data_ptr();
-  params.o_batch_stride = ot.stride(0);
-  params.o_row_stride = ot.stride(1);
-  params.o_head_stride = ot.stride(2);
-  params.lse_ptr = lse.data_ptr<float>();
-  params.dq_ptr = dq.data_ptr();
-  params.dq_batch_stride = dq.stride(0);
-  params.dq_row_stride = dq.stride(1);
-  params.dq_head_stride = dq.stride(2);
-  params.dk_ptr = dk.data_ptr();
-  params.dv_ptr = dv.data_ptr();
-  params.dq_accum_ptr = dq_accum.data_ptr<float>();
-  params.lse_log2_ptr = lse_log2.data_ptr<float>();
-  params.dsum_ptr = dsum.data_ptr<float>();
-  params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
-  at::Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles (zeroed by the preprocess)
-  if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
-    tile_counter = at::empty({1}, q.options().dtype(at::kInt));
-    params.tile_counter = tile_counter.data_ptr<int>();
-  }
-  params.seqlen_q_padded = int(seqlen_q_padded);
-  params.head_dim_rounded = head_dim_rounded;
+  at::Tensor const tile_counter =
+      fill_bwd(params, {dot, ot, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore}, head_dim_rounded,
+               seqlen_q_padded, deterministic);
 
   bwd(params, c10::cuda::getCurrentCUDAStream(device).stream());
   return {dq, dk, dv};
@@ -509,7 +523,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_varlen_bwd(
   at::Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4), dot = tma_ready(dout.unsqueeze(0));
   at::Tensor const ot = tma_ready(out.unsqueeze(0));
   at::Tensor const lse = softmax_lse.contiguous();
-  at::Tensor const dq4 = dq.unsqueeze(0);
   flash::BwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
@@ -517,32 +530,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_varlen_bwd(
   params.seqlen_q = int(vl.max_seqlen_q);
   params.seqlen_k = int(vl.max_seqlen_k);
   params.varlen = varlen_args(vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
-  params.do_ptr = dot.data_ptr();
-  params.do_batch_stride = dot.stride(0);
-  params.do_row_stride = dot.stride(1);
-  params.do_head_stride = dot.stride(2);
-  params.o_ptr = ot.data_ptr();
-  params.o_batch_stride = ot.stride(0);
-  params.o_row_stride = ot.stride(1);
-  params.o_head_stride = ot.stride(2);
-  params.lse_ptr = lse.data_ptr<float>();
-  params.dq_ptr = dq.data_ptr();
-  params.dq_batch_stride = dq4.stride(0);
-  params.dq_row_stride = dq4.stride(1);
-  params.dq_head_stride = dq4.stride(2);
-  params.dk_ptr = dk.data_ptr();
-  params.dv_ptr = dv.data_ptr();
-  params.dq_accum_ptr = dq_accum.data_ptr<float>();
-  params.lse_log2_ptr = lse_log2.data_ptr<float>();
-  params.dsum_ptr = dsum.data_ptr<float>();
-  params.dq_semaphore_ptr = deterministic ? dq_semaphore.data_ptr<int>() : nullptr;
-  at::Tensor tile_counter;
-  if (flash::bwd_needs_tile_counter(pb.head_dim_rounded, params.is_local, deterministic)) {
-    tile_counter = at::empty({1}, q.options().dtype(at::kInt));
-    params.tile_counter = tile_counter.data_ptr<int>();
-  }
-  params.seqlen_q_padded = int(rows_padded);
-  params.head_dim_rounded = pb.head_dim_rounded;
+  at::Tensor const tile_counter =
+      fill_bwd(params, {dot, ot, lse, dq.unsqueeze(0), dk, dv, lse_log2, dsum, dq_accum, dq_semaphore},
+               pb.head_dim_rounded, rows_padded, deterministic);
 
   bwd(params, c10::cuda::getCurrentCUDAStream(pb.device).stream());
   return {dq, dk, dv};

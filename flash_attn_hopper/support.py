@@ -360,7 +360,6 @@ def check(
 # --------------------------------------------------------------------------
 
 #: cu_seqlens and seqused are int32: no offset or length beyond this.
-_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -533,9 +532,13 @@ def check_varlen(
     # SymInts (tracing) stay symbolic; plain ints are normalised.
     max_q = max_seqlen_q if isinstance(max_seqlen_q, torch.SymInt) else max_seqlen_q.__index__()
     max_k = max_seqlen_k if isinstance(max_seqlen_k, torch.SymInt) else max_seqlen_k.__index__()
-    for name, total in (("total_q", total_q), ("total_k", total_k)):
-        if total > _INT32_MAX:
-            return Refusal(f"{name} = {total} rows do not fit the int32 offsets of cu_seqlens (at most 2**31 - 1)")
+    # The kernels' packed tensors: their windows and diagonals are bounded by total_q + total_k.
+    if total_q + total_k > manifest.MAX_SEQLEN_SUM:
+        return Refusal(
+            f"total_q + total_k = {total_q + total_k} is over the kernels' limit of {manifest.MAX_SEQLEN_SUM} "
+            "(2**29 - 1)",
+            "split the batch into calls with fewer tokens",
+        )
     problem = manifest.size_limit_problem(batch, heads_q, max_q, max_k)
     if problem is not None:
         return Refusal(problem.replace("seqlen_q + seqlen_k", "max_seqlen_q + max_seqlen_k"))

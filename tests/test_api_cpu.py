@@ -21,6 +21,7 @@ from flash_attn_hopper import _build_info, manifest, ops, support
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 
 from helpers import inputs
+from helpers.kernels import compiled_config
 
 BF16 = torch.bfloat16
 
@@ -207,7 +208,8 @@ def test_other_unsupported_features_refused(kwargs, fragments):
 def test_varlen_on_cpu_is_refused_never_faked():
     # Valid arguments on a device without kernels: refused by the device check, nothing computed
     # (the argument checks themselves are tests/test_varlen_cpu.py's).
-    q = torch.randn(10, 4, 64, dtype=BF16)
+    hdim, dtype = compiled_config()  # a compiled pair: the refusal is the device's, not the build's
+    q = torch.randn(10, 4, hdim, dtype=dtype)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     with raises(ValueError, "on cpu", "flash_attn_hopper runs on NVIDIA Hopper"):
         flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)

@@ -30,6 +30,7 @@ from flash_attn_hopper.integrations import transformers as fah_transformers
 
 from helpers.grads import EMULATION_REL_NORM, assert_grads_close, check_grads, deterministic_algorithms
 from helpers.inputs import varlen_qkv
+from helpers.kernels import compiled_config
 from op_emulator import emulate_varlen_bwd, emulate_varlen_fwd, emulated_op, emulated_varlen_ops
 from reference import assert_fa_close, attention_ref_varlen
 
@@ -315,8 +316,8 @@ def test_empty_batch_and_empty_sequences_reach_the_op(varlen_kernels):
 # --------------------------------------------------------------------------
 
 
-def _valid(dtype=BF16):
-    q, k, v, _, cu_q, cu_k, max_q, max_k = varlen_qkv([4, 6], hq=4, hk=2, d=64, dtype=dtype, device="cpu")
+def _valid(dtype=BF16, d=64):
+    q, k, v, _, cu_q, cu_k, max_q, max_k = varlen_qkv([4, 6], hq=4, hk=2, d=d, dtype=dtype, device="cpu")
     return dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
 
 
@@ -390,8 +391,9 @@ def test_features_of_other_issues_are_refused(kwargs, fragments):
 
 
 def test_a_valid_call_on_cpu_stops_at_the_device_check():
+    hdim, dtype = compiled_config()  # a compiled pair: the refusal is the device's, not the build's
     with pytest.raises(ValueError, match="are on cpu; flash_attn_hopper runs on NVIDIA Hopper"):
-        flash_attn_varlen_func(**_valid())
+        flash_attn_varlen_func(**_valid(dtype, hdim))
 
 
 def test_a_build_without_the_varlen_op_is_refused_with_the_rebuild_hint(monkeypatch):

@@ -16,7 +16,7 @@
 #include "kernel/bwd/kernel.h"
 #include "kernel/bwd/prepost.h"
 #include "kernel/common/policy.h"
-#include "launch/fwd_launch.cuh"  // check_cuda
+#include "launch/fwd_launch.cuh"  // check_cuda, dispatch_mask_varlen
 #include "params/bwd_params.h"
 
 namespace flash {
@@ -134,19 +134,9 @@ void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
 template <int kHeadDim, typename Element>
 void run_flash_bwd(BwdParams& p, cudaStream_t stream) {
-  auto run = [&](auto varlen) {
-    constexpr bool kVarlen = decltype(varlen)::value;
-    if (p.is_local) {
-      run_flash_bwd_mask<kHeadDim, Element, true, kVarlen>(p, stream);
-    } else {
-      run_flash_bwd_mask<kHeadDim, Element, false, kVarlen>(p, stream);
-    }
-  };
-  if (p.varlen.cu_seqlens_q != nullptr) {
-    run(std::true_type{});
-  } else {
-    run(std::false_type{});
-  }
+  dispatch_mask_varlen(p, [&](auto local, auto varlen) {
+    run_flash_bwd_mask<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value>(p, stream);
+  });
 }
 
 }  // namespace flash

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
@@ -17,6 +18,23 @@
 #include "params/fwd_params.h"
 
 namespace flash {
+
+// fn(std::bool_constant<local>, std::bool_constant<varlen>) for the params' mask and layout.
+template <typename Params, typename Fn>
+void dispatch_mask_varlen(Params const& p, Fn&& fn) {
+  auto with_mask = [&](auto varlen) {
+    if (p.is_local) {
+      fn(std::true_type{}, varlen);
+    } else {
+      fn(std::false_type{}, varlen);
+    }
+  };
+  if (p.varlen.cu_seqlens_q != nullptr) {
+    with_mask(std::true_type{});
+  } else {
+    with_mask(std::false_type{});
+  }
+}
 
 inline void check_cuda(cudaError_t err, char const* what) {
   if (err != cudaSuccess) {
@@ -122,19 +140,9 @@ void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& p, cudaStream_t stream) {
-  auto run = [&](auto varlen) {
-    constexpr bool kVarlen = decltype(varlen)::value;
-    if (p.is_local) {
-      run_flash_fwd_mask<kHeadDim, Element, true, kVarlen>(p, stream);
-    } else {
-      run_flash_fwd_mask<kHeadDim, Element, false, kVarlen>(p, stream);
-    }
-  };
-  if (p.varlen.cu_seqlens_q != nullptr) {
-    run(std::true_type{});
-  } else {
-    run(std::false_type{});
-  }
+  dispatch_mask_varlen(p, [&](auto local, auto varlen) {
+    run_flash_fwd_mask<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value>(p, stream);
+  });
 }
 
 }  // namespace flash
