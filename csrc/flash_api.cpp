@@ -261,10 +261,10 @@ struct Varlen {
   int64_t batch, total_q, total_k, max_seqlen_q, max_seqlen_k;
 };
 
-Varlen check_varlen(at::Tensor const& q, at::Tensor const& k, at::Tensor const& cu_seqlens_q,
+Varlen check_varlen(at::Tensor const& q, at::Tensor const& k, at::Tensor const& v, at::Tensor const& cu_seqlens_q,
                     at::Tensor const& cu_seqlens_k, std::optional<at::Tensor> const& seqused_q,
                     std::optional<at::Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3,
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
               "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
   auto check_index = [&](at::Tensor const& t, char const* name, int64_t numel) {
     TORCH_CHECK(t.scalar_type() == at::kInt && t.dim() == 1 && t.is_contiguous(), "flash_attn_hopper: ", name,
@@ -315,11 +315,9 @@ std::tuple<at::Tensor, at::Tensor> mha_varlen_fwd(at::Tensor const& q, at::Tenso
                                                   std::optional<at::Tensor> const& seqused_k, int64_t max_seqlen_q,
                                                   int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                   int64_t window_size_left, int64_t window_size_right, bool top_left) {
-  TORCH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
-  Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
-  // One packed "batch entry" of total rows: the dense checks (dtypes, head dim, GQA, strides, sizes).
+  Varlen const vl = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   at::Tensor const q4 = q.unsqueeze(0), k4 = k.unsqueeze(0), v4 = v.unsqueeze(0);
-  Problem const pb = check_problem(q4, k4, v4);
+  Problem const pb = check_problem(q4, k4, v4);  // one packed batch entry: the dense checks
   check_scale(softmax_scale);
   c10::cuda::CUDAGuard device_guard(q.device());
   FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
@@ -475,10 +473,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_varlen_bwd(
     std::optional<at::Tensor> const& seqused_q, std::optional<at::Tensor> const& seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
     bool top_left, bool deterministic) {
-  TORCH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
-  Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  Varlen const vl = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   at::Tensor const q4 = q.unsqueeze(0), k4 = k.unsqueeze(0), v4 = v.unsqueeze(0);
-  Problem const pb = check_problem(q4, k4, v4);
+  Problem const pb = check_problem(q4, k4, v4);  // one packed batch entry: the dense checks
   check_scale(softmax_scale);
   c10::cuda::CUDAGuard device_guard(q.device());
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(),

@@ -217,6 +217,31 @@ def not_compiled_refusal(direction: str, head_dim: int, dtype: str) -> Refusal |
     return None if message is None else Refusal(message, error=RuntimeError)
 
 
+
+def _heads_refusal(names, q, k, head_dim: int, k_head_dim: int, heads_q: int, heads_kv: int) -> Refusal | None:
+    """The head-dim and head-count checks the dense and varlen layouts share."""
+    nq, nk, nv = names
+    if k_head_dim != head_dim:
+        return Refusal(
+            f"head dim mismatch: {nq} has {head_dim}, {nk} and {nv} have {k_head_dim}",
+            f"flash_attn_hopper needs one head dim for {nq}, {nk} and {nv}",
+        )
+    if manifest.round_up_headdim(head_dim) is None:
+        return Refusal(
+            f"head dim {head_dim} is not supported: it must be a positive multiple of {manifest.HEAD_DIM_MULTIPLE} "
+            f"and at most {manifest.MAX_HEAD_DIM} (kernels exist for {list(manifest.HEAD_DIMS)}; "
+            f"other multiples of {manifest.HEAD_DIM_MULTIPLE} run on the next one up)",
+            "pad the head dim with zeros",
+        )
+    if heads_kv == 0:
+        return Refusal(f"{nk} and {nv} must have at least one head, got {nk} shape {_shape(k)}")
+    if heads_q % heads_kv != 0:
+        return Refusal(
+            f"nheads_q ({heads_q}) must be a multiple of nheads_kv ({heads_kv}) for grouped-query attention "
+            f"({nq} shape {_shape(q)}, {nk} shape {_shape(k)})"
+        )
+    return None
+
 def check(
     q,
     k,
@@ -289,26 +314,10 @@ def check(
             f"batch size mismatch: {nq} has {batch} (shape {_shape(q)}), {nk} and {nv} have {k.size(b_dim)}",
             f"{nq}, {nk} and {nv} need equal batch sizes (the kernels do not broadcast them)",
         )
-    if k.size(d_dim) != head_dim:
-        return Refusal(
-            f"head dim mismatch: {nq} has {head_dim}, {nk} and {nv} have {k.size(d_dim)}",
-            f"flash_attn_hopper needs one head dim for {nq}, {nk} and {nv}",
-        )
+    refusal = _heads_refusal((nq, nk, nv), q, k, head_dim, k.size(d_dim), heads_q, heads_kv)
+    if refusal is not None:
+        return refusal
     kernel_head_dim = manifest.round_up_headdim(head_dim)
-    if kernel_head_dim is None:
-        return Refusal(
-            f"head dim {head_dim} is not supported: it must be a positive multiple of {manifest.HEAD_DIM_MULTIPLE} "
-            f"and at most {manifest.MAX_HEAD_DIM} (kernels exist for {list(manifest.HEAD_DIMS)}; "
-            f"other multiples of {manifest.HEAD_DIM_MULTIPLE} run on the next one up)",
-            "pad the head dim with zeros",
-        )
-    if heads_kv == 0:
-        return Refusal(f"{nk} and {nv} must have at least one head, got {nk} shape {_shape(k)}")
-    if heads_q % heads_kv != 0:
-        return Refusal(
-            f"nheads_q ({heads_q}) must be a multiple of nheads_kv ({heads_kv}) for grouped-query attention "
-            f"({nq} shape {_shape(q)}, {nk} shape {_shape(k)})"
-        )
     if not allow_empty and (q.numel() == 0 or k.numel() == 0):
         return Refusal(f"an input is empty ({nq} shape {_shape(q)}, {nk} shape {_shape(k)})")
     problem = manifest.size_limit_problem(batch, heads_q, seqlen_q, seqlen_k)
@@ -488,26 +497,10 @@ def check_varlen(
             f"{nk} and {nv} must have the same shape (total_k, nheads_kv, headdim), got {nk} {_shape(k)} and {nv} {_shape(v)}"
         )
     total_k, heads_kv = k.size(0), k.size(1)
-    if k.size(2) != head_dim:
-        return Refusal(
-            f"head dim mismatch: {nq} has {head_dim}, {nk} and {nv} have {k.size(2)}",
-            f"flash_attn_hopper needs one head dim for {nq}, {nk} and {nv}",
-        )
+    refusal = _heads_refusal((nq, nk, nv), q, k, head_dim, k.size(2), heads_q, heads_kv)
+    if refusal is not None:
+        return refusal
     kernel_head_dim = manifest.round_up_headdim(head_dim)
-    if kernel_head_dim is None:
-        return Refusal(
-            f"head dim {head_dim} is not supported: it must be a positive multiple of {manifest.HEAD_DIM_MULTIPLE} "
-            f"and at most {manifest.MAX_HEAD_DIM} (kernels exist for {list(manifest.HEAD_DIMS)}; "
-            f"other multiples of {manifest.HEAD_DIM_MULTIPLE} run on the next one up)",
-            "pad the head dim with zeros",
-        )
-    if heads_kv == 0:
-        return Refusal(f"{nk} and {nv} must have at least one head, got {nk} shape {_shape(k)}")
-    if heads_q % heads_kv != 0:
-        return Refusal(
-            f"nheads_q ({heads_q}) must be a multiple of nheads_kv ({heads_kv}) for grouped-query attention "
-            f"({nq} shape {_shape(q)}, {nk} shape {_shape(k)})"
-        )
     offsets = "batch + 1 int32 offsets of the sequences"
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         refusal = _seq_tensor_refusal(name, t, None, q, offsets)

@@ -29,6 +29,7 @@ import op_emulator
 from helpers.grads import EMULATION_REL_NORM, assert_grads_close, check_grads, deterministic_algorithms, grads_of
 from helpers.inputs import cpu_inputs
 from helpers.kernels import compiled_config, needs_extension
+from helpers.graphs import GraphRecorder
 from op_emulator import emulate_bwd, emulate_fwd, emulated_bwd_op, emulated_op
 
 pytestmark = needs_extension("the ops' autograd formulas are registered with the compiled extension only")
@@ -290,26 +291,6 @@ def test_sdpa_drop_in_gradients_match_torch(kernels, monkeypatch, sq, sk):
 # --------------------------------------------------------------------------
 
 
-class _Recorder:
-    """aot_autograd compilers that keep the forward and backward graphs and run them as they are."""
-
-    def __init__(self):
-        self.forward, self.backward = [], []
-
-    def backend(self):
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-
-        def keep(graphs):
-            def compiler(gm, example_inputs):
-                graphs.append(gm)
-                return make_boxed_func(gm.forward)
-
-            return compiler
-
-        return aot_autograd(fw_compiler=keep(self.forward), bw_compiler=keep(self.backward))
-
-
 def _bwd_node_args(node) -> dict:
     """The bwd call of a graph node by argument name, defaults filled in (FX leaves trailing defaults out)."""
     schema = torch._C.parse_schema(f"flash_attn_hopper::{ops.BWD_SCHEMA}")
@@ -333,7 +314,7 @@ def test_compile_fullgraph_forward_and_backward(kernels, deterministic):
         return out * 2
 
     torch._dynamo.reset()
-    recorder = _Recorder()
+    recorder = GraphRecorder()
     compiled = torch.compile(block, fullgraph=True, backend=recorder.backend())
     _, grads = grads_of(compiled, q, k, v, dout)
     _, eager = grads_of(block, q, k, v, dout)

@@ -31,6 +31,7 @@ from flash_attn_hopper.integrations import transformers as fah_transformers
 from helpers.grads import EMULATION_REL_NORM, assert_grads_close, check_grads, deterministic_algorithms
 from helpers.inputs import varlen_qkv
 from helpers.kernels import compiled_config
+from helpers.graphs import GraphRecorder
 from op_emulator import emulate_varlen_bwd, emulate_varlen_fwd, emulated_op, emulated_varlen_ops
 from reference import assert_fa_close, attention_ref_varlen
 
@@ -458,26 +459,6 @@ def test_fake_kernels_give_the_contract_shapes(varlen_kernels, device):
             run()
 
 
-class _Recorder:
-    """aot_autograd compilers that keep the forward and backward graphs and run them as they are."""
-
-    def __init__(self):
-        self.forward, self.backward = [], []
-
-    def backend(self):
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-
-        def keep(graphs):
-            def compiler(gm, example_inputs):
-                graphs.append(gm)
-                return make_boxed_func(gm.forward)
-
-            return compiler
-
-        return aot_autograd(fw_compiler=keep(self.forward), bw_compiler=keep(self.backward))
-
-
 def _op_nodes(gm, name):
     return [n for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith(f"flash_attn_hopper.{name}")]
 
@@ -492,7 +473,7 @@ def test_compile_fullgraph_forward_and_backward(varlen_kernels, deterministic):
         return out * 2
 
     torch._dynamo.reset()
-    recorder = _Recorder()
+    recorder = GraphRecorder()
     compiled = torch.compile(block, fullgraph=True, backend=recorder.backend())
     try:
         _, grads = varlen_grads_of(compiled, q, k, v, dout)
