@@ -17,8 +17,9 @@ bottom-right corner of the attention matrix.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from . import ops, support
+from . import manifest, ops, support
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -48,6 +49,22 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
         raise answer.exception()
     scale = answer.head_dim ** (-0.5) if answer.softmax_scale is None else answer.softmax_scale
     return scale, answer.causal, answer.window
+
+
+def _pad_head_dim(q, k, v, softmax_scale):
+    """Head dims that are not a multiple of 8 (FA3's tests use 59 and 111) run on copies zero-padded
+    to the next multiple: TMA needs 16-byte rows, and zero columns change neither q kᵀ nor the
+    kept columns of the output. Returns (q, k, v, softmax_scale of the real head dim, the head dim
+    to cut the output back to, or None when nothing was padded). Anything else is left for
+    support.check to judge (mismatched head dims, head dims past 256, non-tensors)."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in (q, k, v)):
+        return q, k, v, softmax_scale, None
+    d = q.shape[-1]
+    if d % manifest.HEAD_DIM_MULTIPLE == 0 or d > manifest.MAX_HEAD_DIM or k.shape[-1] != d or v.shape[-1] != d:
+        return q, k, v, softmax_scale, None
+    pad = (0, -d % manifest.HEAD_DIM_MULTIPLE)
+    scale = d ** (-0.5) if softmax_scale is None else softmax_scale
+    return F.pad(q, pad), F.pad(k, pad), F.pad(v, pad), scale, d
 
 
 def _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
@@ -126,6 +143,7 @@ def flash_attn_func(
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    q, k, v, softmax_scale, head_dim = _pad_head_dim(q, k, v, softmax_scale)
     softmax_scale, causal, window = _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap)
     # Same kernel either way; the op's autograd formula picks the backward (see ops.py).
     if deterministic:
@@ -136,6 +154,8 @@ def flash_attn_func(
         out, softmax_lse = fwd(q, k, v, softmax_scale, causal)
     else:
         out, softmax_lse = fwd(q, k, v, softmax_scale, causal, window[0], window[1])
+    if head_dim is not None:
+        out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out
 
 
@@ -283,6 +303,7 @@ def flash_attn_varlen_func(
         raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    q, k, v, softmax_scale, head_dim = _pad_head_dim(q, k, v, softmax_scale)
     answer = support.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
         causal=causal, window_size=window_size,
@@ -301,4 +322,6 @@ def flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
         scale, answer.causal, left, right,
     )
+    if head_dim is not None:
+        out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out

@@ -111,7 +111,7 @@ def test_head_dim_mismatch():
         flash_attn_func(q, k[..., :32], v[..., :32])
 
 
-@pytest.mark.parametrize("d", [12, 4, 264, 512])
+@pytest.mark.parametrize("d", [264, 260, 512])  # below 256 any head dim runs (zero-padded to a multiple of 8)
 def test_unsupported_head_dims(d):
     q, k, v = qkv(d=d)
     with raises(ValueError, f"head dim {d} is not supported", "multiple of 8", "at most 256"):

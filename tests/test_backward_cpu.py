@@ -125,6 +125,21 @@ def test_flash_attn_func_gradients(kernels, sq, sk, hq, hk, causal, window):
     assert call["softmax_lse"].shape == (2, hq, sq) and call["softmax_lse"].dtype == torch.float32
 
 
+@pytest.mark.parametrize("d", [59, 111, 4])
+def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
+    """FA3's odd head dims: the kernels see copies zero-padded to the next multiple of 8 and the
+    real head dim's default scale; the output and the gradients have the real head dim."""
+    fwd, bwd = kernels
+    q, k, v, dout = random_qkv(sq=37, sk=53, hq=4, hk=2, d=d, seed=d)
+    out, grads = grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=True), q, k, v, dout)
+    assert out.shape == q.shape and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    check_emulated_grads(grads, q, k, v, dout, f"d={d}", causal=True)
+    (f,), (b,) = fwd.calls, bwd.calls
+    padded = -(-d // 8) * 8
+    assert f[0].shape[-1] == padded and f[3] == pytest.approx(d**-0.5) and b["softmax_scale"] == pytest.approx(d**-0.5)
+    assert torch.equal(f[0][..., d:], torch.zeros_like(f[0][..., d:]))
+
+
 def test_window_arguments_reach_the_backward_as_the_forward_got_them(kernels):
     fwd, bwd = kernels
     q, k, v, dout = random_qkv(sq=64, sk=80, seed=3)
