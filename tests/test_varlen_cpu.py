@@ -361,7 +361,7 @@ MALFORMED = {
     "v_other_dtype": (dict(v=torch.zeros(10, 2, 64, dtype=FP16)), ValueError, ["v has dtype torch.float16", "different dtypes"]),
     "kv_shapes_differ": (dict(v=torch.zeros(9, 2, 64, dtype=BF16)), ValueError, ["k and v must have the same shape"]),
     "head_dim_mismatch": (dict(k=torch.zeros(10, 2, 32, dtype=BF16), v=torch.zeros(10, 2, 32, dtype=BF16)), ValueError, ["head dim mismatch"]),
-    "head_dim_33": (dict(q=torch.zeros(10, 4, 33, dtype=BF16), k=torch.zeros(10, 2, 33, dtype=BF16), v=torch.zeros(10, 2, 33, dtype=BF16)), ValueError, ["head dim 33"]),
+    "head_dim_264": (dict(q=torch.zeros(10, 4, 264, dtype=BF16), k=torch.zeros(10, 2, 264, dtype=BF16), v=torch.zeros(10, 2, 264, dtype=BF16)), ValueError, ["head dim 264"]),
     "heads_not_multiple": (dict(k=torch.zeros(10, 3, 64, dtype=BF16), v=torch.zeros(10, 3, 64, dtype=BF16)), ValueError, ["multiple of nheads_kv (3)"]),
     "q_last_dim_strided": (dict(q=torch.zeros(10, 4, 128, dtype=BF16)[..., ::2]), ValueError, ["q's last dimension must be contiguous"]),
     "q_not_a_tensor": (dict(q=[[0.0]]), TypeError, ["q must be a torch.Tensor"]),
