@@ -376,3 +376,20 @@ def test_build_info_reports_the_gpu_build():
         assert info["compiled"], "the build compiled no kernel"
     d, dtype = compiled_config()
     assert math.isfinite(flash_attn_func(*qkv(1, 8, 8, 1, 1, d, dtype=dtype)).float().sum().item())
+
+
+@pytest.mark.parametrize("d", [59, 111])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims_not_a_multiple_of_8(d, causal):
+    """FA3's odd head dims run on copies zero-padded to the next multiple of 8 (64, 112 -> the 64 and
+    128 kernels), forward and backward, with the real head dim's scale."""
+    padded = -(-d // 8) * 8
+    skip_unless_compiled(padded, torch.bfloat16)
+    q, k, v = qkv(2, 113, 203, 4, 2, d, dtype=torch.bfloat16, seed=d)
+    run_and_check(q, k, v, causal)
+    if not ops.has_bwd_op():
+        return
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attn_func(q, k, v, causal=causal)
+    dout = torch.randn_like(out)
+    check_grads(torch.autograd.grad(out, (q, k, v), dout), q, k, v, dout, causal=causal)
