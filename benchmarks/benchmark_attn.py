@@ -14,7 +14,9 @@ backend), fa3 (FlashAttention-3's flash_attn_interface, when importable). A prov
 that fails at a point records NaN there and the run goes on.
 
 Writes benchmarks/results/latest.csv, latest.md (our ratio to each peer of this run,
-and to the FA3 numbers of BENCHMARKS.md as a labelled reference) and latest.png.
+and to the FA3 numbers of BENCHMARKS.md as a labelled reference; each provider's slowest and
+fastest round, the SM clock and board power read after each provider's timing, through NVML)
+and latest.png.
 
     python benchmarks/benchmark_attn.py                       # the full grid, forward
     python benchmarks/benchmark_attn.py --hdims 128 --seqlens 8192 --causal no --bwd
@@ -44,7 +46,8 @@ TOKENS = 16384
 HEADS_X_HDIM = 2048
 DEFAULT_HDIMS = (64, 128, 256)
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-CSV_COLUMNS = ["provider", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "fwd_tflops", "bwd_tflops"]
+CSV_COLUMNS = ["provider", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "fwd_tflops", "bwd_tflops",
+               "fwd_min", "fwd_max", "bwd_min", "bwd_max", "sm_mhz", "power_w"]
 PROVIDER_ORDER = ["flash_attn_hopper", "sdpa-cudnn", "sdpa-flash", "fa3", "flash_attn_hopper-det"]
 # Run only when asked for (--providers): ours with deterministic=True, to report the backward's
 # deterministic-mode cost beside the default in the same run.
@@ -192,6 +195,22 @@ class Row:
     nheads: int
     fwd_tflops: float = math.nan
     bwd_tflops: float = math.nan
+    # Over the rounds (combine_rounds): the slowest and fastest round, and the median SM clock (MHz)
+    # and board power (W) read right after the provider's timing loops (NVML through torch.cuda).
+    fwd_min: float = math.nan
+    fwd_max: float = math.nan
+    bwd_min: float = math.nan
+    bwd_max: float = math.nan
+    sm_mhz: float = math.nan
+    power_w: float = math.nan
+
+
+def gpu_state() -> tuple[float, float]:
+    """(SM clock in MHz, board power in W) now, NaN where NVML cannot tell (no pynvml, no GPU)."""
+    try:
+        return float(torch.cuda.clock_rate()), float(torch.cuda.power_draw()) / 1000.0
+    except Exception:  # pynvml missing or the query unsupported: the run goes on without them
+        return math.nan, math.nan
 
 
 def _first_line(err: BaseException) -> str:
@@ -224,6 +243,7 @@ def measure_point(provider, run, dtype, hdim, causal, seqlen, args) -> Row:
             print(f"    {provider} backward failed: {_first_line(err)}", flush=True)
             if args.verbose:
                 traceback.print_exc()
+    row.sm_mhz, row.power_w = gpu_state()
     return row
 
 
@@ -239,12 +259,21 @@ def _median_finite(values: list[float]) -> float:
     return statistics.median(finite) if finite else math.nan
 
 
+def _extreme(values: list[float], pick) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return pick(finite) if finite else math.nan
+
+
 def combine_rounds(rows: list[Row]) -> Row:
     """One provider's rounds at one grid point as one row: the median of each direction's
-    finite measurements (NaN where every round failed)."""
+    finite measurements (NaN where every round failed), the slowest and fastest round, and the
+    median clock and power."""
     first = rows[0]
+    fwd, bwd = [r.fwd_tflops for r in rows], [r.bwd_tflops for r in rows]
     return Row(first.provider, first.dtype, first.hdim, first.causal, first.seqlen, first.batch, first.nheads,
-               _median_finite([r.fwd_tflops for r in rows]), _median_finite([r.bwd_tflops for r in rows]))
+               _median_finite(fwd), _median_finite(bwd), _extreme(fwd, min), _extreme(fwd, max),
+               _extreme(bwd, min), _extreme(bwd, max), _median_finite([r.sm_mhz for r in rows]),
+               _median_finite([r.power_w for r in rows]))
 
 
 def accuracy_check(runs: dict, dtype, hdims, causals) -> dict:
@@ -307,7 +336,8 @@ def write_csv(rows: list[Row], path: Path) -> None:
         for r in rows:
             writer.writerow(
                 [r.provider, r.dtype, r.hdim, str(r.causal).lower(), r.seqlen, r.batch, r.nheads,
-                 f"{r.fwd_tflops:.1f}", f"{r.bwd_tflops:.1f}"]
+                 *(f"{x:.1f}" for x in (r.fwd_tflops, r.bwd_tflops, r.fwd_min, r.fwd_max, r.bwd_min, r.bwd_max)),
+                 f"{r.sm_mhz:.0f}", f"{r.power_w:.0f}"]
             )
 
 
@@ -365,12 +395,32 @@ def markdown(rows: list[Row], env: dict, args, errors: dict, providers: list[str
                      _fmt(fa3_ref), _ratio(ours, fa3_ref), _fmt(best_ref), _ratio(ours, best_ref)]
             out.append("| " + " | ".join(cells) + " |")
         out += ["", *summary_lines(rows, peers, attr, ref_index, args.dtype)]
+    out += ["", *spread_lines(rows, providers, directions)]
     if errors:
         out += ["", "## Accuracy (relative L2 error vs float32 reference, batch 2, seqlen 1024, 8 heads)", "",
                 "| provider | hdim | causal | rel. L2 error |", "|---|---|---|---|"]
         for (provider, hdim, causal), err in sorted(errors.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
             out.append(f"| {provider} | {hdim} | {'yes' if causal else 'no'} | {_fmt(err, 2) if math.isnan(err) else f'{err:.1e}'} |")
     return "\n".join(out) + "\n"
+
+
+def spread_lines(rows: list[Row], providers: list[str], directions: list[str]) -> list[str]:
+    """Per provider: the widest gap between its slowest and fastest round at one point (the
+    run-to-run spread a ratio must beat), and the median SM clock and board power over the points."""
+    out = ["## Spread and clocks", "",
+           "| provider | " + " | ".join(f"{d} max spread (max/min - 1)" for d in directions)
+           + " | SM clock (MHz, median) | power (W, median) |",
+           "|" + "---|" * (len(directions) + 3)]
+    for p in providers:
+        mine = [r for r in rows if r.provider == p]
+        cells = []
+        for d in directions:
+            gaps = [getattr(r, f"{d}_max") / getattr(r, f"{d}_min") - 1 for r in mine
+                    if getattr(r, f"{d}_min") > 0 and not math.isnan(getattr(r, f"{d}_max"))]
+            cells.append(f"{max(gaps):.1%}" if gaps else "n/a")
+        cells += [_fmt(_median_finite([r.sm_mhz for r in mine])), _fmt(_median_finite([r.power_w for r in mine]))]
+        out.append(f"| {p} | " + " | ".join(cells) + " |")
+    return out
 
 
 def summary_lines(rows, peers, attr, ref_index, dtype) -> list[str]:

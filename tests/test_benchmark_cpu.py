@@ -42,8 +42,9 @@ def test_csv_has_the_issue_columns(tmp_path):
     path = tmp_path / "latest.csv"
     bench.write_csv(_rows(), path)
     rows = list(csv.reader(path.open()))
-    assert rows[0] == ["provider", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "fwd_tflops", "bwd_tflops"]
-    assert rows[1] == ["flash_attn_hopper", "bf16", "128", "false", "8192", "2", "16", "720.0", "nan"]
+    assert rows[0] == ["provider", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "fwd_tflops", "bwd_tflops",
+                       "fwd_min", "fwd_max", "bwd_min", "bwd_max", "sm_mhz", "power_w"]
+    assert rows[1][:9] == ["flash_attn_hopper", "bf16", "128", "false", "8192", "2", "16", "720.0", "nan"]
     assert len(rows) == 7
 
 
@@ -106,6 +107,7 @@ def test_rounds_report_the_median_of_finite_measurements():
     row = bench.combine_rounds(rounds)
     assert (row.provider, row.hdim, row.causal, row.seqlen, row.batch, row.nheads) == ("sdpa-cudnn", 128, False, 8192, 2, 16)
     assert row.fwd_tflops == 610.0 and row.bwd_tflops == 500.0
+    assert (row.fwd_min, row.fwd_max, row.bwd_min, row.bwd_max) == (600.0, 660.0, 500.0, 500.0)
     failed = bench.combine_rounds([Row("fa3", "bf16", 64, True, 512, 32, 32)] * 2)
     assert math.isnan(failed.fwd_tflops) and math.isnan(failed.bwd_tflops)
 
@@ -117,3 +119,16 @@ def test_rounds_must_be_positive_and_are_stated_in_the_method(capsys):
     args = bench.parse_args(["--hdims", "128", "--seqlens", "8192", "--rounds", "3"])
     md = bench.markdown(_rows(), ENV, args, {}, ["flash_attn_hopper", "sdpa-cudnn", "sdpa-flash"])
     assert "the median of 3 rounds" in md and "rotated" in md
+
+
+def test_spread_and_clocks_are_reported():
+    Row = bench.Row
+    rounds = [Row("flash_attn_hopper", "bf16", 128, False, 8192, 2, 16, 600.0, 500.0, sm_mhz=1980.0, power_w=690.0),
+              Row("flash_attn_hopper", "bf16", 128, False, 8192, 2, 16, 660.0, 550.0, sm_mhz=1755.0, power_w=700.0),
+              Row("flash_attn_hopper", "bf16", 128, False, 8192, 2, 16, 630.0, 520.0, sm_mhz=1900.0, power_w=695.0)]
+    row = bench.combine_rounds(rounds)
+    assert (row.sm_mhz, row.power_w) == (1900.0, 695.0)
+    lines = bench.spread_lines([row], ["flash_attn_hopper"], ["fwd", "bwd"])
+    assert lines[0] == "## Spread and clocks"
+    assert lines[-1] == "| flash_attn_hopper | 10.0% | 10.0% | 1900 | 695 |"
+    assert all(math.isnan(x) for x in bench.gpu_state()) or all(x > 0 for x in bench.gpu_state())
