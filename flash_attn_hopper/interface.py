@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import manifest, ops, support
+from . import manifest, ops, sinks, support
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -107,6 +107,7 @@ def flash_attn_func(
     deterministic=False,
     sm_margin=0,
     return_attn_probs=False,
+    learnable_sink=None,
 ):
     """Exact attention softmax(q kᵀ · softmax_scale) v on Hopper.
 
@@ -134,6 +135,9 @@ def flash_attn_func(
             torch.use_deterministic_algorithms(True) is in force at the
             forward call.  The forward pass is always deterministic.
         return_attn_probs: also return softmax_lse.
+        learnable_sink: None, or a (nheads,) float32 / q-dtype tensor: one logit per head that
+            joins each row's softmax denominator and contributes no value (gpt-oss; FA4's
+            argument); differentiable (flash_attn_hopper/sinks.py). softmax_lse then includes it.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim) in q's dtype, or
@@ -145,15 +149,22 @@ def flash_attn_func(
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     q, k, v, softmax_scale, head_dim = _pad_head_dim(q, k, v, softmax_scale)
     softmax_scale, causal, window = _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap)
-    # Same kernel either way; the op's autograd formula picks the backward (see ops.py).
-    if deterministic:
-        fwd = getattr(torch.ops.flash_attn_hopper, ops.DETERMINISTIC_FWD_NAME)
+    if learnable_sink is not None:
+        sinks.check_sink(learnable_sink, q.shape[2], q)
+        left, right = window if window is not None else (-1, 0 if causal else -1)
+        out, softmax_lse = torch.ops.flash_attn_hopper.fwd_sink(
+            q, k, v, learnable_sink, softmax_scale, causal, left, right, deterministic
+        )
     else:
-        fwd = torch.ops.flash_attn_hopper.fwd
-    if window is None:
-        out, softmax_lse = fwd(q, k, v, softmax_scale, causal)
-    else:
-        out, softmax_lse = fwd(q, k, v, softmax_scale, causal, window[0], window[1])
+        # Same kernel either way; the op's autograd formula picks the backward (see ops.py).
+        if deterministic:
+            fwd = getattr(torch.ops.flash_attn_hopper, ops.DETERMINISTIC_FWD_NAME)
+        else:
+            fwd = torch.ops.flash_attn_hopper.fwd
+        if window is None:
+            out, softmax_lse = fwd(q, k, v, softmax_scale, causal)
+        else:
+            out, softmax_lse = fwd(q, k, v, softmax_scale, causal, window[0], window[1])
     if head_dim is not None:
         out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out
@@ -255,6 +266,7 @@ def flash_attn_varlen_func(
     deterministic=False,
     sm_margin=0,
     return_attn_probs=False,
+    learnable_sink=None,
 ):
     """Attention over a batch of sequences of different lengths, packed along one dimension.
 
@@ -285,6 +297,8 @@ def flash_attn_varlen_func(
         num_splits, pack_gqa: scheduling hints in FlashAttention-3; ignored here, as by
             :func:`flash_attn_func` (the result does not depend on them).
         return_attn_probs: also return softmax_lse.
+        learnable_sink: None, or a (nheads,) tensor: one logit per head in every row's softmax
+            denominator, as in flash_attn_func.
 
     Contents of cu_seqlens / seqused are not checked on the host (that would need a
     device sync); the kernels clamp them so that no memory outside the tensors is
@@ -313,6 +327,15 @@ def flash_attn_varlen_func(
         raise answer.exception()
     scale = answer.head_dim ** (-0.5) if answer.softmax_scale is None else answer.softmax_scale
     left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
+    if learnable_sink is not None:
+        sinks.check_sink(learnable_sink, q.shape[1], q)
+        out, softmax_lse = torch.ops.flash_attn_hopper.varlen_fwd_sink(
+            q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q,
+            answer.max_seqlen_k, scale, answer.causal, left, right, deterministic,
+        )
+        if head_dim is not None:
+            out = out[..., :head_dim]
+        return (out, softmax_lse) if return_attn_probs else out
     if deterministic:
         ops.varlen_fwd_op()  # a clear error for a build without the op or with another schema
         fwd = getattr(torch.ops.flash_attn_hopper, ops.VARLEN_DETERMINISTIC_FWD_NAME)

@@ -60,8 +60,12 @@ def attention_ref(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     upcast: bool = True,
+    sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (b, sq, hq, d) over k, v (b, sk, hk, d); returns (out, lse).
+
+    ``sink`` (hq,): a learnable sink logit per head, one more column of every row's softmax that
+    carries no value (lse includes it).
 
     ``out`` is (b, sq, hq, d) -- float32 when ``upcast`` else q's dtype --
     and ``lse`` float32 (b, hq, sq), natural log.  Query rows that see no key
@@ -85,10 +89,16 @@ def attention_ref(
         scores = torch.tanh(scores / softcap) * softcap
     masked = local_mask(seqlen_q, seqlen_k, window_size, causal, device=q.device)
     scores = scores.masked_fill(masked, float("-inf"))
+    if sink is not None:  # the sink column, dropped again after the softmax
+        sink_col = sink.to(scores.dtype).view(1, -1, 1, 1).expand(batch, -1, seqlen_q, 1)
+        scores = torch.cat([scores, sink_col], dim=-1)
+        masked = torch.cat([masked, torch.zeros_like(masked[..., :1])], dim=-1)
     lse = torch.logsumexp(scores.float(), dim=-1)  # (b, hq, sq)
     attn = torch.softmax(scores, dim=-1)
     # A row with every key masked is NaN after softmax; the kernels give 0.
     attn = attn.masked_fill(masked.all(dim=-1, keepdim=True), 0.0).to(v.dtype)
+    if sink is not None:
+        attn = attn[..., :seqlen_k]
     out = torch.einsum("bhts,bshd->bthd", attn, v)
     return out, lse
 
@@ -141,8 +151,10 @@ def attention_ref_varlen(
                 out, lse = attention_ref(qi, ki, vi, **kwargs)
                 outs.append(out[0])
                 lses.append(lse[0])
-            else:
+            else:  # no key: out 0, lse -inf, or the sink's logit when there is one
                 o, l = gap(len_q)
+                if kwargs.get("sink") is not None:
+                    l = kwargs["sink"].float().view(-1, 1).expand(heads, len_q).to(l.device)
                 outs.append(o)
                 lses.append(l)
         row = start_q + len_q

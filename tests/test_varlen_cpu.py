@@ -33,7 +33,7 @@ from helpers.inputs import varlen_qkv
 from helpers.kernels import compiled_config
 from helpers.graphs import GraphRecorder
 from op_emulator import emulate_varlen_bwd, emulate_varlen_fwd, emulated_op, emulated_varlen_ops
-from reference import assert_fa_close, attention_ref_varlen
+from reference import assert_fa_close, attention_ref, attention_ref_varlen
 
 FP16 = torch.float16
 BF16 = torch.bfloat16
@@ -870,7 +870,6 @@ def test_sliding_window_reaches_the_varlen_kernel(monkeypatch):
     "kwargs, match",
     [
         (dict(dropout=0.1), "no dropout"),
-        (dict(s_aux=torch.zeros(8)), "attention sinks"),
         (dict(softcap=30.0), "softcapping"),
     ],
 )
@@ -880,6 +879,23 @@ def test_what_the_varlen_paths_cannot_honour_raises(monkeypatch, kwargs, match):
     mask[0, 5:] = 0
     with emulated_varlen_ops(monkeypatch), pytest.raises(ValueError, match=match):
         fah_transformers.attention_forward(_module(4), q, k, v, mask, **kwargs)
+
+
+def test_s_aux_runs_as_the_learnable_sink_on_padded_batches(monkeypatch):
+    q, k, v = _states(2, 8, 8, hq=8, hk=2)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, :3] = 0  # left padding
+    sink = torch.linspace(-1.0, 2.0, 8)
+    with emulated_varlen_ops(monkeypatch):
+        out, _ = fah_transformers.attention_forward(_module(4), q, k, v, mask, s_aux=sink)
+    for b in range(2):
+        rows = mask[b].bool()
+        qb, kb, vb = (t[b : b + 1, :, rows].transpose(1, 2) for t in (q, k, v))
+        ref, _ = attention_ref(qb, kb, vb, causal=True, sink=sink)
+        low, _ = attention_ref(qb, kb, vb, causal=True, sink=sink, upcast=False)
+        assert_fa_close(out[b : b + 1, rows], ref, low, name=f"sequence {b}")
+    with pytest.raises(ValueError, match="4-D attention mask"):
+        fah_transformers.attention_forward(_module(4), q, k, v, torch.zeros(2, 1, 8, 8), s_aux=sink)
 
 
 def test_a_malformed_2d_mask_raises():

@@ -1,0 +1,149 @@
+"""Learnable attention sinks (gpt-oss; FlashAttention-4's ``learnable_sink``): one extra logit per
+head that joins every row's softmax denominator and contributes no value,
+
+    out = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink}),    lse' = logaddexp(lse, sink).
+
+Computed here from the kernels' (out, lse) of the same call: out' = out * exp(lse - lse'). The
+backward needs no kernel of its own: the kernels' backward run on (out', lse') gives the exact
+gradients of q, k and v (P' = exp(s - lse') is the sink softmax's probability, and
+D = rowsum(dout * out') its row term), and the sink's own gradient is -sum over rows of
+exp(sink - lse') * D. Two ops, registered like the kernels' own (fake kernels, autograd), so
+that compile, export and CUDA graphs see them whole: ``fwd_sink`` (dense) and
+``varlen_fwd_sink`` (variable length). The extra pass over out costs a few percent at long
+sequences and more at short ones; a kernel epilogue for it is future work (decision 054).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+
+FWD_SINK_SCHEMA = (
+    "fwd_sink(Tensor q, Tensor k, Tensor v, Tensor sink, float softmax_scale, bool causal, "
+    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False) "
+    "-> (Tensor out, Tensor softmax_lse)"
+)
+VARLEN_FWD_SINK_SCHEMA = (
+    "varlen_fwd_sink(Tensor q, Tensor k, Tensor v, Tensor sink, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
+    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False) "
+    "-> (Tensor out, Tensor softmax_lse)"
+)
+
+
+def _with_sink(out, lse, sink, lse_heads_dim: int):
+    """(out', lse') of (out, lse) and the sink logits; lse's heads are dim lse_heads_dim, out's dim -2."""
+    shape = [1] * lse.dim()
+    shape[lse_heads_dim] = -1
+    sink_f = sink.float().reshape(shape)
+    lse_sink = torch.logaddexp(lse, sink_f)
+    factor = torch.exp(lse - lse_sink)  # 0 for rows that see no key (lse -inf)
+    factor = factor.movedim(lse_heads_dim, -1).unsqueeze(-1)  # (..., rows, heads, 1) as out's layout
+    return (out.float() * factor).to(out.dtype), lse_sink
+
+
+def _sink_grad(dout, out_sink, lse_sink, sink, lse_heads_dim: int):
+    """-sum over rows of exp(sink - lse') * rowsum(dout * out'), per head, in the sink's dtype."""
+    d = (dout.float() * out_sink.float()).sum(-1).movedim(-1, lse_heads_dim)  # lse's layout
+    shape = [1] * lse_sink.dim()
+    shape[lse_heads_dim] = -1
+    p_sink = torch.exp(sink.float().reshape(shape) - lse_sink)
+    dims = [i for i in range(lse_sink.dim()) if i != lse_heads_dim]
+    return (-(p_sink * d).sum(dims)).to(sink.dtype)
+
+
+def _fwd_sink_impl(q, k, v, sink, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
+                   deterministic=False):
+    out, lse = torch.ops.flash_attn_hopper.fwd.default(
+        q, k, v, softmax_scale, causal, window_size_left, window_size_right, False
+    )
+    return _with_sink(out, lse, sink, 1)  # lse (batch, heads, seqlen_q)
+
+
+def _fwd_sink_fake(q, k, v, sink, softmax_scale, causal, *rest):
+    batch, seqlen_q, heads, head_dim = q.shape
+    return q.new_empty((batch, seqlen_q, heads, head_dim)), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+
+
+def _fwd_sink_setup(ctx, inputs, output):
+    q, k, v, sink, softmax_scale, causal, window_size_left, window_size_right, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, sink, out, lse)
+    ctx.args = (softmax_scale, causal, window_size_left, window_size_right, False,
+                bool(deterministic or torch.are_deterministic_algorithms_enabled()))
+    ctx.set_materialize_grads(False)
+
+
+def _fwd_sink_backward(ctx, grad_out, grad_lse):
+    q, k, v, sink, out, lse = ctx.saved_tensors
+    if grad_out is None:  # only lse was used: like the kernels' ops, its gradient is not propagated
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 5
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = ops.bwd_op()(grad_out, q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 5
+
+
+def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                          max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
+                          deterministic=False):
+    out, lse = ops.varlen_fwd_op()(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+        causal, window_size_left, window_size_right, False,
+    )
+    return _with_sink(out, lse, sink, 0)  # lse (heads, total_q)
+
+
+def _varlen_fwd_sink_fake(q, k, v, sink, *rest):
+    total_q, heads, head_dim = q.shape
+    return q.new_empty((total_q, heads, head_dim)), q.new_empty((heads, total_q), dtype=torch.float32)
+
+
+def _varlen_fwd_sink_setup(ctx, inputs, output):
+    (q, k, v, sink, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, causal, window_size_left,
+     window_size_right, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, sink, out, lse, cu_q, cu_k, used_q, used_k)
+    ctx.args = (max_q, max_k, softmax_scale, causal, window_size_left, window_size_right, False,
+                bool(deterministic or torch.are_deterministic_algorithms_enabled()))
+    ctx.set_materialize_grads(False)
+
+
+def _varlen_fwd_sink_backward(ctx, grad_out, grad_lse):
+    q, k, v, sink, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    if grad_out is None:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 11
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = ops.varlen_bwd_op()(grad_out, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.args)
+    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 11
+
+
+def register(lib) -> None:
+    """Define the two ops in ``lib`` (a ``torch.library.Library`` of flash_attn_hopper)."""
+    lib.define(FWD_SINK_SCHEMA)
+    lib.impl("fwd_sink", _fwd_sink_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake("flash_attn_hopper::fwd_sink", _fwd_sink_fake, lib=lib)
+    torch.library.register_autograd(
+        "flash_attn_hopper::fwd_sink", _fwd_sink_backward, setup_context=_fwd_sink_setup, lib=lib
+    )
+    lib.define(VARLEN_FWD_SINK_SCHEMA)
+    lib.impl("varlen_fwd_sink", _varlen_fwd_sink_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake("flash_attn_hopper::varlen_fwd_sink", _varlen_fwd_sink_fake, lib=lib)
+    torch.library.register_autograd(
+        "flash_attn_hopper::varlen_fwd_sink", _varlen_fwd_sink_backward, setup_context=_varlen_fwd_sink_setup,
+        lib=lib,
+    )
+
+
+def check_sink(sink, heads_q: int, q) -> None:
+    """A clear error for a learnable_sink that is not a (nheads,) float32-or-q.dtype tensor on q's device."""
+    if not isinstance(sink, torch.Tensor):
+        raise TypeError(f"learnable_sink must be a torch.Tensor of shape ({heads_q},), got {type(sink).__name__}")
+    if tuple(sink.shape) != (heads_q,):
+        raise ValueError(f"learnable_sink must have shape (nheads,) = ({heads_q},), got {tuple(sink.shape)}")
+    if sink.dtype not in (torch.float32, q.dtype):
+        raise ValueError(f"learnable_sink must be float32 or q's dtype ({q.dtype}), got {sink.dtype}")
+    if sink.device != q.device:
+        raise ValueError(f"learnable_sink is on {sink.device}, q on {q.device}: put them on one device")

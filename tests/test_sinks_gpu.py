@@ -1,0 +1,76 @@
+"""Learnable sinks on the GPU: flash_attn_func / flash_attn_varlen_func with learnable_sink against
+the float32 reference with the sink as one more softmax column, forward and backward (the sink's
+gradient included)."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from flash_attn_hopper import flash_attn_func, flash_attn_varlen_func, ops
+
+from helpers.grads import check_grads
+from helpers.inputs import qkv, varlen_qkv
+from helpers.kernels import compiled_config, skip_unless_compiled
+from reference import assert_fa_close, attention_ref, attention_ref_varlen
+
+pytestmark = pytest.mark.gpu
+
+
+def _sink(hq, seed):
+    return torch.randn(hq, generator=torch.Generator().manual_seed(seed)).mul(2).cuda()
+
+
+def _check_sink_grad(got, want):
+    assert torch.allclose(got.float(), want, rtol=2e-2, atol=2e-3 * max(1.0, want.abs().max().item())), (got, want)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hq, hk", [(4, 4), (8, 2)])
+def test_dense(causal, hq, hk):
+    d, dtype = compiled_config("bwd" if ops.has_bwd_op() else "fwd")
+    q, k, v = qkv(2, 257, 300, hq, hk, d, dtype=dtype, seed=hq + causal)
+    sink = _sink(hq, hq)
+    out, lse = flash_attn_func(q, k, v, causal=causal, learnable_sink=sink, return_attn_probs=True)
+    ref, lse_ref = attention_ref(q, k, v, causal=causal, sink=sink)
+    low, lse_low = attention_ref(q, k, v, causal=causal, sink=sink, upcast=False)
+    assert_fa_close(out, ref, low, name="out")
+    assert_fa_close(lse, lse_ref, lse_low, name="lse", atol=1e-3)
+    if not ops.has_bwd_op():
+        return
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    s = sink.clone().requires_grad_()
+    o = flash_attn_func(*leaves, causal=causal, learnable_sink=s)
+    dout = torch.randn_like(o)
+    *grads, ds = torch.autograd.grad(o, [*leaves, s], dout)
+    check_grads(grads, q, k, v, dout, causal=causal, attention=functools.partial(attention_ref, sink=sink))
+    f = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    sf = sink.clone().requires_grad_()
+    (want,) = torch.autograd.grad(attention_ref(*f, causal=causal, sink=sf)[0], sf, dout.float())
+    _check_sink_grad(ds, want)
+
+
+def test_varlen():
+    d, dtype = compiled_config("bwd" if ops.has_bwd_op() else "fwd")
+    skip_unless_compiled(d, dtype)
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = varlen_qkv([130, 0, 1, 77], [200, 5, 64, 0], 4, 2, d, dtype=dtype,
+                                                         device="cuda", seed=3)
+    sink = _sink(4, 4)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    s = sink.clone().requires_grad_()
+    out, lse = flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k, causal=True, learnable_sink=s,
+                                      return_attn_probs=True)
+    ref = functools.partial(attention_ref_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, sink=sink)
+    (ro, rl), (lo, ll) = ref(q, k, v, causal=True), ref(q, k, v, causal=True, upcast=False)
+    assert_fa_close(out, ro, lo, name="out")
+    assert_fa_close(lse, rl, ll, name="lse", atol=1e-3)
+    if not ops.has_varlen_bwd_op():
+        return
+    *grads, ds = torch.autograd.grad(out, [*leaves, s], dout)
+    check_grads(grads, q, k, v, dout, causal=True, attention=ref)
+    f = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    sf = sink.clone().requires_grad_()
+    o, _ = attention_ref_varlen(*f, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, sink=sf, causal=True)
+    (want,) = torch.autograd.grad(o, sf, dout.float())
+    _check_sink_grad(ds, want)
