@@ -470,6 +470,3 @@ if _C is not None:
         register_varlen(_PY_LIBRARY)
     if has_varlen_bwd_op():
         register_varlen_bwd_fake()
-    from . import sinks  # noqa: E402  (learnable sinks over the ops above)
-
-    sinks.register(_PY_LIBRARY)

@@ -147,3 +147,7 @@ def check_sink(sink, heads_q: int, q) -> None:
         raise ValueError(f"learnable_sink must be float32 or q's dtype ({q.dtype}), got {sink.dtype}")
     if sink.device != q.device:
         raise ValueError(f"learnable_sink is on {sink.device}, q on {q.device}: put them on one device")
+
+
+if ops._PY_LIBRARY is not None:  # the extension loaded: the sink ops join its Python-defined ones
+    register(ops._PY_LIBRARY)
