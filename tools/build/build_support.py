@@ -248,11 +248,55 @@ def parse_ninja_log(path: Path, start_offset: int = 0) -> list[CompileRecord]:
     return sorted(records.values(), key=lambda r: -r.seconds)
 
 
-def format_compile_report(records: list[CompileRecord], wall_seconds: float, jobs: int) -> str:
+def parse_compile_log(path: Path) -> dict[str, float]:
+    """Peak resident memory in GB per output file name, from tools/build/measure_compile.py's log
+    (``output<TAB>seconds<TAB>peak_kib<TAB>exit``); the last line for an output wins."""
+    peaks: dict[str, float] = {}
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return peaks
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        try:
+            peaks[Path(fields[0]).name] = int(fields[2]) / (1024 * 1024)
+        except ValueError:
+            continue
+    return peaks
+
+
+def format_compile_report(
+    records: list[CompileRecord], wall_seconds: float, jobs: int, peak_gb: dict[str, float] | None = None
+) -> str:
+    """The per-file report: seconds, and the nvcc job's peak memory where it was measured."""
+    peak_gb = peak_gb or {}
     lines = [f"flash_attn_hopper: compiled {len(records)} file(s) in {wall_seconds:.1f} s wall with {jobs} job(s)"]
     for record in records:
-        lines.append(f"  {record.seconds:8.1f} s  {Path(record.output).name}")
+        name = Path(record.output).name
+        memory = f"  {peak_gb[name]:5.2f} GB peak" if name in peak_gb else ""
+        lines.append(f"  {record.seconds:8.1f} s  {name}{memory}")
+    if peak_gb:
+        lines.append(f"flash_attn_hopper: largest nvcc job {max(peak_gb.values()):.2f} GB peak resident memory "
+                     f"(MAX_JOBS default budgets {GB_PER_COMPILE_JOB:.1f} GB per job)")
     return "\n".join(lines)
+
+
+def measuring_nvcc(nvcc_command: str, log: Path, python: str) -> str:
+    """A PYTORCH_NVCC value that runs ``nvcc_command`` through tools/build/measure_compile.py."""
+    script = Path(__file__).resolve().parent / "measure_compile.py"
+    return " ".join(shlex.quote(str(a)) for a in (python, script, log, "--")) + " " + nvcc_command
+
+
+def same_minor_requirement(torch_version: str) -> str:
+    """">=2.14,<2.15" for torch "2.14.1+cu130": the torch versions an extension built against
+    torch's (unstable) C++ ABI loads under."""
+    match = re.match(r"(\d+)\.(\d+)", torch_version)
+    if not match:
+        return f"=={torch_version}"
+    major, minor = int(match.group(1)), int(match.group(2))
+    return f">={major}.{minor},<{major}.{minor + 1}"
 
 
 # --------------------------------------------------------------------------
