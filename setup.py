@@ -1,6 +1,12 @@
 """Build flash_attn_hopper's CUDA extension against the torch already installed.
 
-    pip install --no-build-isolation -v .
+    pip install --no-build-isolation -v .          (or tools/build/build_wheel.sh for a wheel)
+
+The binding (csrc/flash_api.cpp) uses only torch's stable ABI, compiled for the oldest supported
+torch (TORCH_MIN_VERSION in flash_attn_hopper/_version.py, passed as TORCH_TARGET_VERSION), and
+Python's limited API: the result is one abi3 module that loads under every torch from that
+version on and every Python >= 3.10. `sdist`, `egg_info` and `dist_info` need neither torch nor
+a toolkit.
 
 Knobs (see flash_attn_hopper/manifest.py): FLASH_ATTN_HOPPER_HDIMS=64,128,
 FLASH_ATTN_HOPPER_DTYPES=bf16, FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1 (no backward
@@ -105,8 +111,16 @@ else:  # build the extension (the rest of this file)
     if not binding.is_file():
         fail(f"{binding.relative_to(ROOT)} is missing: this checkout has no torch binding to build")
     sources = [str(binding.relative_to(ROOT))] + [str(p.relative_to(ROOT)) for p in generated.sources]
+    # The binding uses torch's stable ABI only, compiled for the oldest torch supported: the
+    # extension then loads under every torch from that version on (and Python's limited API: abi3).
+    TORCH_MIN_VERSION = re.search(
+        r'^TORCH_MIN_VERSION = "([^"]+)"', (ROOT / "flash_attn_hopper" / "_version.py").read_text(), re.MULTILINE
+    ).group(1)
+    if build_support.version_tuple(torch.__version__) < build_support.version_tuple(TORCH_MIN_VERSION):
+        fail(f"torch {torch.__version__} is older than {TORCH_MIN_VERSION}, the oldest torch whose stable ABI the "
+             f"binding targets. Fix: `pip install 'torch>={TORCH_MIN_VERSION}'`")
     NVCC_FLAGS = build_support.nvcc_flags()
-    CXX_FLAGS = build_support.cxx_flags()
+    CXX_FLAGS = build_support.cxx_flags() + [build_support.torch_target_version_flag(TORCH_MIN_VERSION)]
 
 
     def nvcc_version() -> str | None:
@@ -186,9 +200,10 @@ else:  # build the extension (the rest of this file)
                     for inst in selection.instantiations()
                 ],
                 "torch_version": torch.__version__,
-                # The binding uses torch's C++ API, whose ABI changes between torch minor versions: the
-                # extension loads only under the torch minor version it was compiled against.
-                "torch_requirement": build_support.same_minor_requirement(torch.__version__),
+                # Torch's stable ABI, targeted at TORCH_MIN_VERSION: every torch from that one on.
+                "torch_requirement": f">={TORCH_MIN_VERSION}",
+                "torch_abi": f"stable ABI (TORCH_TARGET_VERSION {TORCH_MIN_VERSION}) and Python's limited API "
+                             f"({build_support.PY_LIMITED_API})",
                 "torch_cuda_version": torch.version.cuda,
                 "nvcc_version": nvcc_version(),
                 "cuda_home": cuda_home,
@@ -220,7 +235,9 @@ else:  # build the extension (the rest of this file)
                 sources=sources,
                 include_dirs=[str(ROOT / "csrc"), *cutlass.include_dirs, str(Path(cuda_home) / "include" / "cccl")],
                 extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+                py_limited_api=True,
             )
         ],
+        options={"bdist_wheel": {"py_limited_api": build_support.PY_LIMITED_API}},
         cmdclass={"build_ext": FlashBuildExtension.with_options(use_ninja=True)},
     )

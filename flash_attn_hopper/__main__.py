@@ -60,7 +60,8 @@ def torch_range_summary(info: dict) -> str:
         return f"{sources}; this build recorded no torch range"
     verdict = {True: "ok", False: "NOT MET: rebuild against this torch, or install the torch it was built for",
                None: "unknown"}[info.get("torch_requirement_met")]
-    return (f"this build runs under torch {requirement} (built against {info.get('torch_version')}; "
+    abi = f" (torch's {info['torch_abi']})" if info.get("torch_abi") else ""
+    return (f"this build runs under torch {requirement}{abi} (built against {info.get('torch_version')}; "
             f"torch {info['runtime_torch_version']} here: {verdict}); {sources}")
 
 

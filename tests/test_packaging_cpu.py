@@ -63,7 +63,10 @@ def test_sdist_metadata(sdist):
     pkg_info = sdist.extractfile(top + "PKG-INFO").read().decode()
     assert f"Version: {_source_version()}\n" in pkg_info
     assert "Requires-Python: >=3.10" in pkg_info
-    assert f"Requires-Dist: torch>={flash_attn_hopper._version.TORCH_MIN_VERSION}" in pkg_info
+    requires = pkg_info  # older setuptools (metadata 2.1) lists requirements only in egg-info's requires.txt
+    if "Requires-Dist:" not in pkg_info:
+        requires = sdist.extractfile(top + "flash_attn_hopper.egg-info/requires.txt").read().decode()
+    assert f"torch>={flash_attn_hopper._version.TORCH_MIN_VERSION}" in requires
     assert "Classifier: Environment :: GPU :: NVIDIA CUDA :: 12" in pkg_info
     assert "Classifier: Operating System :: POSIX :: Linux" in pkg_info
 
@@ -112,8 +115,10 @@ def test_build_info_states_the_torch_range():
     assert info["torch_min_version"] == flash_attn_hopper._version.TORCH_MIN_VERSION
     assert "torch_requirement" in info and "torch_requirement_met" in info
     if info["build_config_found"]:
-        assert info["torch_requirement"] == bs.same_minor_requirement(info["torch_version"])
-        assert info["torch_requirement_met"] is True  # the tests run under the torch it was built against
+        # torch's stable ABI, targeted at the oldest supported torch: every torch from that one on
+        assert info["torch_requirement"] == f">={info['torch_min_version']}"
+        assert info["torch_abi"].startswith(f"stable ABI (TORCH_TARGET_VERSION {info['torch_min_version']})")
+        assert info["torch_requirement_met"] is True
     from flash_attn_hopper.__main__ import torch_range_summary
 
     line = torch_range_summary(info)
@@ -130,6 +135,24 @@ def test_compile_memory_log_and_report(tmp_path):
     assert "61.0 s  flash_fwd_hdim128_bf16_sm90.o   3.00 GB peak" in report
     assert "largest nvcc job 3.00 GB peak" in report
     assert bs.parse_compile_log(tmp_path / "absent") == {}
+
+
+def test_torch_target_version_flag_matches_torch_headers():
+    assert bs.torch_target_version_flag("2.11") == "-DTORCH_TARGET_VERSION=0x020b000000000000"
+    assert bs.torch_target_version_flag("2.9") == "-DTORCH_TARGET_VERSION=0x0209000000000000"  # version.h's example
+    assert bs.version_tuple("2.14.1+cu130") == (2, 14) and bs.version_tuple("2.11.0a0+git") == (2, 11)
+
+
+def test_binding_uses_only_torch_stable_abi():
+    """csrc/flash_api.cpp includes no ATen / c10 / torch/library.h header: the stable ABI only."""
+    source = (REPO_ROOT / "csrc" / "flash_api.cpp").read_text()
+    includes = re.findall(r"^#include [<\"]([^>\"]+)[>\"]", source, re.MULTILINE)
+    torch_includes = [i for i in includes if i.startswith(("ATen/", "c10/", "torch/"))]
+    assert torch_includes and all(i.startswith(("torch/csrc/stable/", "torch/headeronly/",
+                                                "torch/csrc/inductor/aoti_torch/c/")) for i in torch_includes)
+    assert "STABLE_TORCH_LIBRARY(" in source and "TORCH_BOX(" in source
+    for unstable in ("at::", "c10::", "TORCH_CHECK(", "TORCH_LIBRARY("):
+        assert unstable not in source.replace("STABLE_TORCH_LIBRARY(", ""), unstable
 
 
 def test_measure_compile_logs_and_keeps_the_exit_code(tmp_path):

@@ -292,6 +292,22 @@ def measuring_nvcc(nvcc_command: str, log: Path, python: str) -> str:
     return " ".join(shlex.quote(str(a)) for a in (python, script, log, "--")) + " " + nvcc_command
 
 
+#: The Python stable ABI the extension module targets (Py_LIMITED_API): one abi3 wheel for every
+#: Python from this version on.
+PY_LIMITED_API = "cp310"
+
+
+def torch_target_version_flag(min_version: str) -> str:
+    """-DTORCH_TARGET_VERSION=0x020b000000000000 for "2.11": the torch stable-ABI version the
+    binding is compiled for (torch/csrc/stable/version.h: major << 56 | minor << 48)."""
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", min_version).groups())
+    return f"-DTORCH_TARGET_VERSION=0x{(major << 56) | (minor << 48):016x}"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:2])
+
+
 def same_minor_requirement(torch_version: str) -> str:
     """">=2.14,<2.15" for torch "2.14.1+cu130": the torch versions an extension built against
     torch's (unstable) C++ ABI loads under."""
