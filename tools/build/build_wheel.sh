@@ -11,9 +11,9 @@
 #   --minimal            CI's kernel set: FLASH_ATTN_HOPPER_HDIMS=128 FLASH_ATTN_HOPPER_DTYPES=bf16
 #                        (forward + backward, 3 files); default: the knobs in the environment,
 #                        else every head dim and dtype.
-#   --local-version X    append +X to the version ("auto": cu<CUDA>torch<major.minor> of this torch,
-#                        e.g. 0.1.0+cu130torch2.14), so wheels for several CUDA / torch versions
-#                        can sit side by side in one release.
+#   --local-version X    append +X to the version ("auto": cu<CUDA> of this torch, e.g. 0.1.0+cu130),
+#                        so the wheels for several CUDA majors can sit side by side in one release.
+#                        (The binding uses torch's stable ABI: a wheel is not tied to one torch.)
 #   --out DIR            where the sdist and the wheel go.
 #
 # Environment: PYTHON (default: python3), and the build knobs of setup.py / the README: MAX_JOBS,
@@ -40,11 +40,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd -P)
 
 if [ "$LOCAL" = auto ]; then
-  LOCAL=$("$PYTHON" -c '
-import re, torch
-cuda = (torch.version.cuda or "cpu").replace(".", "")
-major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()
-print(f"cu{cuda}torch{major}.{minor}")')
+  LOCAL=$("$PYTHON" -c 'import torch; print("cu" + (torch.version.cuda or "cpu").replace(".", ""))')
 fi
 if [ -n "$LOCAL" ]; then export FLASH_ATTN_HOPPER_LOCAL_VERSION=$LOCAL; fi
 
