@@ -168,3 +168,26 @@ def test_measure_compile_logs_and_keeps_the_exit_code(tmp_path):
     assert [line[0] for line in lines] == ["out.o", "bad.o"] and lines[1][3] == "3"
     assert int(lines[0][2]) >= 64 * 1024  # KiB: the child's 64 MiB shows in its peak
     assert bs.measuring_nvcc("/cuda/bin/nvcc", Path("/b/log"), "/py").endswith(" -- /cuda/bin/nvcc")
+
+
+_FAILED_LOAD = """
+import sys, importlib.abc
+class _Refuse(importlib.abc.MetaPathFinder):  # as a torch without the stable-ABI symbols would
+    def find_spec(self, name, path, target=None):
+        if name == "flash_attn_hopper._C":
+            raise ImportError("undefined symbol: torch_dtype_float8_e8m0fnu")
+sys.meta_path.insert(0, _Refuse())
+import flash_attn_hopper
+print("REASON:", flash_attn_hopper.unavailable_reason())
+"""
+
+
+def test_a_torch_outside_the_range_is_refused_with_the_range():
+    """An extension that cannot load (an older torch lacks stable-ABI symbols) is refused, not a
+    crash: the package imports and says which torch it needs."""
+    from helpers import location
+
+    proc = location.run_python(["-c", _FAILED_LOAD], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "undefined symbol: torch_dtype_float8_e8m0fnu" in proc.stdout
+    assert f"needs torch >= {flash_attn_hopper._version.TORCH_MIN_VERSION}" in proc.stdout
