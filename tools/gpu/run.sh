@@ -198,6 +198,7 @@ if has wheeltest; then
     echo "no wheel: carry dist/ with a flash_attn_hopper wheel, or set WHEEL"; result wheeltest 1
   else
     wv=/tmp/fah-wheel-venv
+    workers=""; [ "${PYTEST_WORKERS:-4}" = 0 ] || workers="-n ${PYTEST_WORKERS:-4}"  # 0: no pytest-xdist
     rm -rf "$wv"
     python3 -m venv --system-site-packages "$wv"
     # Only the carried helper wheels (nvidia-cutlass for the host-program tests) stay on the path:
@@ -212,7 +213,7 @@ if has wheeltest; then
       "$wv/bin/python" -m pip install -q --no-index pytest numpy 2>/dev/null || true
       cd /tmp && PYTHONPATH=$wpath "$wv/bin/python" -m flash_attn_hopper --no-bench
       cd "$REPO" && PYTHONPATH=$wpath FLASH_ATTN_HOPPER_FULL_TESTS=${FLASH_ATTN_HOPPER_FULL_TESTS:-} \
-        PYTHONSAFEPATH=1 timeout "${TEST_TIMEOUT:-300}" "$wv/bin/python" -m pytest tests -q -rs -p no:cacheprovider
+        PYTHONSAFEPATH=1 timeout "${TEST_TIMEOUT:-300}" "$wv/bin/python" -m pytest tests -q -rs -p no:cacheprovider $workers
     ) > "$OUT/wheeltest.log" 2>&1
     rc=$?
     grep -E "^wheel:|extension:|torch:|runtime:|FAILED|ERROR|passed|failed" "$OUT/wheeltest.log" | head -30
