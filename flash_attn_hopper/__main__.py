@@ -42,6 +42,7 @@ def print_build_info(info: dict) -> None:
     else:
         print("  compiled:   unknown (no build record: flash_attn_hopper/_build_config.py is absent)")
     print(f"  runtime:    torch {info['runtime_torch_version']}, CUDA {info['runtime_torch_cuda_version']}")
+    print(f"  torch:      {torch_range_summary(info)}")
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(index)
@@ -49,6 +50,19 @@ def print_build_info(info: dict) -> None:
     features = ", ".join(f"{name} {_yes(on)}" for name, on in info["features"].items())
     print(f"  features:   {features}")
     print(f"  backward:   {backward_summary(info)}")
+
+
+def torch_range_summary(info: dict) -> str:
+    """One line: the torch versions this build runs under, and whether the running torch is one."""
+    sources = f"the sources build against torch >= {info['torch_min_version']}"
+    requirement = info.get("torch_requirement")
+    if not requirement:
+        return f"{sources}; this build recorded no torch range"
+    verdict = {True: "ok", False: "NOT MET: rebuild against this torch, or install the torch it was built for",
+               None: "unknown"}[info.get("torch_requirement_met")]
+    abi = f" (torch's {info['torch_abi']})" if info.get("torch_abi") else ""
+    return (f"this build runs under torch {requirement}{abi} (built against {info.get('torch_version')}; "
+            f"torch {info['runtime_torch_version']} here: {verdict}); {sources}")
 
 
 def backward_summary(info: dict) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 
+import re
+
 from . import manifest, ops
-from ._version import __version__
+from ._version import TORCH_MIN_VERSION, __version__
 
 
 def _read_build_config() -> dict | None:
@@ -47,6 +49,26 @@ def build_config() -> dict | None:
     return copy.deepcopy(_CONFIG) if _CONFIG is not None else None
 
 
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def torch_requirement_met(requirement: str | None, torch_version: str) -> bool | None:
+    """Whether ``torch_version`` satisfies a recorded requirement such as ">=2.14,<2.15"; None if unknown."""
+    if not requirement:
+        return None
+    version = _version_tuple(torch_version)
+    for clause in requirement.split(","):
+        match = re.fullmatch(r"\s*(>=|<|==)\s*([\d.]+)\s*", clause)
+        if match is None:
+            return None
+        op, bound = match.group(1), _version_tuple(match.group(2))
+        head = version[: len(bound)]
+        if (op == ">=" and head < bound) or (op == "<" and head >= bound) or (op == "==" and head != bound):
+            return False
+    return True
+
+
 def build_info() -> dict:
     """A dict describing the build and whether it can run here.
 
@@ -63,6 +85,10 @@ def build_info() -> dict:
     where ``features["backward"]`` says whether this build can compute
     gradients and ``features["varlen"]`` whether it has the variable-length op
     (the manifest's own entries only say what every build of this version can).
+    Torch versions: ``torch_min_version`` (the oldest torch the sources build
+    against), ``torch_requirement`` (the torch versions this build's extension
+    loads under, e.g. ">=2.14,<2.15": the one minor version it was compiled
+    against; None without a build record) and ``torch_requirement_met``.
     """
     import torch
 
@@ -86,6 +112,9 @@ def build_info() -> dict:
     }
     config = build_config()
     info["build_config_found"] = config is not None
+    info["torch_min_version"] = TORCH_MIN_VERSION
+    info["torch_requirement"] = None
     if config is not None:
         info.update(config)
+    info["torch_requirement_met"] = torch_requirement_met(info["torch_requirement"], torch.__version__)
     return info

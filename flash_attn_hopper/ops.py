@@ -131,10 +131,14 @@ except ModuleNotFoundError as err:
                 "to use the installed package, or build in place with `python setup.py build_ext --inplace`)"
             )
 except (ImportError, OSError) as err:
-    # Typically an undefined symbol: the extension was built against another torch.
+    # Typically an undefined symbol: a torch older than the stable ABI the binding targets, or a
+    # torch for another CUDA major than the extension's.
+    from ._version import TORCH_MIN_VERSION
+
     LOAD_ERROR = (
-        f"the CUDA extension flash_attn_hopper._C failed to load ({err}); "
-        f"it was probably built against another torch (this one is {torch.__version__})"
+        f"the CUDA extension flash_attn_hopper._C failed to load ({err}); it needs torch >= {TORCH_MIN_VERSION} "
+        f"built for the CUDA major version it was compiled with (this one is torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda})"
     )
 
 

@@ -3,6 +3,9 @@
 Tests marked ``gpu`` need the compiled extension and a Hopper (sm_90) GPU; on
 any other machine they are skipped with the reason flash_attn_hopper gives.
 ``FLASH_ATTN_HOPPER_FULL_TESTS=1`` turns the quick GPU subset into the full sweep.
+
+The session refuses to start when the tests would import a source tree without the compiled
+extension while an installed package has it (helpers/location.py); the header names the copy tested.
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "gpu: needs an NVIDIA Hopper (sm_90) GPU and the compiled extension; skipped otherwise"
     )
+    from helpers import location
+
+    problem = location.shadowing_problem(location.imported_package_dir(), location.installed_extensions())
+    if problem is not None:
+        raise pytest.UsageError(problem)
+
+
+def pytest_report_header(config):
+    from helpers import location
+
+    return location.describe(location.imported_package_dir(), location.installed_extensions())
 
 
 def pytest_collection_modifyitems(config, items):

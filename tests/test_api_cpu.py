@@ -7,11 +7,6 @@ fake CUDA tensors, which need no GPU.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -20,7 +15,7 @@ import flash_attn_hopper
 from flash_attn_hopper import _build_info, manifest, ops, support
 from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 
-from helpers import inputs
+from helpers import inputs, location
 from helpers.kernels import compiled_config
 
 BF16 = torch.bfloat16
@@ -309,18 +304,8 @@ with FakeTensorMode():
 """
 
 
-def _env_of_the_package_under_test() -> dict:
-    """os.environ with the copy of flash_attn_hopper these tests imported first on PYTHONPATH, so a
-    subprocess started outside the checkout runs it rather than another (installed) copy."""
-    root = str(Path(flash_attn_hopper.__file__).resolve().parent.parent)
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-
-
 def test_import_without_extension_works_and_calls_explain(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-c", _BLOCKED_EXTENSION], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env=_env_of_the_package_under_test(),
-    )
+    proc = location.run_python(["-c", _BLOCKED_EXTENSION], timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "REASON: the CUDA extension flash_attn_hopper._C is not built" in proc.stdout
     assert "ERROR: flash_attn_hopper is not available" in proc.stdout
@@ -330,10 +315,7 @@ def test_import_without_extension_works_and_calls_explain(tmp_path):
 def test_main_module_exits_zero_without_a_gpu(tmp_path):
     if flash_attn_hopper.is_available():
         pytest.skip("this machine can run the kernels; the GPU path of __main__ is exercised by hand")
-    proc = subprocess.run(
-        [sys.executable, "-m", "flash_attn_hopper"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env=_env_of_the_package_under_test(),
-    )
+    proc = location.run_python(["-m", "flash_attn_hopper"], timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"flash_attn_hopper {flash_attn_hopper.__version__}" in proc.stdout
     assert "cannot run here" in proc.stdout and flash_attn_hopper.unavailable_reason() in proc.stdout

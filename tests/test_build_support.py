@@ -50,6 +50,7 @@ def test_extra_nvcc_flags_reach_nvcc_and_their_macros_reach_the_binding():
     "cores, mem_gb, files, expected",
     [
         (2, 24.0, 2, 2),  # CI: 2 cores, 24 GB
+        (2, 9.5, 3, 1),  # the same machine with another build running: one job (2 x 3.25 GB would be tight)
         (16, 128.0, 10, 10),  # the H200 host: enough memory for every core, capped by the file count
         (16, 22.0, 10, 4),  # memory-bound: 22 GB / 5 GB per job
         (16, None, 10, 10),  # unknown memory: cores only
@@ -61,6 +62,12 @@ def test_default_max_jobs(cores, mem_gb, files, expected):
     jobs, why = bs.default_max_jobs(cores, mem_gb, files)
     assert jobs == expected
     assert f"{cores} cores" in why
+    if mem_gb is not None:  # the default never plans more than the memory available for measured jobs
+        assert jobs == 1 or jobs * bs.MEASURED_PEAK_GB_PER_JOB * 1.5 <= mem_gb
+
+
+def test_memory_budget_covers_the_measured_peak_with_margin():
+    assert bs.GB_PER_COMPILE_JOB >= 1.5 * bs.MEASURED_PEAK_GB_PER_JOB
 
 
 def test_available_memory_parses_meminfo(tmp_path):

@@ -10,8 +10,6 @@ lse.  Configurations this build did not compile are skipped, naming the knob.
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -33,6 +31,7 @@ from helpers.cases import (
     WINDOW_SEQLEN_PAIRS,
     WINDOWS,
 )
+from helpers import location
 from helpers.grads import check_grads
 from helpers.inputs import poison_allocations, qkv
 from helpers.kernels import compiled_config, skip_unless_compiled
@@ -280,7 +279,7 @@ def test_non_positive_scale_is_refused_by_the_raw_ops(op):
         "o, _ = torch.ops.flash_attn_hopper.fwd(q, q, q, 0.1, False)\n"
         "print('still usable:', bool(torch.isfinite(o).all()))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    result = location.run_python(["-c", code], timeout=300)  # outside the checkout: the installed package
     assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-2000:]}"
     assert result.stdout.split("\n")[:3] == ["refused: True", "refused: True", "still usable: True"], result.stdout
 

@@ -17,7 +17,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-#: One nvcc job on a FlashAttention-style SM90 translation unit peaks at 4-7 GB.
+#: The largest nvcc job measured peaks at 3.25 GB resident (flash_fwd_hdim256_bf16; hdim128 fwd 3.13,
+#: bwd 2.25-2.55 GB; nvcc 13.0, CUTLASS 4.2, tools/build/measure_compile.py on the 2-core CI machine).
+#: The default budgets 1.5x that, so a 24 GiB, 2-core machine runs 2 jobs only with >= 10 GB free.
+MEASURED_PEAK_GB_PER_JOB = 3.25
 GB_PER_COMPILE_JOB = 5.0
 
 NVCC_FLAGS = [
@@ -248,11 +251,71 @@ def parse_ninja_log(path: Path, start_offset: int = 0) -> list[CompileRecord]:
     return sorted(records.values(), key=lambda r: -r.seconds)
 
 
-def format_compile_report(records: list[CompileRecord], wall_seconds: float, jobs: int) -> str:
+def parse_compile_log(path: Path) -> dict[str, float]:
+    """Peak resident memory in GB per output file name, from tools/build/measure_compile.py's log
+    (``output<TAB>seconds<TAB>peak_kib<TAB>exit``); the last line for an output wins."""
+    peaks: dict[str, float] = {}
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return peaks
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        try:
+            peaks[Path(fields[0]).name] = int(fields[2]) / (1024 * 1024)
+        except ValueError:
+            continue
+    return peaks
+
+
+def format_compile_report(
+    records: list[CompileRecord], wall_seconds: float, jobs: int, peak_gb: dict[str, float] | None = None
+) -> str:
+    """The per-file report: seconds, and the nvcc job's peak memory where it was measured."""
+    peak_gb = peak_gb or {}
     lines = [f"flash_attn_hopper: compiled {len(records)} file(s) in {wall_seconds:.1f} s wall with {jobs} job(s)"]
     for record in records:
-        lines.append(f"  {record.seconds:8.1f} s  {Path(record.output).name}")
+        name = Path(record.output).name
+        memory = f"  {peak_gb[name]:5.2f} GB peak" if name in peak_gb else ""
+        lines.append(f"  {record.seconds:8.1f} s  {name}{memory}")
+    if peak_gb:
+        lines.append(f"flash_attn_hopper: largest nvcc job {max(peak_gb.values()):.2f} GB peak resident memory "
+                     f"(MAX_JOBS default budgets {GB_PER_COMPILE_JOB:.1f} GB per job)")
     return "\n".join(lines)
+
+
+def measuring_nvcc(nvcc_command: str, log: Path, python: str) -> str:
+    """A PYTORCH_NVCC value that runs ``nvcc_command`` through tools/build/measure_compile.py."""
+    script = Path(__file__).resolve().parent / "measure_compile.py"
+    return " ".join(shlex.quote(str(a)) for a in (python, script, log, "--")) + " " + nvcc_command
+
+
+#: The Python stable ABI the extension module targets (Py_LIMITED_API): one abi3 wheel for every
+#: Python from this version on.
+PY_LIMITED_API = "cp310"
+
+
+def torch_target_version_flag(min_version: str) -> str:
+    """-DTORCH_TARGET_VERSION=0x020b000000000000 for "2.11": the torch stable-ABI version the
+    binding is compiled for (torch/csrc/stable/version.h: major << 56 | minor << 48)."""
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", min_version).groups())
+    return f"-DTORCH_TARGET_VERSION=0x{(major << 56) | (minor << 48):016x}"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:2])
+
+
+def same_minor_requirement(torch_version: str) -> str:
+    """">=2.14,<2.15" for torch "2.14.1+cu130": the torch versions an extension built against
+    torch's (unstable) C++ ABI loads under."""
+    match = re.match(r"(\d+)\.(\d+)", torch_version)
+    if not match:
+        return f"=={torch_version}"
+    major, minor = int(match.group(1)), int(match.group(2))
+    return f">={major}.{minor},<{major}.{minor + 1}"
 
 
 # --------------------------------------------------------------------------

@@ -14,6 +14,11 @@
 #              bench / breakdown / power / ncu wait for it, and bench then times the fa3 provider
 #   build      build HDIMS x DTYPES in place (MAX_JOBS=16, ptxas -v), $OUT/build.log
 #   wheel      pack that build as a wheel into $OUT/wheel/ (reuses the compiled objects)
+#   wheeltest  a wheel built elsewhere (WHEEL, default the newest carried dist/flash_attn_hopper-*.whl,
+#              e.g. built on the CPU machine by tools/build/build_wheel.sh), installed unchanged into a
+#              fresh venv outside the checkout that sees the machine's torch; then, as the README says,
+#              `python -m flash_attn_hopper` from /tmp and `pytest tests -q -rs` from the repository
+#              root against the installed wheel (no source tree on the path), $OUT/wheeltest.log
 #   check      tools/check/fwd_check.py and bwd_check.py on HDIMS x DTYPES
 #   pytest     pytest $PYTEST_FILES (default tests) -n $PYTEST_WORKERS (4; 0: no xdist) $PYTEST_ARGS (-q -rs);
 #              FULL=1 sets FLASH_ATTN_HOPPER_FULL_TESTS=1
@@ -63,7 +68,7 @@ export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-build,check,pytest}
 HDIMS=${HDIMS:-64,128,256}
 DTYPES=${DTYPES:-bf16}
-known=",fa3,build,wheel,check,pytest,bench,variants,breakdown,power,ncu,sanitize,cmd,"
+known=",fa3,build,wheel,check,pytest,wheeltest,bench,variants,breakdown,power,ncu,sanitize,cmd,"
 for s in ${STEPS//,/ }; do
   case "$known" in *",$s,"*) ;; *) echo "run.sh: unknown step '$s' (known: ${known:1:-1})"; exit 2;; esac
 done
@@ -184,6 +189,36 @@ if has pytest; then
   rc=$?
   grep -E "FAILED|ERROR|SKIPPED|passed|failed|crashed" "$OUT/pytest.log" | sort | uniq -c | sort -rn | head -30
   result pytest $rc
+fi
+
+if has wheeltest; then
+  step wheeltest
+  wheel=${WHEEL:-$(ls -t dist/flash_attn_hopper-*.whl 2>/dev/null | head -n 1)}
+  if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
+    echo "no wheel: carry dist/ with a flash_attn_hopper wheel, or set WHEEL"; result wheeltest 1
+  else
+    wv=/tmp/fah-wheel-venv
+    workers=""; [ "${PYTEST_WORKERS:-4}" = 0 ] || workers="-n ${PYTEST_WORKERS:-4}"  # 0: no pytest-xdist
+    rm -rf "$wv"
+    python3 -m venv --system-site-packages "$wv"
+    # Only the carried helper wheels (nvidia-cutlass for the host-program tests) stay on the path:
+    # the repository root must not, or the source tree would shadow the installed package
+    # (PYTHONSAFEPATH=1, Python >= 3.11, keeps `python -m pytest` from putting it first; on an
+    # older Python the tests' conftest refuses such a session with the reason).
+    wpath=""; [ -d /tmp/site ] && wpath=/tmp/site
+    (
+      set -e
+      echo "wheel: $wheel ($(du -k "$wheel" | cut -f1) KiB)"
+      "$wv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
+      "$wv/bin/python" -m pip install -q --no-index pytest numpy 2>/dev/null || true
+      cd /tmp && PYTHONPATH=$wpath "$wv/bin/python" -m flash_attn_hopper --no-bench
+      cd "$REPO" && PYTHONPATH=$wpath FLASH_ATTN_HOPPER_FULL_TESTS=${FLASH_ATTN_HOPPER_FULL_TESTS:-} \
+        PYTHONSAFEPATH=1 timeout "${TEST_TIMEOUT:-300}" "$wv/bin/python" -m pytest tests -q -rs -p no:cacheprovider $workers
+    ) > "$OUT/wheeltest.log" 2>&1
+    rc=$?
+    grep -E "^wheel:|extension:|torch:|runtime:|FAILED|ERROR|passed|failed" "$OUT/wheeltest.log" | head -30
+    result wheeltest $rc
+  fi
 fi
 
 if has bench; then
