@@ -55,227 +55,21 @@ void run_flash_bwd(BwdParams& params, cudaStream_t stream);
 #endif
 }  // namespace flash
 
+#include "api/checks.h"  // tensor helpers and argument checks
+
 namespace {
 
-using Tensor = torch::stable::Tensor;
-using ScalarType = torch::headeronly::ScalarType;
-using FwdFn = void (*)(flash::FwdParams&, cudaStream_t);
-
-// A failed check: std::runtime_error (RuntimeError in Python) with the parts streamed together.
-template <typename... Parts>
-std::string concat(Parts const&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
-}
-#define FLASH_CHECK(cond, ...)                                                  \
-  do {                                                                          \
-    if (!(cond)) { throw std::runtime_error(concat(__VA_ARGS__)); }             \
-  } while (0)
-#define FLASH_CUDA_CHECK(call)                                                              \
-  do {                                                                                      \
-    cudaError_t const flash_err_ = (call);                                                  \
-    FLASH_CHECK(flash_err_ == cudaSuccess, "flash_attn_hopper: ", #call, " failed: ",       \
-                cudaGetErrorString(flash_err_));                                            \
-  } while (0)
-
-constexpr ScalarType kFloat = ScalarType::Float;
-constexpr ScalarType kInt = ScalarType::Int;
-
-bool same_sizes(Tensor const& a, Tensor const& b) {
-  if (a.dim() != b.dim()) return false;
-  for (int64_t i = 0; i < a.dim(); ++i) {
-    if (a.size(i) != b.size(i)) return false;
+// Launches the forward on the current stream, with the zeroed tile counter that the dynamic
+// persistent causal/local kernels draw from (a 4-byte memset rather than a zeros op's fill kernel).
+void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor const& like, int device) {
+  cudaStream_t const stream = current_stream(device);
+  Tensor tile_counter;
+  if (flash::fwd_needs_tile_counter(head_dim_rounded, params.is_local, params.seqlen_k)) {
+    tile_counter = empty_like_dev(like, {1}, kInt);
+    params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
+    FLASH_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
   }
-  return true;
-}
-
-bool same_device(Tensor const& a, Tensor const& b) {
-  return a.is_cuda() == b.is_cuda() && a.get_device() == b.get_device();
-}
-
-// Uninitialized / zeroed tensors on t's device.
-Tensor empty_like_dev(Tensor const& t, std::vector<int64_t> const& sizes, std::optional<ScalarType> dtype = {}) {
-  return torch::stable::new_empty(t, sizes, dtype);
-}
-Tensor zeros_like_dev(Tensor const& t, std::vector<int64_t> const& sizes, std::optional<ScalarType> dtype = {}) {
-  return torch::stable::new_zeros(t, sizes, dtype);
-}
-std::vector<int64_t> sizes_of(Tensor const& t) {
-  std::vector<int64_t> sizes(t.dim());
-  for (int64_t i = 0; i < t.dim(); ++i) sizes[i] = t.size(i);
-  return sizes;
-}
-
-cudaStream_t current_stream(int device) {
-  void* stream = nullptr;
-  FLASH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
-              "flash_attn_hopper: could not get the current CUDA stream");
-  return static_cast<cudaStream_t>(stream);
-}
-
-// The manifest name ("fp16", "bf16") of a dtype with kernels; nullptr for any other dtype.
-char const* manifest_dtype_name(ScalarType dtype) {
-#define FLASH_ATTN_HOPPER_MATCH_DTYPE(NAME, T, ATEN) \
-  if (dtype == ScalarType::ATEN) return #NAME;
-  FLASH_ATTN_HOPPER_FOR_EACH_DTYPE(FLASH_ATTN_HOPPER_MATCH_DTYPE)
-#undef FLASH_ATTN_HOPPER_MATCH_DTYPE
-  return nullptr;
-}
-
-// "float16 and bfloat16": the torch dtypes the manifest has kernels for.
-std::string supported_dtypes() {
-  std::string names;
-  for (int i = 0; i < flash::manifest::kNumDtypes; ++i) {
-    if (i > 0) names += i + 1 == flash::manifest::kNumDtypes ? " and " : ", ";
-    names += flash::manifest::kTorchDtypeNames[i];
-  }
-  return names;
-}
-
-FwdFn find_fwd(int head_dim_rounded, bool is_bf16) {
-#define FLASH_ATTN_HOPPER_MATCH_FWD(D, T)                                            \
-  if (head_dim_rounded == D && std::is_same_v<T, cutlass::bfloat16_t> == is_bf16) { \
-    return &flash::run_flash_fwd<D, T>;                                              \
-  }
-  FLASH_ATTN_HOPPER_FOR_EACH_FWD(FLASH_ATTN_HOPPER_MATCH_FWD)
-#undef FLASH_ATTN_HOPPER_MATCH_FWD
-  return nullptr;
-}
-
-int device_attribute(cudaDeviceAttr attr, int device) {
-  int value = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&value, attr, device);
-  FLASH_CHECK(err == cudaSuccess, "flash_attn_hopper: cudaDeviceGetAttribute failed: ", cudaGetErrorString(err));
-  return value;
-}
-
-// TMA needs a 16-byte aligned base and 16-byte multiples for every stride but the last.
-bool tma_compatible(Tensor const& t) {
-  int64_t const elem = t.element_size();
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
-  for (int i = 0; i < 3; ++i) {
-    if ((t.stride(i) * elem) % 16 != 0) return false;
-  }
-  return true;
-}
-
-Tensor tma_ready(Tensor const& t) { return tma_compatible(t) ? t : torch::stable::contiguous(t); }
-
-// Sizes of one attention problem, after the checks both directions share.
-struct Problem {
-  int64_t batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv;
-  int head_dim_rounded;
-  bool is_bf16;
-  int device;
-};
-
-Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v) {
-  FLASH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "flash_attn_hopper: q, k and v must be CUDA tensors");
-  FLASH_CHECK(same_device(k, q) && same_device(v, q),
-              "flash_attn_hopper: q, k and v must be on the same device");
-  auto const dtype = q.scalar_type();
-  FLASH_CHECK(manifest_dtype_name(dtype) != nullptr, "flash_attn_hopper: only ", supported_dtypes(),
-              " are supported, got ", dtype);
-  FLASH_CHECK(k.scalar_type() == dtype && v.scalar_type() == dtype,
-              "flash_attn_hopper: q, k and v must have the same dtype");
-  FLASH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "flash_attn_hopper: q, k and v must be 4-D (batch, seqlen, nheads, headdim)");
-  Problem pb{};
-  pb.batch = q.size(0);
-  pb.seqlen_q = q.size(1);
-  pb.heads_q = q.size(2);
-  pb.head_dim = q.size(3);
-  pb.seqlen_k = k.size(1);
-  pb.heads_kv = k.size(2);
-  FLASH_CHECK(k.size(0) == pb.batch && v.size(0) == pb.batch, "flash_attn_hopper: batch sizes of q, k, v differ");
-  FLASH_CHECK(k.size(3) == pb.head_dim && v.size(3) == pb.head_dim,
-              "flash_attn_hopper: q, k and v must have the same head dim");
-  FLASH_CHECK(v.size(1) == pb.seqlen_k && v.size(2) == pb.heads_kv, "flash_attn_hopper: k and v shapes differ");
-  pb.head_dim_rounded = flash::manifest::round_up_head_dim(pb.head_dim);
-  FLASH_CHECK(pb.head_dim_rounded != 0, "flash_attn_hopper: head dim must be a multiple of ",
-              flash::manifest::kHeadDimMultiple, " and at most ", flash::manifest::kMaxHeadDim, ", got ", pb.head_dim);
-  FLASH_CHECK(pb.heads_kv > 0 && pb.heads_q % pb.heads_kv == 0, "flash_attn_hopper: nheads of q (", pb.heads_q,
-              ") must be a multiple of nheads of k/v (", pb.heads_kv, ")");
-  FLASH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
-              "flash_attn_hopper: the last dimension of q, k and v must be contiguous");
-  FLASH_CHECK(pb.seqlen_q + pb.seqlen_k <= flash::manifest::kMaxSeqlenSum && pb.batch <= flash::manifest::kMaxBatch &&
-                  pb.heads_q <= flash::manifest::kMaxHeads,
-              "flash_attn_hopper: sizes too large (seqlen_q + seqlen_k must be at most ", flash::manifest::kMaxSeqlenSum,
-              ", batch at most ", flash::manifest::kMaxBatch, ", nheads at most ", flash::manifest::kMaxHeads, ")");
-  pb.device = q.get_device();
-  int const cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor, pb.device);
-  int const cc_minor = device_attribute(cudaDevAttrComputeCapabilityMinor, pb.device);
-  FLASH_CHECK(cc_major == 9 && cc_minor == 0, "flash_attn_hopper: needs an sm_90 (Hopper) GPU, this device is sm_",
-              cc_major, cc_minor);
-  pb.is_bf16 = dtype == ScalarType::BFloat16;
-  return pb;
-}
-
-// The kernels take each row's max of the unscaled scores, so the scale must be positive. Checked
-// before anything is allocated: the same check thrown from fill_common, after the outputs were
-// allocated, ended the process on the H200 (tools/exception_diag.py, 2026-11-30).
-void check_scale(double softmax_scale) {
-  FLASH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0,
-              "flash_attn_hopper: softmax_scale must be a positive finite number");
-}
-
-// Windows as FlashAttention defines them (-1 = unbounded; causal = right window 0), measured
-// from the bottom-right diagonal, or from the top-left one as torch's SDPA does.
-struct Window {
-  bool is_local;
-  int left, right, diag_offset;
-};
-
-Window make_window(Problem const& pb, bool causal, int64_t window_size_left, int64_t window_size_right,
-                   bool top_left) {
-  int const unbounded = int(pb.seqlen_q + pb.seqlen_k);
-  int64_t const right = causal ? 0 : window_size_right;
-  Window w{};
-  w.is_local = causal || window_size_left >= 0 || window_size_right >= 0;
-  w.left = window_size_left < 0 ? unbounded : int(std::min<int64_t>(window_size_left, unbounded));
-  w.right = right < 0 ? unbounded : int(std::min<int64_t>(right, unbounded));
-  w.diag_offset = top_left ? 0 : int(pb.seqlen_k - pb.seqlen_q);
-  return w;
-}
-
-// What both directions' params share: q, k, v pointers and strides, sizes, scale, window, SMs.
-template <typename Params>
-void fill_common(Params& params, Problem const& pb, Tensor const& qt, Tensor const& kt, Tensor const& vt,
-                 double softmax_scale, Window const& window) {
-  params.q_ptr = qt.data_ptr();
-  params.k_ptr = kt.data_ptr();
-  params.v_ptr = vt.data_ptr();
-  params.q_batch_stride = qt.stride(0);
-  params.q_row_stride = qt.stride(1);
-  params.q_head_stride = qt.stride(2);
-  params.k_batch_stride = kt.stride(0);
-  params.k_row_stride = kt.stride(1);
-  params.k_head_stride = kt.stride(2);
-  params.v_batch_stride = vt.stride(0);
-  params.v_row_stride = vt.stride(1);
-  params.v_head_stride = vt.stride(2);
-  params.batch = int(pb.batch);
-  params.heads_q = int(pb.heads_q);
-  params.heads_kv = int(pb.heads_kv);
-  params.seqlen_q = int(pb.seqlen_q);
-  params.seqlen_k = int(pb.seqlen_k);
-  params.head_dim = int(pb.head_dim);
-  params.softmax_scale = float(softmax_scale);
-  params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
-  params.is_local = window.is_local;
-  params.window_left = window.left;
-  params.window_right = window.right;
-  params.diag_offset = window.diag_offset;
-  params.num_sms = device_attribute(cudaDevAttrMultiProcessorCount, pb.device);
-}
-
-std::string not_compiled(char const* direction, Problem const& pb, ScalarType dtype) {
-  char const* dt = manifest_dtype_name(dtype);
-  return std::string("flash_attn_hopper: the ") + direction + " kernel for head dim " +
-         std::to_string(pb.head_dim_rounded) + " and " + dt + " was not compiled in; rebuild with " +
-         flash::manifest::kEnvHdims + " including " + std::to_string(pb.head_dim_rounded) + " and " +
-         flash::manifest::kEnvDtypes + " including " + dt;
+  fwd(params, stream);
 }
 
 std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
@@ -306,68 +100,8 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
   params.o_batch_stride = out.stride(0);
   params.o_row_stride = out.stride(1);
   params.o_head_stride = out.stride(2);
-  cudaStream_t const stream = current_stream(device);
-  Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles
-  if (flash::fwd_needs_tile_counter(head_dim_rounded, params.is_local, params.seqlen_k)) {
-    // A 4-byte memset on the stream rather than a zeros op's fill kernel.
-    tile_counter = empty_like_dev(q, {1}, kInt);
-    params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
-    FLASH_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
-  }
-
-  fwd(params, stream);
+  run_fwd(fwd, params, head_dim_rounded, q, device);
   return {out, lse};
-}
-
-// The sequences of a variable-length call: cu_seqlens (batch + 1) and seqused (batch) int32 on q's
-// device. Their contents are not read here (that would need a sync): the kernels clamp them.
-struct Varlen {
-  int64_t batch, total_q, total_k, max_seqlen_q, max_seqlen_k;
-};
-
-Varlen check_varlen(Tensor const& q, Tensor const& k, Tensor const& cu_seqlens_q,
-                    Tensor const& cu_seqlens_k, std::optional<Tensor> const& seqused_q,
-                    std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  FLASH_CHECK(q.dim() == 3 && k.dim() == 3,
-              "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
-  auto check_index = [&](Tensor const& t, char const* name, int64_t numel) {
-    FLASH_CHECK(t.scalar_type() == kInt && t.dim() == 1 && t.is_contiguous(), "flash_attn_hopper: ", name,
-                " must be a contiguous 1-D int32 tensor");
-    FLASH_CHECK(same_device(t, q), "flash_attn_hopper: ", name, " must be on q's device");
-    FLASH_CHECK(numel < 0 || t.numel() == numel, "flash_attn_hopper: ", name, " must have ", numel,
-                " entries, got ", t.numel());
-  };
-  check_index(cu_seqlens_q, "cu_seqlens_q", -1);
-  FLASH_CHECK(cu_seqlens_q.numel() >= 1, "flash_attn_hopper: cu_seqlens_q must have batch + 1 >= 1 entries");
-  Varlen vl{};
-  vl.batch = cu_seqlens_q.numel() - 1;
-  check_index(cu_seqlens_k, "cu_seqlens_k", vl.batch + 1);
-  if (seqused_q) { check_index(*seqused_q, "seqused_q", vl.batch); }
-  if (seqused_k) { check_index(*seqused_k, "seqused_k", vl.batch); }
-  FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "flash_attn_hopper: max_seqlen_q and max_seqlen_k must be >= 0");
-  FLASH_CHECK(vl.batch <= flash::manifest::kMaxBatch, "flash_attn_hopper: at most ", flash::manifest::kMaxBatch,
-              " sequences");
-  vl.total_q = q.size(0);
-  vl.total_k = k.size(0);
-  // No sequence is longer than its packed tensor: larger bounds would only widen the grid.
-  vl.max_seqlen_q = std::min(max_seqlen_q, vl.total_q);
-  vl.max_seqlen_k = std::min(max_seqlen_k, vl.total_k);
-  return vl;
-}
-
-flash::VarlenArgs varlen_args(Varlen const& vl, Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
-                              std::optional<Tensor> const& seqused_q, std::optional<Tensor> const& seqused_k,
-                              bool top_left) {
-  flash::VarlenArgs args;
-  args.cu_seqlens_q = cu_seqlens_q.mutable_data_ptr<int32_t>();
-  args.cu_seqlens_k = cu_seqlens_k.mutable_data_ptr<int32_t>();
-  args.seqused_q = seqused_q ? seqused_q->mutable_data_ptr<int32_t>() : nullptr;
-  args.seqused_k = seqused_k ? seqused_k->mutable_data_ptr<int32_t>() : nullptr;
-  args.total_q = int(vl.total_q);
-  args.total_k = int(vl.total_k);
-  args.top_left = top_left;
-  args.batch = int(vl.batch);
-  return args;
 }
 
 // Variable-length forward: q (total_q, heads, d), k and v (total_k, heads_kv, d), sequence b at
@@ -382,7 +116,8 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
   Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   // One packed "batch entry" of total rows: the dense checks (dtypes, head dim, GQA, strides, sizes).
-  Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0), v4 = torch::stable::unsqueeze(v, 0);
+  Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0),
+               v4 = torch::stable::unsqueeze(v, 0);
   Problem const pb = check_problem(q4, k4, v4);
   check_scale(softmax_scale);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
@@ -415,14 +150,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   params.o_batch_stride = o4.stride(0);
   params.o_row_stride = o4.stride(1);
   params.o_head_stride = o4.stride(2);
-  cudaStream_t const stream = current_stream(pb.device);
-  Tensor tile_counter;
-  if (flash::fwd_needs_tile_counter(pb.head_dim_rounded, params.is_local, params.seqlen_k)) {
-    tile_counter = empty_like_dev(q, {1}, kInt);
-    params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
-    FLASH_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
-  }
-  fwd(params, stream);
+  run_fwd(fwd, params, pb.head_dim_rounded, q, pb.device);
   return {out, lse};
 }
 
@@ -437,6 +165,45 @@ BwdFn find_bwd(int head_dim_rounded, bool is_bf16) {
   FLASH_ATTN_HOPPER_FOR_EACH_BWD(FLASH_ATTN_HOPPER_MATCH_BWD)
 #undef FLASH_ATTN_HOPPER_MATCH_BWD
   return nullptr;
+}
+
+// The backward's tensors beside q, k, v: dout, out and dq as 4-D (batch, rows, heads, d) views,
+// the LSE, dk and dv (contiguous), and the float32 workspaces.
+struct BwdTensors {
+  Tensor dout, out, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore;
+};
+
+// Fills the backward params from t; returns the tile counter of the dynamic persistent causal/local
+// kernels (zeroed by the preprocess kernel), or an empty tensor.
+Tensor fill_bwd(flash::BwdParams& params, BwdTensors const& t, Tensor const& like, int head_dim_rounded,
+                int64_t seqlen_q_padded, bool deterministic) {
+  params.do_ptr = t.dout.data_ptr();
+  params.do_batch_stride = t.dout.stride(0);
+  params.do_row_stride = t.dout.stride(1);
+  params.do_head_stride = t.dout.stride(2);
+  params.o_ptr = t.out.data_ptr();
+  params.o_batch_stride = t.out.stride(0);
+  params.o_row_stride = t.out.stride(1);
+  params.o_head_stride = t.out.stride(2);
+  params.lse_ptr = t.lse.mutable_data_ptr<float>();
+  params.dq_ptr = t.dq.data_ptr();
+  params.dq_batch_stride = t.dq.stride(0);
+  params.dq_row_stride = t.dq.stride(1);
+  params.dq_head_stride = t.dq.stride(2);
+  params.dk_ptr = t.dk.data_ptr();
+  params.dv_ptr = t.dv.data_ptr();
+  params.dq_accum_ptr = t.dq_accum.mutable_data_ptr<float>();
+  params.lse_log2_ptr = t.lse_log2.mutable_data_ptr<float>();
+  params.dsum_ptr = t.dsum.mutable_data_ptr<float>();
+  params.dq_semaphore_ptr = deterministic ? t.dq_semaphore.mutable_data_ptr<int32_t>() : nullptr;
+  params.seqlen_q_padded = int(seqlen_q_padded);
+  params.head_dim_rounded = head_dim_rounded;
+  Tensor tile_counter;
+  if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
+    tile_counter = empty_like_dev(like, {1}, kInt);
+    params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
+  }
+  return tile_counter;
 }
 
 // Gradients of fwd: preprocess (D = rowsum(dO * O), LSE in the log2 domain), the main kernel and the
@@ -491,32 +258,9 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
   flash::BwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
-  params.do_ptr = dot.data_ptr();
-  params.do_batch_stride = dot.stride(0);
-  params.do_row_stride = dot.stride(1);
-  params.do_head_stride = dot.stride(2);
-  params.o_ptr = ot.data_ptr();
-  params.o_batch_stride = ot.stride(0);
-  params.o_row_stride = ot.stride(1);
-  params.o_head_stride = ot.stride(2);
-  params.lse_ptr = lse.mutable_data_ptr<float>();
-  params.dq_ptr = dq.data_ptr();
-  params.dq_batch_stride = dq.stride(0);
-  params.dq_row_stride = dq.stride(1);
-  params.dq_head_stride = dq.stride(2);
-  params.dk_ptr = dk.data_ptr();
-  params.dv_ptr = dv.data_ptr();
-  params.dq_accum_ptr = dq_accum.mutable_data_ptr<float>();
-  params.lse_log2_ptr = lse_log2.mutable_data_ptr<float>();
-  params.dsum_ptr = dsum.mutable_data_ptr<float>();
-  params.dq_semaphore_ptr = deterministic ? dq_semaphore.mutable_data_ptr<int32_t>() : nullptr;
-  Tensor tile_counter;  // dynamic persistent scheduling of causal/local tiles (zeroed by the preprocess)
-  if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
-    tile_counter = empty_like_dev(q, {1}, kInt);
-    params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
-  }
-  params.seqlen_q_padded = int(seqlen_q_padded);
-  params.head_dim_rounded = head_dim_rounded;
+  Tensor const tile_counter =
+      fill_bwd(params, {dot, ot, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore}, q, head_dim_rounded,
+               seqlen_q_padded, deterministic);
 
   bwd(params, current_stream(device));
   return {dq, dk, dv};
@@ -532,7 +276,8 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     bool top_left, bool deterministic) {
   FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
   Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
-  Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0), v4 = torch::stable::unsqueeze(v, 0);
+  Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0),
+               v4 = torch::stable::unsqueeze(v, 0);
   Problem const pb = check_problem(q4, k4, v4);
   check_scale(softmax_scale);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
@@ -575,7 +320,8 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     dq_semaphore = zeros_like_dev(q, {pb.heads_q, rows_padded / flash::kBwdMinBlockM}, kInt);
   }
 
-  Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4), dot = tma_ready(torch::stable::unsqueeze(dout, 0));
+  Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
+  Tensor const dot = tma_ready(torch::stable::unsqueeze(dout, 0));
   Tensor const ot = tma_ready(torch::stable::unsqueeze(out, 0));
   Tensor const lse = torch::stable::contiguous(softmax_lse);
   Tensor const dq4 = torch::stable::unsqueeze(dq, 0);
@@ -586,32 +332,9 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
   params.seqlen_q = int(vl.max_seqlen_q);
   params.seqlen_k = int(vl.max_seqlen_k);
   params.varlen = varlen_args(vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
-  params.do_ptr = dot.data_ptr();
-  params.do_batch_stride = dot.stride(0);
-  params.do_row_stride = dot.stride(1);
-  params.do_head_stride = dot.stride(2);
-  params.o_ptr = ot.data_ptr();
-  params.o_batch_stride = ot.stride(0);
-  params.o_row_stride = ot.stride(1);
-  params.o_head_stride = ot.stride(2);
-  params.lse_ptr = lse.mutable_data_ptr<float>();
-  params.dq_ptr = dq.data_ptr();
-  params.dq_batch_stride = dq4.stride(0);
-  params.dq_row_stride = dq4.stride(1);
-  params.dq_head_stride = dq4.stride(2);
-  params.dk_ptr = dk.data_ptr();
-  params.dv_ptr = dv.data_ptr();
-  params.dq_accum_ptr = dq_accum.mutable_data_ptr<float>();
-  params.lse_log2_ptr = lse_log2.mutable_data_ptr<float>();
-  params.dsum_ptr = dsum.mutable_data_ptr<float>();
-  params.dq_semaphore_ptr = deterministic ? dq_semaphore.mutable_data_ptr<int32_t>() : nullptr;
-  Tensor tile_counter;
-  if (flash::bwd_needs_tile_counter(pb.head_dim_rounded, params.is_local, deterministic)) {
-    tile_counter = empty_like_dev(q, {1}, kInt);
-    params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
-  }
-  params.seqlen_q_padded = int(rows_padded);
-  params.head_dim_rounded = pb.head_dim_rounded;
+  Tensor const tile_counter =
+      fill_bwd(params, {dot, ot, lse, dq4, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore}, q, pb.head_dim_rounded,
+               rows_padded, deterministic);
 
   bwd(params, current_stream(pb.device));
   return {dq, dk, dv};
