@@ -233,9 +233,11 @@ def test_manifest_header_is_the_manifest(tmp_path):
 
 
 def test_flash_api_takes_its_limits_from_the_manifest_header():
-    """csrc/flash_api.cpp includes the generated manifest.h and restates none of its numbers."""
-    source = (REPO_ROOT / "csrc" / "flash_api.cpp").read_text()
-    assert '#include "generated/manifest.h"' in source
+    """csrc/flash_api.cpp includes the generated manifest.h, and it and its checks (csrc/api/checks.h)
+    restate none of its numbers."""
+    binding = (REPO_ROOT / "csrc" / "flash_api.cpp").read_text()
+    assert '#include "generated/manifest.h"' in binding and '#include "api/checks.h"' in binding
+    source = binding + (REPO_ROOT / "csrc" / "api" / "checks.h").read_text()
     for restated in ("65536", "65535", "<< 29", "2^29", "<= 256", "% 8 ", "at::kHalf ||", "FLASH_ATTN_HOPPER_HDIMS"):
         assert restated not in source, f"flash_api.cpp restates {restated!r}; use flash::manifest:: (manifest.h)"
     for name in ("round_up_head_dim", "kMaxSeqlenSum", "kMaxBatch", "kMaxHeads", "kEnvHdims", "kEnvDtypes",
