@@ -1,4 +1,4 @@
-"""CPU checks of benchmarks/benchmark_varlen.py: the cases the issue names and the FLOP count."""
+"""CPU checks of benchmarks/benchmark_varlen.py and benchmark_decode.py: the cases the issues name and their counts."""
 from __future__ import annotations
 
 import sys
@@ -25,3 +25,12 @@ def test_attended_pairs():
     assert bv.attended_pairs([3], causal=True) == 6  # 1 + 2 + 3
     assert bv.attended_pairs([2048] * 8, causal=False) == 8 * 2048 * 2048
     assert bv.attended_pairs([0, 1], causal=True) == 1
+
+
+def test_decode_grid_and_bytes():
+    import benchmark_decode as bd
+
+    assert bd.kv_bytes(8, 32768, 8, 128) == 2 * 8 * 32768 * 8 * 128 * 2
+    pts = list(bd.points([1, 8, 64], [4096, 32768, 131072], ["32:8", "8:1"], [64, 128, 256], max_gib=40.0))
+    assert (1, 4096, "32:8", 64) in pts and (64, 131072, "32:8", 256) not in pts  # 64 GiB of K+V: skipped
+    assert all(bd.kv_bytes(b, c, bd.GQA[g][1], h) <= 40 * 2**30 for b, c, g, h in pts)

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Decode speed: one query token per sequence over a KV cache, as bytes of K and V read per second
+(issue 41's bar), flash_attn_hopper against torch SDPA's cuDNN and flash backends and FA3, measured
+in the same run (benchmark_attn.py's timing and rotation).
+
+Grid: batch 1 / 8 / 64 x cache 4k / 32k / 128k (points past --max-cache-gib of K+V skipped) x GQA
+32:8 and 8:1 x hdim 64 / 128 / 256, bf16, contiguous caches. Providers: ours (flash_attn_func on
+(batch, 1, heads, d) queries; flash_attn_with_kvcache once it exists, with --paged a page-16 cache),
+sdpa-cudnn, sdpa-flash (enable_gqa), fa3 (flash_attn_with_kvcache when importable).
+
+    python benchmarks/benchmark_decode.py --rounds 3            # results/decode-<date>.{csv,md}
+    python benchmarks/benchmark_decode.py --batches 8 --caches 32768 --hdims 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchmark_attn as ba  # noqa: E402  (timing, rotation, environment)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GQA = {"32:8": (32, 8), "8:1": (8, 1)}
+
+
+def kv_bytes(batch: int, cache: int, heads_kv: int, hdim: int, elem: int = 2) -> int:
+    """Bytes of K and V a decode step reads: the whole cache of every sequence, once."""
+    return 2 * batch * cache * heads_kv * hdim * elem
+
+
+def _ours():
+    import flash_attn_hopper
+
+    reason = flash_attn_hopper.unavailable_reason()
+    if reason is not None:
+        raise ba.ProviderUnavailable(reason)
+    with_kvcache = getattr(flash_attn_hopper, "flash_attn_with_kvcache", None)
+    if with_kvcache is not None:
+        return lambda q, k, v: with_kvcache(q, k, v)
+    return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v)
+
+
+def _sdpa(backend_name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def run(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  enable_gqa=q.size(2) != k.size(2))
+
+    return run
+
+
+def _fa3():
+    try:
+        from flash_attn_interface import flash_attn_with_kvcache as fa3_kvcache
+    except ImportError:
+        try:
+            from flash_attn_3.flash_attn_interface import flash_attn_with_kvcache as fa3_kvcache
+        except ImportError as err:
+            raise ba.ProviderUnavailable(f"FlashAttention-3 is not importable ({err})") from None
+    return lambda q, k, v: fa3_kvcache(q, k, v)
+
+
+PROVIDERS = {"flash_attn_hopper": _ours, "sdpa-cudnn": lambda: _sdpa("CUDNN_ATTENTION"),
+             "sdpa-flash": lambda: _sdpa("FLASH_ATTENTION"), "fa3": _fa3}
+
+
+@dataclass
+class Row:
+    provider: str
+    batch: int
+    cache: int
+    gqa: str
+    hdim: int
+    gbps: float = math.nan
+
+
+def points(batches, caches, gqas, hdims, max_gib: float):
+    for hdim in hdims:
+        for gqa in gqas:
+            for batch in batches:
+                for cache in caches:
+                    if kv_bytes(batch, cache, GQA[gqa][1], hdim) <= max_gib * 2**30:
+                        yield batch, cache, gqa, hdim
+
+
+def measure(provider, run, batch, cache, gqa, hdim, args) -> Row:
+    row = Row(provider, batch, cache, gqa, hdim)
+    hq, hk = GQA[gqa]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(batch, 1, hq, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(batch, cache, hk, hdim, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    try:
+        with torch.no_grad():
+            ms = ba.time_ms(lambda: run(q, k, v), args.warmup, args.rep)
+        row.gbps = kv_bytes(batch, cache, hk, hdim) / ms / 1e6
+    except Exception as err:  # a failing provider records NaN and the run goes on
+        print(f"    {provider} b{batch} cache {cache} {gqa} hdim {hdim} failed: {ba._first_line(err)}", flush=True)
+    del q, k, v
+    torch.cuda.empty_cache()
+    return row
+
+
+def markdown(rows: list[Row], env: dict) -> str:
+    providers = list(dict.fromkeys(r.provider for r in rows))
+    table = {(r.provider, r.batch, r.cache, r.gqa, r.hdim): r.gbps for r in rows}
+    keys = list(dict.fromkeys((r.batch, r.cache, r.gqa, r.hdim) for r in rows))
+    out = [f"# Decode (K/V bytes read per second), {env['date']}", "",
+           f"GPU {env['gpu']}, torch {env['torch']}, flash_attn_hopper {env['flash_attn_hopper']}. GB/s; "
+           "one query token per sequence; median of the rounds, providers rotated.", "",
+           "| batch | cache | GQA | hdim | " + " | ".join(providers) + " | ours / best peer |",
+           "|" + "---|" * (len(providers) + 5)]
+    for key in keys:
+        vals = [table.get((p, *key), math.nan) for p in providers]
+        ours = table.get(("flash_attn_hopper", *key), math.nan)
+        peers = [x for p, x in zip(providers, vals) if p != "flash_attn_hopper" and not math.isnan(x)]
+        ratio = f"{ours / max(peers):.2f}" if peers and not math.isnan(ours) else ""
+        out.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(f"{x:.0f}" for x in vals) + f" | {ratio} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", type=ints, default=[1, 8, 64])
+    p.add_argument("--caches", type=ints, default=[4096, 32768, 131072])
+    p.add_argument("--gqa", default="32:8,8:1")
+    p.add_argument("--hdims", type=ints, default=[64, 128, 256])
+    p.add_argument("--providers", default=",".join(PROVIDERS))
+    p.add_argument("--max-cache-gib", type=float, default=40.0, help="skip points whose K+V exceed this")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=25)
+    p.add_argument("--rep", type=int, default=100)
+    p.add_argument("--out", type=Path, default=None, help="file stem (default results/decode-<date>)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure")
+        return 1
+    runs = {}
+    for name in args.providers.split(","):
+        try:
+            runs[name] = PROVIDERS[name]()
+        except ba.ProviderUnavailable as err:
+            print(f"{name}: unavailable ({err})")
+    rows = []
+    for i, (batch, cache, gqa, hdim) in enumerate(points(args.batches, args.caches, args.gqa.split(","), args.hdims,
+                                                        args.max_cache_gib)):
+        per = {n: [] for n in runs}
+        for order in ba.round_orders(list(runs), i, args.rounds):
+            for n in order:
+                per[n].append(measure(n, runs[n], batch, cache, gqa, hdim, args).gbps)
+        for n, vals in per.items():
+            rows.append(Row(n, batch, cache, gqa, hdim, ba._median_finite(vals)))
+            print(f"b{batch:<3d} cache {cache:<7d} {gqa:5s} hdim {hdim:3d} {n:18s} {rows[-1].gbps:8.0f} GB/s", flush=True)
+    env = ba.environment()
+    stem = args.out or RESULTS / f"decode-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d-%H%M}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{stem}.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["provider", "batch", "cache", "gqa", "hdim", "gbps"])
+        for r in rows:
+            w.writerow([r.provider, r.batch, r.cache, r.gqa, r.hdim, f"{r.gbps:.1f}"])
+    Path(f"{stem}.md").write_text(markdown(rows, env))
+    print(f"wrote {stem}.csv and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
