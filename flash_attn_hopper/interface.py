@@ -67,6 +67,52 @@ def _pad_head_dim(q, k, v, softmax_scale):
     return F.pad(q, pad), F.pad(k, pad), F.pad(v, pad), scale, d
 
 
+def _chunk_segments(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
+    """Chunked attention as variable-length segments: query i of a batch entry sits at key position
+    i + seqlen_k - seqlen_q (bottom-right) and sees only the keys of its chunk of ``chunk`` keys
+    (FA3's attention_chunk). Each (batch entry, key chunk) is one segment of the packed rows, its
+    queries and keys ending at the same position, so the segments' own bottom-right diagonal is the
+    problem's; queries before key 0 form a segment without keys. Returns host lists cu_q, cu_k and
+    the longest segments."""
+    offset = seqlen_k - seqlen_q
+    cu_q, cu_k = [0], [0]
+    for b in range(batch):
+        row_q, row_k = b * seqlen_q, b * seqlen_k
+        blind = min(max(-offset, 0), seqlen_q)  # queries at negative key positions
+        if blind:
+            cu_q.append(row_q + blind)
+            cu_k.append(row_k)
+        for c in range(-(-seqlen_k // chunk)):
+            cu_q.append(row_q + min(max((c + 1) * chunk - offset, blind), seqlen_q))
+            cu_k.append(row_k + min((c + 1) * chunk, seqlen_k))
+        cu_q[-1], cu_k[-1] = row_q + seqlen_q, row_k + seqlen_k
+    max_q = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
+    max_k = max((b - a for a, b in zip(cu_k, cu_k[1:])), default=0)
+    return cu_q, cu_k, max_q, max_k
+
+
+def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
+    """flash_attn_func with attention_chunk: the varlen kernels over the chunk segments of the
+    packed rows (views where the batch and sequence dims merge), out and lse back in q's layout."""
+    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
+        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (batch, seqlen, nheads, headdim) with attention_chunk")
+    batch, seqlen_q, heads, _ = q.shape
+    seqlen_k = k.shape[1]
+    cu_q, cu_k, max_q, max_k = _chunk_segments(batch, seqlen_q, seqlen_k, attention_chunk)
+    device = q.device
+    out, lse = flash_attn_varlen_func(
+        q.reshape(batch * seqlen_q, heads, q.shape[-1]), k.reshape(batch * seqlen_k, *k.shape[2:]),
+        v.reshape(batch * seqlen_k, *v.shape[2:]), torch.tensor(cu_q, dtype=torch.int32, device=device),
+        torch.tensor(cu_k, dtype=torch.int32, device=device), max_q, max_k, return_attn_probs=True, **kwargs,
+    )
+    out = out.reshape(batch, seqlen_q, heads, out.shape[-1])
+    lse = lse.reshape(heads, batch, seqlen_q).transpose(0, 1)
+    return (out, lse) if return_attn_probs else out
+
+
 def _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
     refusal = None
     if qv is not None:
@@ -124,9 +170,11 @@ def flash_attn_func(
         window_size: (left, right), -1 = unbounded: local attention, aligned
             like causal (query i sees key j when
             i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right).
-        softcap, qv, q/k/v_descale, attention_chunk, sm_margin: accepted for
-            FlashAttention-3 compatibility; values other than the defaults
-            raise RuntimeError (no kernels for them yet).
+        attention_chunk: FA3's chunked local attention (Llama 4): query i sees only the keys of
+            its chunk of attention_chunk keys (positions bottom-right aligned), combined with
+            causal / window_size; computed by the variable-length kernels over the chunks.
+        softcap, qv, q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility;
+            values other than the defaults raise RuntimeError (no kernels for them yet).
         num_splits, pack_gqa: performance hints in FlashAttention-3; this
             version chooses its own schedule and ignores them (the result
             does not depend on them).
@@ -144,9 +192,13 @@ def flash_attn_func(
         (out, softmax_lse) with softmax_lse float32 (batch, nheads, seqlen_q),
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """
-    _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
+    _check_unsupported_extras(qv, q_descale, k_descale, v_descale, 0, sm_margin)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if attention_chunk:
+        return _chunked(q, k, v, attention_chunk, return_attn_probs, softmax_scale=softmax_scale, causal=causal,
+                        window_size=window_size, softcap=softcap, deterministic=deterministic,
+                        learnable_sink=learnable_sink)
     q, k, v, softmax_scale, head_dim = _pad_head_dim(q, k, v, softmax_scale)
     softmax_scale, causal, window = _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap)
     if learnable_sink is not None:

@@ -167,6 +167,31 @@ def attention_ref_varlen(
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
 
 
+def attention_ref_chunked(q, k, v, *, chunk, causal=False, window_size=(-1, -1), upcast=True, softmax_scale=None):
+    """softmax over the keys of each query's chunk (and causal / window), bottom-right aligned."""
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    dt = torch.float32 if upcast else q.dtype
+    q, k, v = (t.to(dt) for t in (q, k, v))
+    k, v = (t.repeat_interleave(hq // hk, dim=2) for t in (k, v))
+    scale = softmax_scale or 1 / math.sqrt(d)
+    s = torch.einsum("bthd,bshd->bhts", q * scale, k)
+    pos = torch.arange(sq, device=q.device)[:, None] + sk - sq
+    j = torch.arange(sk, device=q.device)[None, :]
+    hidden = torch.div(pos, chunk, rounding_mode="floor") != torch.div(j, chunk, rounding_mode="floor")
+    left, right = window_size
+    if causal:
+        right = 0
+    if right >= 0:
+        hidden |= j > pos + right
+    if left >= 0:
+        hidden |= j < pos - left
+    s = s.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(s.float(), dim=-1)
+    p = torch.softmax(s, dim=-1).masked_fill(hidden.all(-1, keepdim=True), 0.0).to(v.dtype)
+    return torch.einsum("bhts,bshd->bthd", p, v), lse
+
+
 def sdpa_ref(q, k, v, is_causal=False, scale=None, upcast=True):
     """softmax(q kᵀ · scale + top-left causal mask) v for q (b, hq, L, e), k/v (b, hk, S, e); GQA by repetition.
 

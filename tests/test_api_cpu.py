@@ -190,11 +190,10 @@ def test_wide_window_is_accepted_as_no_window(everything_compiled):
         (dict(softcap=30.0), ["softcap=30.0", "softcap"]),
         (dict(qv=torch.zeros(1)), ["qv"]),
         (dict(q_descale=torch.ones(1)), ["q_descale", "fp8"]),
-        (dict(attention_chunk=128), ["attention_chunk=128"]),
         (dict(sm_margin=4), ["sm_margin=4"]),
     ],
 )
-def test_other_unsupported_features_refused(kwargs, fragments):
+def test_other_unsupported_features_refused(kwargs, fragments):  # (attention_chunk: tests/test_chunked_cpu.py)
     q, k, v = qkv()
     with raises(RuntimeError, "not available in this version", *fragments):
         flash_attn_func(q, k, v, **kwargs)

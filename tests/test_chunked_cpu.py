@@ -1,0 +1,59 @@
+"""attention_chunk (FA3's chunked local attention) in flash_attn_func, on CPU over the emulated
+varlen ops: against a float32 reference with the chunk mask, forward and backward, with causal,
+windows, GQA, seqlen_q != seqlen_k (both ways) and chunks that do not divide the keys."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flash_attn_hopper
+from flash_attn_hopper.interface import _chunk_segments
+
+from helpers.grads import EMULATION_REL_NORM, check_grads, grads_of
+from helpers.inputs import cpu_inputs
+from op_emulator import emulated_varlen_ops
+from reference import assert_fa_close, attention_ref_chunked as chunked_ref
+
+DTYPE = torch.float16
+
+
+@pytest.mark.parametrize("sq, sk, chunk, causal, window", [
+    (40, 40, 16, True, (-1, -1)),
+    (40, 40, 16, False, (-1, -1)),
+    (12, 50, 16, True, (-1, -1)),   # decode-like: the queries sit in the last chunks
+    (50, 30, 8, True, (-1, -1)),    # more queries than keys: the first 20 see nothing
+    (33, 33, 7, False, (5, 2)),     # a window inside the chunks
+    (64, 64, 64, True, (-1, -1)),   # one chunk: plain causal
+])
+def test_chunked_against_the_reference(monkeypatch, sq, sk, chunk, causal, window):
+    q, k, v, dout = cpu_inputs(2, sq, sk, 4, 2, 64, sq + chunk, DTYPE)
+    with emulated_varlen_ops(monkeypatch):
+        out, lse = flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                                     attention_chunk=chunk, return_attn_probs=True)
+        ref, lse_ref = chunked_ref(q, k, v, chunk=chunk, causal=causal, window_size=window)
+        low, lse_low = chunked_ref(q, k, v, chunk=chunk, causal=causal, window_size=window, upcast=False)
+        assert out.shape == q.shape and lse.shape == (2, 4, sq)
+        assert_fa_close(out, ref, low, name="out")
+        finite = torch.isfinite(lse_ref)
+        assert torch.equal(torch.isfinite(lse), finite)
+        assert_fa_close(lse[finite], lse_ref[finite], lse_low[finite], name="lse", atol=1e-4)
+        _, grads = grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(
+            q, k, v, causal=causal, window_size=window, attention_chunk=chunk), q, k, v, dout)
+        check_grads(grads, q, k, v, dout, max_rel_norm=EMULATION_REL_NORM,
+                    attention=lambda q, k, v, upcast=True: chunked_ref(q, k, v, chunk=chunk, causal=causal,
+                                                                       window_size=window, upcast=upcast))
+
+
+def test_segments_cover_every_row_once():
+    for sq, sk, chunk in [(40, 40, 16), (12, 50, 16), (50, 30, 8), (1, 1000, 128), (7, 0, 4)]:
+        cu_q, cu_k, max_q, max_k = _chunk_segments(3, sq, sk, chunk)
+        assert cu_q[0] == cu_k[0] == 0 and cu_q[-1] == 3 * sq and cu_k[-1] == 3 * sk
+        assert all(a <= b for a, b in zip(cu_q, cu_q[1:])) and all(a <= b for a, b in zip(cu_k, cu_k[1:]))
+        assert len(cu_q) == len(cu_k) and max_k <= chunk
+
+
+@pytest.mark.parametrize("bad", [-4, 2.5, True])
+def test_bad_chunks_are_refused(bad):
+    q, k, v, _ = cpu_inputs(1, 8, 8, 2, 2, 64, 0, DTYPE)
+    with pytest.raises(ValueError, match="attention_chunk must be a non-negative int"):
+        flash_attn_hopper.flash_attn_func(q, k, v, attention_chunk=bad)
