@@ -99,6 +99,11 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (batch, seqlen, nheads, headdim) with attention_chunk")
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "flash_attn_hopper: attention_chunk copies its chunk offsets to the GPU per call, which a CUDA graph "
+            "capture cannot hold; run chunked attention outside the capture"
+        )
     batch, seqlen_q, heads, _ = q.shape
     seqlen_k = k.shape[1]
     cu_q, cu_k, max_q, max_k = _chunk_segments(batch, seqlen_q, seqlen_k, attention_chunk)
