@@ -128,14 +128,20 @@ def _sdpa(backend_name: str):
     return run
 
 
-def _fa3():
-    try:
-        from flash_attn_interface import flash_attn_func as fa3_func
-    except ImportError:
+def fa3_function(name: str):
+    """FlashAttention-3's ``name`` from flash_attn_interface (or the flash_attn_3 package)."""
+    import importlib
+
+    for module in ("flash_attn_interface", "flash_attn_3.flash_attn_interface"):
         try:
-            from flash_attn_3.flash_attn_interface import flash_attn_func as fa3_func
-        except ImportError as err:
-            raise ProviderUnavailable(f"FlashAttention-3 is not importable ({err})") from None
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:
+            last = err
+    raise ProviderUnavailable(f"FlashAttention-3 is not importable ({last})")
+
+
+def _fa3():
+    fa3_func = fa3_function("flash_attn_func")
 
     def run(q, k, v, causal):
         out = fa3_func(q, k, v, causal=causal)
@@ -245,6 +251,24 @@ def measure_point(provider, run, dtype, hdim, causal, seqlen, args) -> Row:
                 traceback.print_exc()
     row.sm_mhz, row.power_w = gpu_state()
     return row
+
+
+def load_providers(table: dict, names: list[str]) -> dict:
+    """{name: run} of the providers in ``names`` that can run here; says why for the others."""
+    runs = {}
+    for name in names:
+        try:
+            runs[name] = table[name]()
+        except ProviderUnavailable as err:
+            print(f"{name}: unavailable ({err})")
+    return runs
+
+
+def common_args(parser, default_rounds: int = 3) -> None:
+    """The timing arguments every benchmark script takes."""
+    parser.add_argument("--rounds", type=int, default=default_rounds)
+    parser.add_argument("--warmup", type=int, default=25)
+    parser.add_argument("--rep", type=int, default=100)
 
 
 def round_orders(providers: list[str], point: int, rounds: int) -> list[list[str]]:

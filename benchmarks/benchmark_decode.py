@@ -63,13 +63,7 @@ def _sdpa(backend_name: str):
 
 
 def _fa3():
-    try:
-        from flash_attn_interface import flash_attn_with_kvcache as fa3_kvcache
-    except ImportError:
-        try:
-            from flash_attn_3.flash_attn_interface import flash_attn_with_kvcache as fa3_kvcache
-        except ImportError as err:
-            raise ba.ProviderUnavailable(f"FlashAttention-3 is not importable ({err})") from None
+    fa3_kvcache = ba.fa3_function("flash_attn_with_kvcache")
     return lambda q, k, v: fa3_kvcache(q, k, v)
 
 
@@ -140,20 +134,13 @@ def main(argv=None) -> int:
     p.add_argument("--hdims", type=ints, default=[64, 128, 256])
     p.add_argument("--providers", default=",".join(PROVIDERS))
     p.add_argument("--max-cache-gib", type=float, default=40.0, help="skip points whose K+V exceed this")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=25)
-    p.add_argument("--rep", type=int, default=100)
+    ba.common_args(p)
     p.add_argument("--out", type=Path, default=None, help="file stem (default results/decode-<date>)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return 1
-    runs = {}
-    for name in args.providers.split(","):
-        try:
-            runs[name] = PROVIDERS[name]()
-        except ba.ProviderUnavailable as err:
-            print(f"{name}: unavailable ({err})")
+    runs = ba.load_providers(PROVIDERS, args.providers.split(","))
     rows = []
     for i, (batch, cache, gqa, hdim) in enumerate(points(args.batches, args.caches, args.gqa.split(","), args.hdims,
                                                         args.max_cache_gib)):

@@ -69,13 +69,7 @@ def _ours_varlen(deterministic=False):
 
 
 def _fa3_varlen():
-    try:
-        from flash_attn_interface import flash_attn_varlen_func as fa3_varlen
-    except ImportError:
-        try:
-            from flash_attn_3.flash_attn_interface import flash_attn_varlen_func as fa3_varlen
-        except ImportError as err:
-            raise ba.ProviderUnavailable(f"FlashAttention-3 is not importable ({err})") from None
+    fa3_varlen = ba.fa3_function("flash_attn_varlen_func")
 
     def run(q, k, v, cu, max_len, causal):
         out = fa3_varlen(q, k, v, cu, cu, max_len, max_len, causal=causal)
@@ -160,21 +154,14 @@ def main(argv=None) -> int:
     p.add_argument("--cases", choices=["all", "equal", "ragged"], default="all")
     p.add_argument("--hdims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256])
     p.add_argument("--providers", default=",".join(PROVIDERS))
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--bwd", action="store_true")
-    p.add_argument("--warmup", type=int, default=25)
-    p.add_argument("--rep", type=int, default=100)
+    ba.common_args(p)
     p.add_argument("--out", type=Path, default=None, help="file stem (default results/varlen-<date>)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return 1
-    runs = {}
-    for name in args.providers.split(","):
-        try:
-            runs[name] = PROVIDERS[name]()
-        except ba.ProviderUnavailable as err:
-            print(f"{name}: unavailable ({err})")
+    runs = ba.load_providers(PROVIDERS, args.providers.split(","))
     rows = []
     point = 0
     for case in cases(args.cases):

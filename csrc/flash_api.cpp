@@ -113,12 +113,8 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
                                                   int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                   int64_t window_size_left, int64_t window_size_right, bool top_left) {
-  FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
-  Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
-  // One packed "batch entry" of total rows: the dense checks (dtypes, head dim, GQA, strides, sizes).
-  Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0),
-               v4 = torch::stable::unsqueeze(v, 0);
-  Problem const pb = check_problem(q4, k4, v4);
+  auto const [vl, q4, k4, v4, pb] =
+      check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
@@ -141,10 +137,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   flash::FwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
-  params.batch = int(vl.batch);
-  params.seqlen_q = int(vl.max_seqlen_q);
-  params.seqlen_k = int(vl.max_seqlen_k);
-  params.varlen = varlen_args(vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
+  set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
   params.o_ptr = out.data_ptr();
   params.lse_ptr = lse.mutable_data_ptr<float>();
   params.o_batch_stride = o4.stride(0);
@@ -274,11 +267,8 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     std::optional<Tensor> const& seqused_q, std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
     bool top_left, bool deterministic) {
-  FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
-  Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
-  Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0),
-               v4 = torch::stable::unsqueeze(v, 0);
-  Problem const pb = check_problem(q4, k4, v4);
+  auto const [vl, q4, k4, v4, pb] =
+      check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),
@@ -328,10 +318,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
   flash::BwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
-  params.batch = int(vl.batch);
-  params.seqlen_q = int(vl.max_seqlen_q);
-  params.seqlen_k = int(vl.max_seqlen_k);
-  params.varlen = varlen_args(vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
+  set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
   Tensor const tile_counter =
       fill_bwd(params, {dot, ot, lse, dq4, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore}, q, pb.head_dim_rounded,
                rows_padded, deterministic);

@@ -218,6 +218,23 @@ def not_compiled_refusal(direction: str, head_dim: int, dtype: str) -> Refusal |
 
 
 
+def _dtypes_refusal(names, q, k, v) -> Refusal | None:
+    """q's dtype has kernels, and k and v share it."""
+    nq, nk, nv = names
+    if q.dtype not in DTYPE_NAMES:
+        return Refusal(
+            f"{nq} has dtype {q.dtype}; flash_attn_hopper supports {_SUPPORTED_DTYPES}",
+            f"convert with {nq}.to(torch.bfloat16)",
+        )
+    for name, t in ((nk, k), (nv, v)):
+        if t.dtype != q.dtype:
+            return Refusal(
+                f"{name} has dtype {t.dtype} but {nq} has {q.dtype}: {nq}, {nk} and {nv} have different dtypes",
+                f"{nq}, {nk} and {nv} must share one dtype",
+            )
+    return None
+
+
 def _heads_refusal(names, q, k, head_dim: int, k_head_dim: int, heads_q: int, heads_kv: int) -> Refusal | None:
     """The head-dim and head-count checks the dense and varlen layouts share."""
     nq, nk, nv = names
@@ -241,6 +258,40 @@ def _heads_refusal(names, q, k, head_dim: int, k_head_dim: int, heads_q: int, he
             f"({nq} shape {_shape(q)}, {nk} shape {_shape(k)})"
         )
     return None
+
+def _layout_scale_window(names, tensors, softmax_scale, scale_name, window_rules, window_size, causal,
+                         seqlen_q, seqlen_k):
+    """The checks after the shapes that the dense and varlen layouts share: a contiguous last dim,
+    the scale, the window by FA3's or FA2's rules. Returns a Refusal, or (causal, window) with
+    window None for none / plain causal, else the effective (left, right)."""
+    for name, t in zip(names, tensors):
+        if t.stride(-1) != 1:
+            return Refusal(
+                f"{name}'s last dimension must be contiguous (stride 1), got strides {tuple(t.stride())}",
+                f"other strides may be anything: pass {name}.contiguous() or slice along other dims only",
+            )
+    refusal = scale_refusal(softmax_scale, scale_name)
+    if refusal is not None:
+        return refusal
+    if window_rules == "fa3":
+        try:
+            left, right = fa3_window(window_size, causal, seqlen_q, seqlen_k)
+        except ValueError as err:
+            return Refusal(str(err))
+        if (left, right) == (-1, 0):
+            causal = True
+    else:
+        left, right = fa2_window(window_size[0], window_size[1], causal, seqlen_k)
+    window = None if (left, right) in ((-1, -1), (-1, 0) if causal else (-1, -1)) else (left, right)
+    if window is not None and not manifest.FEATURES["local_window"]:
+        return feature_refusal(
+            "local_window",
+            f"sliding-window (local) attention with window_size={tuple(window_size)} "
+            f"(effective ({left}, {right}) for seqlen_q={seqlen_q}, seqlen_k={seqlen_k})",
+            "Supported: window_size=(-1, -1), optionally with causal=True.",
+        )
+    return causal, window
+
 
 def check(
     q,
@@ -286,17 +337,9 @@ def check(
     for name, t in ((nq, q), (nk, k), (nv, v)):
         if t.dim() != 4:
             return Refusal(f"{name} must have 4 dimensions {dims}, got shape {_shape(t)}")
-    if q.dtype not in DTYPE_NAMES:
-        return Refusal(
-            f"{nq} has dtype {q.dtype}; flash_attn_hopper supports {_SUPPORTED_DTYPES}",
-            f"convert with {nq}.to(torch.bfloat16)",
-        )
-    for name, t in ((nk, k), (nv, v)):
-        if t.dtype != q.dtype:
-            return Refusal(
-                f"{name} has dtype {t.dtype} but {nq} has {q.dtype}: {nq}, {nk} and {nv} have different dtypes",
-                f"{nq}, {nk} and {nv} must share one dtype",
-            )
+    refusal = _dtypes_refusal((nq, nk, nv), q, k, v)
+    if refusal is not None:
+        return refusal
     batch, seqlen_q, heads_q, head_dim = q.size(b_dim), q.size(s_dim), q.size(h_dim), q.size(d_dim)
     if k.shape != v.shape:
         kv_dims = dims.replace("seqlen", "seqlen_k").replace("nheads", "nheads_kv")
@@ -323,32 +366,11 @@ def check(
     problem = manifest.size_limit_problem(batch, heads_q, seqlen_q, seqlen_k)
     if problem is not None:
         return Refusal(problem)
-    for name, t in ((nq, q), (nk, k), (nv, v)):
-        if t.stride(-1) != 1:
-            return Refusal(
-                f"{name}'s last dimension must be contiguous (stride 1), got strides {tuple(t.stride())}",
-                f"other strides may be anything: pass {name}.contiguous() or slice along other dims only",
-            )
-    refusal = scale_refusal(softmax_scale, "softmax_scale" if nq == "q" else "scale")
-    if refusal is not None:
-        return refusal
-    if window_rules == "fa3":
-        try:
-            left, right = fa3_window(window_size, causal, seqlen_q, seqlen_k)
-        except ValueError as err:
-            return Refusal(str(err))
-        if (left, right) == (-1, 0):
-            causal = True
-    else:
-        left, right = fa2_window(window_size[0], window_size[1], causal, seqlen_k)
-    window = None if (left, right) in ((-1, -1), (-1, 0) if causal else (-1, -1)) else (left, right)
-    if window is not None and not manifest.FEATURES["local_window"]:
-        return feature_refusal(
-            "local_window",
-            f"sliding-window (local) attention with window_size={tuple(window_size)} "
-            f"(effective ({left}, {right}) for seqlen_q={seqlen_q}, seqlen_k={seqlen_k})",
-            "Supported: window_size=(-1, -1), optionally with causal=True.",
-        )
+    answer = _layout_scale_window((nq, nk, nv), (q, k, v), softmax_scale, "softmax_scale" if nq == "q" else "scale",
+                                  window_rules, window_size, causal, seqlen_q, seqlen_k)
+    if isinstance(answer, Refusal):
+        return answer
+    causal, window = answer
     if softcap != 0.0:
         return feature_refusal("softcap", f"softcap={softcap}", "Supported: softcap=0.0.")
     dtype = DTYPE_NAMES[q.dtype]
@@ -480,17 +502,9 @@ def check_varlen(
                 f"{name} must have 3 dimensions {dims} (the sequences packed along the first), got shape {_shape(t)}",
                 "for (batch, seqlen, nheads, headdim) inputs use flash_attn_func" if t.dim() == 4 else "",
             )
-    if q.dtype not in DTYPE_NAMES:
-        return Refusal(
-            f"{nq} has dtype {q.dtype}; flash_attn_hopper supports {_SUPPORTED_DTYPES}",
-            f"convert with {nq}.to(torch.bfloat16)",
-        )
-    for name, t in ((nk, k), (nv, v)):
-        if t.dtype != q.dtype:
-            return Refusal(
-                f"{name} has dtype {t.dtype} but {nq} has {q.dtype}: {nq}, {nk} and {nv} have different dtypes",
-                f"{nq}, {nk} and {nv} must share one dtype",
-            )
+    refusal = _dtypes_refusal((nq, nk, nv), q, k, v)
+    if refusal is not None:
+        return refusal
     total_q, heads_q, head_dim = q.shape
     if k.shape != v.shape:
         return Refusal(
@@ -535,30 +549,11 @@ def check_varlen(
     problem = manifest.size_limit_problem(batch, heads_q, max_q, max_k)
     if problem is not None:
         return Refusal(problem.replace("seqlen_q + seqlen_k", "max_seqlen_q + max_seqlen_k"))
-    for name, t in ((nq, q), (nk, k), (nv, v)):
-        if t.stride(-1) != 1:
-            return Refusal(
-                f"{name}'s last dimension must be contiguous (stride 1), got strides {tuple(t.stride())}",
-                f"other strides may be anything: pass {name}.contiguous() or slice along other dims only",
-            )
-    refusal = scale_refusal(softmax_scale)
-    if refusal is not None:
-        return refusal
-    if window_rules == "fa3":
-        try:
-            left, right = fa3_window(window_size, causal, max_q, max_k)
-        except ValueError as err:
-            return Refusal(str(err))
-        if (left, right) == (-1, 0):
-            causal = True
-    else:
-        left, right = fa2_window(window_size[0], window_size[1], causal, max_k)
-    window = None if (left, right) in ((-1, -1), (-1, 0) if causal else (-1, -1)) else (left, right)
-    if window is not None and not manifest.FEATURES["local_window"]:
-        return feature_refusal(
-            "local_window", f"sliding-window (local) attention with window_size={tuple(window_size)}",
-            "Supported: window_size=(-1, -1), optionally with causal=True.",
-        )
+    answer = _layout_scale_window((nq, nk, nv), (q, k, v), softmax_scale, "softmax_scale", window_rules, window_size,
+                                  causal, max_q, max_k)
+    if isinstance(answer, Refusal):
+        return answer
+    causal, window = answer
     if softcap != 0.0:
         return feature_refusal("softcap", f"softcap={softcap}", "Supported: softcap=0.0.")
     if not manifest.FEATURES["varlen"]:

@@ -262,10 +262,11 @@ Varlen check_varlen(Tensor const& q, Tensor const& k, Tensor const& cu_seqlens_q
   return vl;
 }
 
-flash::VarlenArgs varlen_args(Varlen const& vl, Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
-                              std::optional<Tensor> const& seqused_q, std::optional<Tensor> const& seqused_k,
-                              bool top_left) {
-  flash::VarlenArgs args;
+// A varlen call's params: the sequences, their count, and the longest ones (the grid).
+template <typename Params>
+void set_varlen(Params& params, Varlen const& vl, Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
+                std::optional<Tensor> const& seqused_q, std::optional<Tensor> const& seqused_k, bool top_left) {
+  flash::VarlenArgs& args = params.varlen;
   args.cu_seqlens_q = cu_seqlens_q.mutable_data_ptr<int32_t>();
   args.cu_seqlens_k = cu_seqlens_k.mutable_data_ptr<int32_t>();
   args.seqused_q = seqused_q ? seqused_q->mutable_data_ptr<int32_t>() : nullptr;
@@ -274,7 +275,27 @@ flash::VarlenArgs varlen_args(Varlen const& vl, Tensor const& cu_seqlens_q, Tens
   args.total_k = int(vl.total_k);
   args.top_left = top_left;
   args.batch = int(vl.batch);
-  return args;
+  params.batch = int(vl.batch);
+  params.seqlen_q = int(vl.max_seqlen_q);
+  params.seqlen_k = int(vl.max_seqlen_k);
+}
+
+// A varlen call's sequences, and its packed q, k, v as one (1, total, heads, d) batch entry with
+// the dense checks passed (dtypes, head dim, GQA, strides, sizes).
+struct VarlenCall {
+  Varlen vl;
+  Tensor q4, k4, v4;
+  Problem pb;
+};
+
+VarlenCall check_varlen_call(Tensor const& q, Tensor const& k, Tensor const& v, Tensor const& cu_seqlens_q,
+                             Tensor const& cu_seqlens_k, std::optional<Tensor> const& seqused_q,
+                             std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
+  Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0),
+               v4 = torch::stable::unsqueeze(v, 0);
+  return {vl, q4, k4, v4, check_problem(q4, k4, v4)};
 }
 
 }  // namespace
