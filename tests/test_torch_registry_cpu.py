@@ -242,7 +242,7 @@ def test_flash_attention_forward_refusals(fake_cuda):
     assert refusal(*base) is None
     assert refusal(*base, scale=0.2, window_size_left=5, window_size_right=0, num_splits=4) is None
     cu = torch.zeros(3, dtype=torch.int32, device="cuda")
-    # Variable-length calls take the varlen route (tests/test_varlen_cpu.py): (total, heads, head_dim) tensors.
+    # Variable-length calls take the varlen route (tests/test_varlen_integrations_cpu.py): (total, heads, head_dim) tensors.
     assert "query must have 3 dimensions" in refusal(q, k, k, cu, cu, 100, 130, 0.0, True, False)
     assert "only one of cum_seq_q and cum_seq_k" in refusal(q, k, k, cu, None, 100, 130, 0.0, True, False)
     assert "dropout_p" in refusal(q, k, k, None, None, 100, 130, 0.5, True, False)
@@ -387,7 +387,7 @@ def test_flash_attention_backward_refusals(monkeypatch, fake_cuda, backward_buil
     assert refusal(*base, scale=0.2, window_size_left=5, window_size_right=0) is None
     assert refusal(*with_arg(base, DROPOUT_P, 0.0), scale=None, window_size_left=None) is None
     cu = torch.zeros(3, dtype=torch.int32, device="cuda")
-    # Variable-length calls take the varlen route (tests/test_varlen_cpu.py).
+    # Variable-length calls take the varlen route (tests/test_varlen_integrations_cpu.py).
     assert "only one of cum_seq_q and cum_seq_k" in refusal(*with_arg(base, CUM_SEQ_Q, cu))
     assert "only one of cum_seq_q and cum_seq_k" in refusal(*with_arg(base, CUM_SEQ_K, cu))
     if not ops.has_varlen_bwd_op():

@@ -9,6 +9,8 @@
   closeness assertion of every gradient check).
 - ``kernels``: what this build compiled (``compiled_config``, ``skip_unless_compiled``), the
   extension skip mark, and which CUDA kernels a call launched.
+- ``varlen``: CPU variable-length batches, their per-sequence reference and the checks
+  of the varlen CPU test files.
 - ``cases``: the awkward sequence-length pairs and the sweep grids (quick subset, or the
   full grid with ``FLASH_ATTN_HOPPER_FULL_TESTS=1``).
 
