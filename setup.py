@@ -10,7 +10,7 @@ a toolkit.
 
 Knobs (see flash_attn_hopper/manifest.py): FLASH_ATTN_HOPPER_HDIMS=64,128,
 FLASH_ATTN_HOPPER_DTYPES=bf16, FLASH_ATTN_HOPPER_DISABLE_BACKWARD=1 (no backward
-kernels; they are built by default), MAX_JOBS=N, CUDA_HOME=<toolkit root>, CUTLASS_HOME=<cutlass checkout>,
+kernels; they are built by default), FLASH_ATTN_HOPPER_DISABLE_SOFTCAP=1 (no softcap kernels), MAX_JOBS=N, CUDA_HOME=<toolkit root>, CUTLASS_HOME=<cutlass checkout>,
 FLASH_ATTN_HOPPER_VERBOSE_PTXAS=1 (register/spill report per kernel),
 FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS="-DKEY=VALUE ..." (developer builds: appended to nvcc's
 flags; its -D/-U macros reach the binding too; see tools/README.md).

@@ -74,9 +74,9 @@ void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor c
 
 std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
                                            double softmax_scale, bool causal, int64_t window_size_left,
-                                           int64_t window_size_right, bool top_left) {
+                                           int64_t window_size_right, bool top_left, double softcap) {
   Problem const pb = check_problem(q, k, v);
-  check_scale(softmax_scale);
+  check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
   FwdFn const fwd = find_fwd(head_dim_rounded, is_bf16);
@@ -93,7 +93,7 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
 
   Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v);
   flash::FwdParams params{};
-  fill_common(params, pb, qt, kt, vt, softmax_scale,
+  fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   params.o_ptr = out.data_ptr();
   params.lse_ptr = lse.mutable_data_ptr<float>();
@@ -112,10 +112,11 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   std::optional<Tensor> const& seqused_q,
                                                   std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
                                                   int64_t max_seqlen_k, double softmax_scale, bool causal,
-                                                  int64_t window_size_left, int64_t window_size_right, bool top_left) {
+                                                  int64_t window_size_left, int64_t window_size_right, bool top_left,
+                                                  double softcap) {
   auto const [vl, q4, k4, v4, pb] =
       check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
-  check_scale(softmax_scale);
+  check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
@@ -135,7 +136,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
   Tensor const o4 = torch::stable::unsqueeze(out, 0);
   flash::FwdParams params{};
-  fill_common(params, pb, qt, kt, vt, softmax_scale,
+  fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
   params.o_ptr = out.data_ptr();
@@ -205,9 +206,10 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
                                                        Tensor const& k, Tensor const& v,
                                                        Tensor const& out, Tensor const& softmax_lse,
                                                        double softmax_scale, bool causal, int64_t window_size_left,
-                                                       int64_t window_size_right, bool top_left, bool deterministic) {
+                                                       int64_t window_size_right, bool top_left, bool deterministic,
+                                                       double softcap) {
   Problem const pb = check_problem(q, k, v);
-  check_scale(softmax_scale);
+  check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
   FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),
@@ -249,7 +251,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
   Tensor const ot = tma_ready(out);
   Tensor const lse = torch::stable::contiguous(softmax_lse);
   flash::BwdParams params{};
-  fill_common(params, pb, qt, kt, vt, softmax_scale,
+  fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   Tensor const tile_counter =
       fill_bwd(params, {dot, ot, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore}, q, head_dim_rounded,
@@ -266,10 +268,10 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     Tensor const& softmax_lse, Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
     std::optional<Tensor> const& seqused_q, std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
-    bool top_left, bool deterministic) {
+    bool top_left, bool deterministic, double softcap) {
   auto const [vl, q4, k4, v4, pb] =
       check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
-  check_scale(softmax_scale);
+  check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),
               "flash_attn_hopper: dout and out must have q's shape (total_q, nheads, headdim)");
@@ -316,7 +318,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
   Tensor const lse = torch::stable::contiguous(softmax_lse);
   Tensor const dq4 = torch::stable::unsqueeze(dq, 0);
   flash::BwdParams params{};
-  fill_common(params, pb, qt, kt, vt, softmax_scale,
+  fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
   Tensor const tile_counter =
@@ -339,23 +341,24 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
 
 FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   // window sizes: -1 = unbounded; top_left: measure the causal diagonal / window from the top-left
-  // corner (torch SDPA's is_causal) instead of the bottom-right one (FlashAttention's).
+  // corner (torch SDPA's is_causal) instead of the bottom-right one (FlashAttention's); softcap: 0 =
+  // off, else scores softcap * tanh(softmax_scale * q.k / softcap) (FlashAttention-3's).
   m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
-        "int window_size_right=-1, bool top_left=False) -> (Tensor out, Tensor softmax_lse)");
+        "int window_size_right=-1, bool top_left=False, float softcap=0.0) -> (Tensor out, Tensor softmax_lse)");
   // q (total_q, nheads, d), k and v (total_k, nheads_kv, d), sequence b at rows cu_seqlens[b]; the
   // LSE is (nheads, total_q).
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
-        "int window_size_left=-1, int window_size_right=-1, bool top_left=False) "
+        "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0) "
         "-> (Tensor out, Tensor softmax_lse)");
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
         "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
-        "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "bool deterministic=False, float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, "
         "int max_seqlen_k, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
-        "bool top_left=False, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "bool top_left=False, bool deterministic=False, float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
 #endif
 }
 

@@ -44,6 +44,14 @@ def backward_available() -> bool:
     return ops.has_bwd_op() and backward_compiled() is not False
 
 
+def compiled_feature(feature: str) -> bool:
+    """Whether the recorded build compiled an optional kernel family its selection names (``softcap``);
+    True without a build record or for a record from before the knob (then the C++ checks guard it)."""
+    if _CONFIG is None:
+        return True
+    return bool(_CONFIG.get("selection", {}).get(feature, True))
+
+
 def build_config() -> dict | None:
     """The configuration setup.py recorded, or None when no build wrote one."""
     return copy.deepcopy(_CONFIG) if _CONFIG is not None else None
@@ -83,7 +91,8 @@ def build_info() -> dict:
     ``build_seconds``, ``compile_seconds`` per file, ``built_at``.  Also the
     manifest's ``supported_head_dims``, ``supported_dtypes`` and ``features``,
     where ``features["backward"]`` says whether this build can compute
-    gradients and ``features["varlen"]`` whether it has the variable-length op
+    gradients, ``features["varlen"]`` whether it has the variable-length op and
+    ``features["softcap"]`` whether it compiled the softcap kernels
     (the manifest's own entries only say what every build of this version can).
     Torch versions: ``torch_min_version`` (the oldest torch the sources build
     against), ``torch_requirement`` (the torch versions this build's extension
@@ -108,6 +117,7 @@ def build_info() -> dict:
             manifest.FEATURES,
             backward=backward_available(),
             varlen=bool(manifest.FEATURES["varlen"]) and ops.has_varlen_fwd_op(),
+            softcap=bool(manifest.FEATURES["softcap"]) and compiled_feature("softcap"),
         ),
     }
     config = build_config()

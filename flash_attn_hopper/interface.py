@@ -118,6 +118,12 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     return (out, lse) if return_attn_probs else out
 
 
+def _softcap_kwargs(softcap) -> dict:
+    """The ops' softcap argument, left out at 0 (its default) so that calls without softcap stay as
+    they were (support.check has validated it)."""
+    return {"softcap": float(softcap)} if softcap else {}
+
+
 def _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
     refusal = None
     if qv is not None:
@@ -178,7 +184,10 @@ def flash_attn_func(
         attention_chunk: FA3's chunked local attention (Llama 4): query i sees only the keys of
             its chunk of attention_chunk keys (positions bottom-right aligned), combined with
             causal / window_size; computed by the variable-length kernels over the chunks.
-        softcap, qv, q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility;
+        softcap: 0 (off) or a positive number: the scaled scores s become
+            softcap * tanh(s / softcap) before any mask (Gemma 2; FlashAttention-3's semantics),
+            in the backward too; softmax_lse is then that of the capped scores.
+        qv, q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility;
             values other than the defaults raise RuntimeError (no kernels for them yet).
         num_splits, pack_gqa: performance hints in FlashAttention-3; this
             version chooses its own schedule and ignores them (the result
@@ -210,7 +219,7 @@ def flash_attn_func(
         sinks.check_sink(learnable_sink, q.shape[2], q)
         left, right = window if window is not None else (-1, 0 if causal else -1)
         out, softmax_lse = torch.ops.flash_attn_hopper.fwd_sink(
-            q, k, v, learnable_sink, softmax_scale, causal, left, right, deterministic
+            q, k, v, learnable_sink, softmax_scale, causal, left, right, deterministic, **_softcap_kwargs(softcap)
         )
     else:
         # Same kernel either way; the op's autograd formula picks the backward (see ops.py).
@@ -218,10 +227,8 @@ def flash_attn_func(
             fwd = getattr(torch.ops.flash_attn_hopper, ops.DETERMINISTIC_FWD_NAME)
         else:
             fwd = torch.ops.flash_attn_hopper.fwd
-        if window is None:
-            out, softmax_lse = fwd(q, k, v, softmax_scale, causal)
-        else:
-            out, softmax_lse = fwd(q, k, v, softmax_scale, causal, window[0], window[1])
+        left, right = window if window is not None else (-1, -1)
+        out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_softcap_kwargs(softcap))
     if head_dim is not None:
         out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out
@@ -348,7 +355,8 @@ def flash_attn_varlen_func(
             a query that sees no key gets output 0 and lse -inf.
         deterministic: a bitwise reproducible backward (also under
             torch.use_deterministic_algorithms(True) at the forward call).
-        softcap, qv, q/k/v_descale, attention_chunk, sm_margin: accepted for
+        softcap: as in :func:`flash_attn_func`.
+        qv, q/k/v_descale, attention_chunk, sm_margin: accepted for
             FlashAttention-3 compatibility; values other than the defaults raise
             RuntimeError (no kernels for them yet).
         num_splits, pack_gqa: scheduling hints in FlashAttention-3; ignored here, as by
@@ -388,7 +396,7 @@ def flash_attn_varlen_func(
         sinks.check_sink(learnable_sink, q.shape[1], q)
         out, softmax_lse = torch.ops.flash_attn_hopper.varlen_fwd_sink(
             q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q,
-            answer.max_seqlen_k, scale, answer.causal, left, right, deterministic,
+            answer.max_seqlen_k, scale, answer.causal, left, right, deterministic, **_softcap_kwargs(softcap),
         )
         if head_dim is not None:
             out = out[..., :head_dim]
@@ -400,7 +408,7 @@ def flash_attn_varlen_func(
         fwd = ops.varlen_fwd_op()
     out, softmax_lse = fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
-        scale, answer.causal, left, right,
+        scale, answer.causal, left, right, **_softcap_kwargs(softcap),
     )
     if head_dim is not None:
         out = out[..., :head_dim]

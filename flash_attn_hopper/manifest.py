@@ -109,7 +109,7 @@ FEATURES: Mapping[str, bool] = {
     "lse": True,  # return_attn_probs=True returns the float32 log-sum-exp
     "strided_inputs": True,  # any strides with a contiguous last dim
     "local_window": True,  # window_size other than (-1, -1) / causal
-    "softcap": False,
+    "softcap": True,  # scores softcap * tanh(s / softcap), forward and backward (a build may leave it out)
     "varlen": True,  # flash_attn_varlen_func: packed sequences (cu_seqlens, seqused), forward and backward
     "paged_kv": False,
     "fp8": False,
@@ -125,6 +125,8 @@ FEATURES: Mapping[str, bool] = {
 ENV_HDIMS = "FLASH_ATTN_HOPPER_HDIMS"
 ENV_DTYPES = "FLASH_ATTN_HOPPER_DTYPES"
 ENV_DISABLE_BACKWARD = "FLASH_ATTN_HOPPER_DISABLE_BACKWARD"
+#: Leaves the softcap kernels out (they double the kernels of each file; FA3's FLASHATTENTION_DISABLE_SOFTCAP).
+ENV_DISABLE_SOFTCAP = "FLASH_ATTN_HOPPER_DISABLE_SOFTCAP"
 
 BUILD_COMMAND = "pip install --no-build-isolation -v ."
 
@@ -161,6 +163,7 @@ class Selection:
     hdims: tuple[int, ...]
     dtypes: tuple[str, ...]
     directions: tuple[str, ...]
+    softcap: bool = True  # the softcap kernels are compiled
 
     def instantiations(self) -> list[Instantiation]:
         return [
@@ -171,7 +174,12 @@ class Selection:
         ]
 
     def as_dict(self) -> dict:
-        return {"hdims": list(self.hdims), "dtypes": list(self.dtypes), "directions": list(self.directions)}
+        return {
+            "hdims": list(self.hdims),
+            "dtypes": list(self.dtypes),
+            "directions": list(self.directions),
+            "softcap": self.softcap,
+        }
 
 
 def _split(value: str) -> list[str]:
@@ -242,10 +250,11 @@ def selection_from_env(env: Mapping[str, str] | None = None) -> Selection:
     hdims = parse_hdims(env.get(ENV_HDIMS))
     dtypes = parse_dtypes(env.get(ENV_DTYPES))
     disable_backward = parse_flag(ENV_DISABLE_BACKWARD, env.get(ENV_DISABLE_BACKWARD))
+    disable_softcap = parse_flag(ENV_DISABLE_SOFTCAP, env.get(ENV_DISABLE_SOFTCAP))
     directions = list(AVAILABLE_DIRECTIONS)
     if disable_backward and "bwd" in directions:
         directions.remove("bwd")
-    return Selection(hdims=hdims, dtypes=dtypes, directions=tuple(directions))
+    return Selection(hdims=hdims, dtypes=dtypes, directions=tuple(directions), softcap=not disable_softcap)
 
 
 def full_selection() -> Selection:

@@ -4,10 +4,10 @@
 C++ ``TORCH_LIBRARY(flash_attn_hopper, m)`` registration, which defines::
 
     fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal,
-        int window_size_left=-1, int window_size_right=-1, bool top_left=False)
-        -> (Tensor out, Tensor softmax_lse)
+        int window_size_left=-1, int window_size_right=-1, bool top_left=False,
+        float softcap=0.0) -> (Tensor out, Tensor softmax_lse)
 
-with its CUDA kernel, and, in a build with the backward kernels (the
+(:data:`FWD_SCHEMA`) with its CUDA kernel, and, in a build with the backward kernels (the
 default), ``bwd`` with the schema :data:`BWD_SCHEMA`.  Builds of this version
 also define the variable-length ops ``varlen_fwd`` (:data:`VARLEN_FWD_SCHEMA`)
 and, with the backward, ``varlen_bwd`` (:data:`VARLEN_BWD_SCHEMA`); an older
@@ -49,6 +49,18 @@ import torch
 
 from . import manifest
 
+#: The forward op.  softcap: 0 = off; otherwise the scaled scores s become softcap * tanh(s / softcap)
+#: before any mask (FlashAttention-3's semantics), in the backward too.
+FWD_SCHEMA = (
+    "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
+    "int window_size_right=-1, bool top_left=False, float softcap=0.0) -> (Tensor out, Tensor softmax_lse)"
+)
+
+#: The argument names of :data:`FWD_SCHEMA`.
+FWD_SCHEMA_ARGS = (
+    "q", "k", "v", "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left", "softcap",
+)
+
 #: The backward op the autograd formula calls (defined in csrc/flash_api.cpp when
 #: the build has backward kernels).  Shapes: dout and out like q (batch, seqlen_q,
 #: nheads, headdim), softmax_lse float32 (batch, nheads, seqlen_q) as fwd returns it;
@@ -57,7 +69,7 @@ from . import manifest
 BWD_SCHEMA = (
     "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
     "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
-    "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)"
+    "bool deterministic=False, float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)"
 )
 
 #: The argument names of :data:`BWD_SCHEMA`, checked against the compiled op before each call.
@@ -74,6 +86,7 @@ BWD_SCHEMA_ARGS = (
     "window_size_right",
     "top_left",
     "deterministic",
+    "softcap",
 )
 
 #: The forward op whose backward is the deterministic one (defined below, in Python).
@@ -88,7 +101,8 @@ DETERMINISTIC_FWD_NAME = "fwd_deterministic_bwd"
 VARLEN_FWD_SCHEMA = (
     "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
     "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
-    "int window_size_left=-1, int window_size_right=-1, bool top_left=False) -> (Tensor out, Tensor softmax_lse)"
+    "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0) "
+    "-> (Tensor out, Tensor softmax_lse)"
 )
 
 #: Variable-length backward (builds with the backward kernels): dq like q, dk and dv like k and v
@@ -97,18 +111,18 @@ VARLEN_BWD_SCHEMA = (
     "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, "
     "int max_seqlen_k, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
-    "bool top_left=False, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)"
+    "bool top_left=False, bool deterministic=False, float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)"
 )
 
 #: The argument names of the two varlen schemas, checked against the compiled ops before each call.
 VARLEN_FWD_SCHEMA_ARGS = (
     "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k",
-    "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left",
+    "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left", "softcap",
 )
 VARLEN_BWD_SCHEMA_ARGS = (
     "dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k",
     "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "window_size_left", "window_size_right",
-    "top_left", "deterministic",
+    "top_left", "deterministic", "softcap",
 )
 
 #: The varlen forward op whose backward is the deterministic one (defined below, in Python).
@@ -230,10 +244,10 @@ def register_bwd_fake(lib=None) -> None:
 
 def _setup_context(ctx, inputs, output, deterministic: bool) -> None:
     # inputs has every schema argument, defaults filled in by torch.
-    q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left = inputs
+    q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap = inputs
     out, softmax_lse = output
     ctx.save_for_backward(q, k, v, out, softmax_lse)
-    ctx.softmax_scale = softmax_scale
+    ctx.softmax_scale, ctx.softcap = softmax_scale, softcap
     ctx.causal = causal
     ctx.window_size_left, ctx.window_size_right, ctx.top_left = window_size_left, window_size_right, top_left
     # Read at the forward call, as torch's own kernels read it when they run.
@@ -275,16 +289,17 @@ def _fwd_backward(ctx, grad_out, grad_lse):
         ctx.window_size_right,
         ctx.top_left,
         ctx.deterministic,
+        ctx.softcap,
     )
     return (dq, dk, dv) + (None,) * (ctx.num_inputs - 3)
 
 
 def _fwd_deterministic_bwd_impl(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
-                                top_left=False):
+                                top_left=False, softcap=0.0):
     # fwd's kernel, below autograd: the autograd formula of this op is the one that differs.
     # (Defaults: the dispatcher leaves trailing arguments equal to them out of a Python kernel's call.)
     return torch.ops.flash_attn_hopper.fwd.default(
-        q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left
+        q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap
     )
 
 
@@ -367,12 +382,12 @@ def _varlen_bwd_fake(dout, q, k, v, *rest):
 def _varlen_setup_context(ctx, inputs, output, deterministic: bool) -> None:
     # inputs has every schema argument, defaults filled in by torch.
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-     softmax_scale, causal, window_size_left, window_size_right, top_left) = inputs
+     softmax_scale, causal, window_size_left, window_size_right, top_left, softcap) = inputs
     out, softmax_lse = output
     # Only the inputs, out, lse and the int32 sequence tensors: nothing of size seqlen².
     ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ctx.max_seqlen_q, ctx.max_seqlen_k = max_seqlen_q, max_seqlen_k
-    ctx.softmax_scale, ctx.causal = softmax_scale, causal
+    ctx.softmax_scale, ctx.causal, ctx.softcap = softmax_scale, causal, softcap
     ctx.window_size_left, ctx.window_size_right, ctx.top_left = window_size_left, window_size_right, top_left
     ctx.deterministic = bool(deterministic or torch.are_deterministic_algorithms_enabled())
     ctx.num_inputs = len(inputs)
@@ -406,18 +421,18 @@ def _varlen_fwd_backward(ctx, grad_out, grad_lse):
     dq, dk, dv = op(
         kernel_readable(grad_out), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.window_size_left,
-        ctx.window_size_right, ctx.top_left, ctx.deterministic,
+        ctx.window_size_right, ctx.top_left, ctx.deterministic, ctx.softcap,
     )
     return (dq, dk, dv) + rest
 
 
 def _varlen_fwd_deterministic_bwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                                        max_seqlen_k, softmax_scale, causal, window_size_left=-1,
-                                       window_size_right=-1, top_left=False):
+                                       window_size_right=-1, top_left=False, softcap=0.0):
     # varlen_fwd's kernel, below autograd: only the autograd formula differs.
     return torch.ops.flash_attn_hopper.varlen_fwd.default(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-        softmax_scale, causal, window_size_left, window_size_right, top_left,
+        softmax_scale, causal, window_size_left, window_size_right, top_left, softcap,
     )
 
 
@@ -457,10 +472,7 @@ if _C is not None:
         register_bwd_fake()
 
     _PY_LIBRARY = torch.library.Library("flash_attn_hopper", "FRAGMENT")
-    _PY_LIBRARY.define(
-        f"{DETERMINISTIC_FWD_NAME}(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, "
-        "int window_size_left=-1, int window_size_right=-1, bool top_left=False) -> (Tensor out, Tensor softmax_lse)"
-    )
+    _PY_LIBRARY.define(FWD_SCHEMA.replace("fwd(", f"{DETERMINISTIC_FWD_NAME}(", 1))
     # Every backend: fwd decides which devices have a kernel.
     _PY_LIBRARY.impl(DETERMINISTIC_FWD_NAME, _fwd_deterministic_bwd_impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"flash_attn_hopper::{DETERMINISTIC_FWD_NAME}", _fwd_fake, lib=_PY_LIBRARY)

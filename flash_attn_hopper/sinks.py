@@ -21,13 +21,13 @@ from . import ops
 
 FWD_SINK_SCHEMA = (
     "fwd_sink(Tensor q, Tensor k, Tensor v, Tensor sink, float softmax_scale, bool causal, "
-    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False) "
+    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False, float softcap=0.0) "
     "-> (Tensor out, Tensor softmax_lse)"
 )
 VARLEN_FWD_SINK_SCHEMA = (
     "varlen_fwd_sink(Tensor q, Tensor k, Tensor v, Tensor sink, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
-    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False) "
+    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False, float softcap=0.0) "
     "-> (Tensor out, Tensor softmax_lse)"
 )
 
@@ -54,9 +54,9 @@ def _sink_grad(dout, out_sink, lse_sink, sink, lse_heads_dim: int):
 
 
 def _fwd_sink_impl(q, k, v, sink, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
-                   deterministic=False):
+                   deterministic=False, softcap=0.0):
     out, lse = torch.ops.flash_attn_hopper.fwd.default(
-        q, k, v, softmax_scale, causal, window_size_left, window_size_right, False
+        q, k, v, softmax_scale, causal, window_size_left, window_size_right, False, softcap
     )
     return _with_sink(out, lse, sink, 1)  # lse (batch, heads, seqlen_q)
 
@@ -67,30 +67,30 @@ def _fwd_sink_fake(q, k, v, sink, softmax_scale, causal, *rest):
 
 
 def _fwd_sink_setup(ctx, inputs, output):
-    q, k, v, sink, softmax_scale, causal, window_size_left, window_size_right, deterministic = inputs
+    q, k, v, sink, softmax_scale, causal, window_size_left, window_size_right, deterministic, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, sink, out, lse)
     ctx.args = (softmax_scale, causal, window_size_left, window_size_right, False,
-                bool(deterministic or torch.are_deterministic_algorithms_enabled()))
+                bool(deterministic or torch.are_deterministic_algorithms_enabled()), softcap)
     ctx.set_materialize_grads(False)
 
 
 def _fwd_sink_backward(ctx, grad_out, grad_lse):
     q, k, v, sink, out, lse = ctx.saved_tensors
     if grad_out is None:  # only lse was used: like the kernels' ops, its gradient is not propagated
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 5
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 6
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     dq, dk, dv = ops.bwd_op()(grad_out, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 5
+    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 6
 
 
 def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                           max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
-                          deterministic=False):
+                          deterministic=False, softcap=0.0):
     out, lse = ops.varlen_fwd_op()(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-        causal, window_size_left, window_size_right, False,
+        causal, window_size_left, window_size_right, False, softcap,
     )
     return _with_sink(out, lse, sink, 0)  # lse (heads, total_q)
 
@@ -102,22 +102,22 @@ def _varlen_fwd_sink_fake(q, k, v, sink, *rest):
 
 def _varlen_fwd_sink_setup(ctx, inputs, output):
     (q, k, v, sink, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, causal, window_size_left,
-     window_size_right, deterministic) = inputs
+     window_size_right, deterministic, softcap) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, sink, out, lse, cu_q, cu_k, used_q, used_k)
     ctx.args = (max_q, max_k, softmax_scale, causal, window_size_left, window_size_right, False,
-                bool(deterministic or torch.are_deterministic_algorithms_enabled()))
+                bool(deterministic or torch.are_deterministic_algorithms_enabled()), softcap)
     ctx.set_materialize_grads(False)
 
 
 def _varlen_fwd_sink_backward(ctx, grad_out, grad_lse):
     q, k, v, sink, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
     if grad_out is None:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 11
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 12
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     dq, dk, dv = ops.varlen_bwd_op()(grad_out, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.args)
-    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 11
+    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 12
 
 
 def register(lib) -> None:

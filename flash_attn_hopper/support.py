@@ -105,6 +105,32 @@ def feature_refusal(feature: str, asked: str, fix: str) -> Refusal:
     )
 
 
+def softcap_refusal(softcap, softmax_scale: float | None, head_dim: int) -> Refusal | None:
+    """None when ``softcap`` is one the kernels take: 0 (off) or a positive finite number with
+    softmax_scale / softcap a finite float32 (FlashAttention-3 treats a negative softcap as off;
+    here it is an error rather than a silent no-op)."""
+    if isinstance(softcap, (bool, torch.Tensor)) or not isinstance(softcap, (int, float)):
+        return Refusal(f"softcap must be a Python float, got {type(softcap).__name__}", error=TypeError)
+    if softcap == 0:
+        return None
+    scale = head_dim ** (-0.5) if softmax_scale is None else softmax_scale
+    if not (math.isfinite(softcap) and softcap > 0) or not math.isfinite(scale / softcap) or scale / softcap > 3.4e38:
+        return Refusal(
+            f"softcap={softcap} is not usable: it must be 0 (off) or a positive finite number "
+            "(scores become softcap * tanh(softmax_scale * q.k / softcap))"
+        )
+    if not manifest.FEATURES["softcap"]:
+        return feature_refusal("softcap", f"softcap={softcap}", "Pass softcap=0.0.")
+    if not _build_info.compiled_feature("softcap"):
+        return Refusal(
+            f"flash_attn_hopper: softcap={softcap} needs the softcap kernels, which this build left out "
+            f"({manifest.ENV_DISABLE_SOFTCAP}=1)",
+            f"rebuild without {manifest.ENV_DISABLE_SOFTCAP}: {manifest.BUILD_COMMAND}",
+            RuntimeError,
+        )
+    return None
+
+
 def fa3_window(window_size, causal: bool, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
     """FlashAttention-3's window rules; returns the effective (left, right), -1 = unbounded.
 
@@ -317,7 +343,7 @@ def check(
     ``causal``) or ``"fa2"`` (:func:`fa2_window`, aten's FlashAttention-2);
     the problem's ``window`` is what the op gets.  ``softmax_scale``: an
     explicit scale to check, None for the entry point's default.
-    ``softcap``: FlashAttention-3's, refused unless 0.
+    ``softcap``: FlashAttention-3's (0 = off; see :func:`softcap_refusal`).
     ``names``: how the caller's API calls q, k and v in messages.
     ``allow_empty``: whether empty inputs are a problem (the op returns zeros
     and -inf; torch's conventions differ, so SDPA and the registry refuse
@@ -371,8 +397,9 @@ def check(
     if isinstance(answer, Refusal):
         return answer
     causal, window = answer
-    if softcap != 0.0:
-        return feature_refusal("softcap", f"softcap={softcap}", "Supported: softcap=0.0.")
+    refusal = softcap_refusal(softcap, softmax_scale, head_dim)
+    if refusal is not None:
+        return refusal
     dtype = DTYPE_NAMES[q.dtype]
     refusal = not_compiled_refusal("fwd", head_dim, dtype)
     if refusal is not None:
@@ -554,8 +581,9 @@ def check_varlen(
     if isinstance(answer, Refusal):
         return answer
     causal, window = answer
-    if softcap != 0.0:
-        return feature_refusal("softcap", f"softcap={softcap}", "Supported: softcap=0.0.")
+    refusal = softcap_refusal(softcap, softmax_scale, head_dim)
+    if refusal is not None:
+        return refusal
     if not manifest.FEATURES["varlen"]:
         return feature_refusal("varlen", "variable-length attention (flash_attn_varlen_func)",
                                "Split the batch at cu_seqlens and call flash_attn_func per sequence.")

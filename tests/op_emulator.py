@@ -9,7 +9,8 @@ passes to the op -- is checked on any machine.  The contract (from
 csrc/flash_api.cpp): q (b, sq, hq, d), k and v (b, sk, hk, d); query i sees
 key j when  j >= i + off - left (left >= 0)  and  j <= i + off + right
 (right >= 0, and right = 0 when causal), off = sk - sq, or 0 with top_left;
-rows that see no key give out = 0 and lse = -inf.  out is a contiguous
+rows that see no key give out = 0 and lse = -inf; softcap > 0 caps the scaled scores s to
+softcap * tanh(s / softcap) before the mask.  out is a contiguous
 (b, sq, hq, d) tensor in q's dtype, lse float32 (b, hq, sq).
 
 ``bwd`` (flash_attn_hopper/ops.py's BWD_SCHEMA) recomputes P from q, k and
@@ -44,14 +45,20 @@ def op_mask(seqlen_q, seqlen_k, causal, left, right, top_left, device=None) -> t
     return masked
 
 
-def emulate_fwd(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False):
+def capped(scores, softcap):
+    """The op's scores after softcap (0 = off)."""
+    return torch.tanh(scores / softcap) * softcap if softcap else scores
+
+
+def emulate_fwd(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
+                softcap=0.0):
     """What the op returns, computed in float32 with plain torch ops (also on fake tensors)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.size(1), k.size(2)
     group = heads_q // heads_kv
     kf = k.float().repeat_interleave(group, dim=2)
     vf = v.float().repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * softmax_scale
+    scores = capped(torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * softmax_scale, softcap)
     masked = op_mask(seqlen_q, seqlen_k, causal, window_size_left, window_size_right, top_left, device=q.device)
     scores = scores.masked_fill(masked, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
@@ -62,7 +69,7 @@ def emulate_fwd(q, k, v, softmax_scale, causal, window_size_left=-1, window_size
 
 def emulate_bwd(
     dout, q, k, v, out, softmax_lse, softmax_scale, causal,
-    window_size_left=-1, window_size_right=-1, top_left=False, deterministic=False,
+    window_size_left=-1, window_size_right=-1, top_left=False, deterministic=False, softcap=0.0,
 ):
     """(dq, dk, dv) of the attention that produced ``out`` and ``softmax_lse``, in float32 maths."""
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -71,13 +78,16 @@ def emulate_bwd(
     qf, dof = q.float(), dout.float()
     kf = k.float().repeat_interleave(group, dim=2)
     vf = v.float().repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * softmax_scale
+    raw = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * softmax_scale
+    scores = capped(raw, softcap)
     masked = op_mask(seqlen_q, seqlen_k, causal, window_size_left, window_size_right, top_left, device=q.device)
     probs = torch.exp(scores - softmax_lse.float()[..., None]).masked_fill(masked, 0.0)
     dv = torch.einsum("bhqk,bqhd->bkhd", probs, dof)
     dprobs = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
     rowsum = (dof * out.float()).sum(-1).transpose(1, 2)[..., None]  # (b, hq, sq, 1)
     dscores = probs * (dprobs - rowsum)
+    if softcap:  # d(softcap tanh(raw / softcap)) / d raw = 1 - tanh^2
+        dscores = dscores * (1 - torch.tanh(raw / softcap) ** 2)
     dq = torch.einsum("bhqk,bkhd->bqhd", dscores, kf) * softmax_scale
     dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qf) * softmax_scale
     # Query head h reads kv head h // group: its gradients go back there.
@@ -91,10 +101,13 @@ class EmulatedKernel:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.softcaps: list[float] = []  # each call's softcap (kept out of calls: tests compare those whole)
 
-    def __call__(self, q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False):
+    def __call__(self, q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
+                 softcap=0.0):
         self.calls.append((q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left))
-        return emulate_fwd(q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left)
+        self.softcaps.append(softcap)
+        return emulate_fwd(q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap)
 
 
 @contextlib.contextmanager
@@ -200,7 +213,8 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
 
 
 def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                       softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False):
+                       softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
+                       softcap=0.0):
     """What varlen_fwd returns: each sequence through emulate_fwd; rows outside every used part
     out 0 and lse -inf, rows past cu_seqlens_q[-1] NaN ("not written") when there is no seqused_q."""
     total_q, heads_q, head_dim = q.shape
@@ -214,6 +228,7 @@ def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
         o, l = emulate_fwd(
             q[q_start : q_start + len_q][None], k[k_start : k_start + len_k][None],
             v[k_start : k_start + len_k][None], softmax_scale, causal, window_size_left, window_size_right, top_left,
+            softcap,
         )
         out[q_start : q_start + len_q] = o[0]
         lse[:, q_start : q_start + len_q] = l[0]
@@ -222,7 +237,7 @@ def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
 
 def emulate_varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left=-1,
-                       window_size_right=-1, top_left=False, deterministic=False):
+                       window_size_right=-1, top_left=False, deterministic=False, softcap=0.0):
     """(dq, dk, dv) of varlen_fwd per sequence through emulate_bwd; zero outside the used parts."""
     segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                                q.size(0), k.size(0))
@@ -236,6 +251,7 @@ def emulate_varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens
         g = emulate_bwd(
             dout[rows][None], q[rows][None], k[keys][None], v[keys][None], out[rows][None],
             softmax_lse[:, rows][None], softmax_scale, causal, window_size_left, window_size_right, top_left,
+            softcap=softcap,
         )
         dq[rows] = g[0][0]
         # Segments of k may overlap when cu_seqlens_k repeats (seqused_k shorter than segments never

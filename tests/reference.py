@@ -167,8 +167,10 @@ def attention_ref_varlen(
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
 
 
-def attention_ref_chunked(q, k, v, *, chunk, causal=False, window_size=(-1, -1), upcast=True, softmax_scale=None):
-    """softmax over the keys of each query's chunk (and causal / window), bottom-right aligned."""
+def attention_ref_chunked(q, k, v, *, chunk, causal=False, window_size=(-1, -1), upcast=True, softmax_scale=None,
+                          softcap=0.0):
+    """softmax over the keys of each query's chunk (and causal / window), bottom-right aligned; softcap as
+    in attention_ref."""
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     dt = torch.float32 if upcast else q.dtype
@@ -176,6 +178,8 @@ def attention_ref_chunked(q, k, v, *, chunk, causal=False, window_size=(-1, -1),
     k, v = (t.repeat_interleave(hq // hk, dim=2) for t in (k, v))
     scale = softmax_scale or 1 / math.sqrt(d)
     s = torch.einsum("bthd,bshd->bhts", q * scale, k)
+    if softcap > 0:
+        s = torch.tanh(s / softcap) * softcap
     pos = torch.arange(sq, device=q.device)[:, None] + sk - sq
     j = torch.arange(sk, device=q.device)[None, :]
     hidden = torch.div(pos, chunk, rounding_mode="floor") != torch.div(j, chunk, rounding_mode="floor")

@@ -63,9 +63,11 @@ def check_emulated_grads(grads, q, k, v, dout, what="", **kwargs):
 def test_schema_constants_agree():
     schema = torch._C.parse_schema(f"flash_attn_hopper::{ops.BWD_SCHEMA}")
     assert tuple(a.name for a in schema.arguments) == ops.BWD_SCHEMA_ARGS
-    assert [str(a.type) for a in schema.arguments] == ["Tensor"] * 6 + ["float", "bool", "int", "int", "bool", "bool"]
-    # The window/alignment/determinism arguments default to fwd's defaults and to the fast backward.
-    assert [a.default_value for a in schema.arguments[8:]] == [-1, -1, False, False]
+    assert [str(a.type) for a in schema.arguments] == (
+        ["Tensor"] * 6 + ["float", "bool", "int", "int", "bool", "bool", "float"]
+    )
+    # The window/alignment/determinism/softcap arguments default to fwd's defaults and to the fast backward.
+    assert [a.default_value for a in schema.arguments[8:]] == [-1, -1, False, False, 0.0]
     assert [r.name for r in schema.returns] == ["dq", "dk", "dv"]
     if ops.has_bwd_op():  # a build with the backward: the compiled op is the contract
         assert str(torch.ops.flash_attn_hopper.bwd.default._schema) == str(schema)
@@ -341,7 +343,7 @@ def test_compile_fullgraph_forward_and_backward(kernels, deterministic):
     assert len(_op_nodes(fw_graph, fwd_name)) == 1
     (node,) = _op_nodes(bw_graph, "bwd")
     args = _bwd_node_args(node)
-    assert [args[name] for name in ops.BWD_SCHEMA_ARGS[6:]] == [64**-0.5, True, 16, 0, False, deterministic]
+    assert [args[name] for name in ops.BWD_SCHEMA_ARGS[6:]] == [64**-0.5, True, 16, 0, False, deterministic, 0.0]
     assert len(bwd.calls) == 2  # compiled and eager
     # Saved for the backward: O(seqlen) tensors only, nothing of seqlen_q x seqlen_k.
     sizes = [n.meta["val"].numel() for n in bw_graph.graph.nodes if n.op == "placeholder" and "val" in n.meta]

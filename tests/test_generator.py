@@ -213,6 +213,7 @@ def test_manifest_header_is_the_manifest(tmp_path):
         *(f'std::string_view({ns}kDirections[{i}]) == "{name}"' for i, name in enumerate(manifest.DIRECTIONS)),
         f'std::string_view({ns}kEnvHdims) == "{manifest.ENV_HDIMS}"',
         f'std::string_view({ns}kEnvDtypes) == "{manifest.ENV_DTYPES}"',
+        f'std::string_view({ns}kEnvDisableSoftcap) == "{manifest.ENV_DISABLE_SOFTCAP}"',
         f'std::string_view({ns}kBuildCommand) == "{manifest.BUILD_COMMAND}"',
         # The X-macro, stringified: no cutlass or ATen headers needed.
         "std::string_view(FLASH_ATTN_HOPPER_FOR_EACH_DTYPE(AS_TEXT)) == "
@@ -321,3 +322,27 @@ def test_build_record_matches_generated_files_and_manifest():
     )
     for direction, hdim, dtype in compiled:
         assert (registry.parent / manifest.Instantiation(direction, hdim, dtype).filename).is_file()
+
+
+def test_the_softcap_knob_reaches_the_kernels_and_the_binding(tmp_path):
+    """FLASH_ATTN_HOPPER_DISABLE_SOFTCAP=1: each instantiation file and the registry (which the
+    binding includes) define FLASH_DISABLE_SOFTCAP; by default neither does, and the selection says so."""
+    env = {"FLASH_ATTN_HOPPER_HDIMS": "128", "FLASH_ATTN_HOPPER_DTYPES": "bf16"}
+    on = manifest.selection_from_env(env)
+    off = manifest.selection_from_env(dict(env, FLASH_ATTN_HOPPER_DISABLE_SOFTCAP="1"))
+    assert on.softcap is True and off.softcap is False
+    assert on.as_dict()["softcap"] is True and off.as_dict()["softcap"] is False
+    assert on.instantiations() == off.instantiations()  # the same files, fewer kernels in each
+    for selection, defined in ((on, False), (off, True)):
+        out = tmp_path / str(defined)
+        result = gen.generate(selection, out)
+        for source in result.sources:
+            assert ("#define FLASH_DISABLE_SOFTCAP\n" in source.read_text()) is defined, source.name
+        assert ("#define FLASH_DISABLE_SOFTCAP" in (out / "fwd_registry.h").read_text()) is defined
+    with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_SOFTCAP"):
+        manifest.selection_from_env(dict(env, FLASH_ATTN_HOPPER_DISABLE_SOFTCAP="maybe"))
+    listed = subprocess.run(
+        [sys.executable, str(GENERATOR), "--list", "--hdims", "64", "--dtypes", "bf16", "--disable-softcap"],
+        env=_clean_env(), capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert listed[0] == "flash_fwd_hdim64_bf16_sm90.cu"

@@ -59,13 +59,14 @@ def test_schema_constants_agree():
     assert tuple(a.name for a in fwd.arguments) == ops.VARLEN_FWD_SCHEMA_ARGS
     assert tuple(a.name for a in bwd.arguments) == ops.VARLEN_BWD_SCHEMA_ARGS
     assert [str(a.type) for a in fwd.arguments] == (
-        ["Tensor"] * 5 + ["Optional[Tensor]"] * 2 + ["int", "int", "float", "bool", "int", "int", "bool"]
+        ["Tensor"] * 5 + ["Optional[Tensor]"] * 2 + ["int", "int", "float", "bool", "int", "int", "bool", "float"]
     )
     assert [str(a.type) for a in bwd.arguments] == (
-        ["Tensor"] * 8 + ["Optional[Tensor]"] * 2 + ["int", "int", "float", "bool", "int", "int", "bool", "bool"]
+        ["Tensor"] * 8 + ["Optional[Tensor]"] * 2
+        + ["int", "int", "float", "bool", "int", "int", "bool", "bool", "float"]
     )
-    assert [a.default_value for a in fwd.arguments[11:]] == [-1, -1, False]
-    assert [a.default_value for a in bwd.arguments[14:]] == [-1, -1, False, False]
+    assert [a.default_value for a in fwd.arguments[11:]] == [-1, -1, False, 0.0]
+    assert [a.default_value for a in bwd.arguments[14:]] == [-1, -1, False, False, 0.0]
     assert [r.name for r in fwd.returns] == ["out", "softmax_lse"]
     assert [r.name for r in bwd.returns] == ["dq", "dk", "dv"]
     # The varlen ops share the dense ones' tail: fwd's window arguments, bwd's determinism.
@@ -358,7 +359,6 @@ def test_malformed_inputs_are_refused_before_any_launch(case):
         (dict(q_descale=torch.ones(1)), ["q_descale", "fp8"]),
         (dict(attention_chunk=128), ["attention_chunk=128"]),
         (dict(sm_margin=4), ["sm_margin=4"]),
-        (dict(softcap=30.0), ["softcap=30.0"]),
     ],
 )
 def test_features_of_other_issues_are_refused(kwargs, fragments):

@@ -356,19 +356,32 @@ def test_sliding_window_reaches_the_varlen_kernel(monkeypatch):
     assert [(c["window_size_left"], c["window_size_right"]) for c in fwd.calls] == [(3, 0), (-1, 0)]
 
 
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        (dict(dropout=0.1), "no dropout"),
-        (dict(softcap=30.0), "softcapping"),
-    ],
-)
-def test_what_the_varlen_paths_cannot_honour_raises(monkeypatch, kwargs, match):
+def test_what_the_varlen_paths_cannot_honour_raises(monkeypatch):
     q, k, v = _states(2, 8, 8)
     mask = torch.ones(2, 8, dtype=torch.long)
     mask[0, 5:] = 0
-    with emulated_varlen_ops(monkeypatch), pytest.raises(ValueError, match=match):
-        fah_transformers.attention_forward(_module(4), q, k, v, mask, **kwargs)
+    with emulated_varlen_ops(monkeypatch), pytest.raises(ValueError, match="no dropout"):
+        fah_transformers.attention_forward(_module(4), q, k, v, mask, dropout=0.1)
+
+
+def test_softcap_reaches_the_varlen_kernels_on_padded_batches(monkeypatch):
+    """Gemma 2's attn_logit_softcapping arrives as softcap: the padded batch's sequences capped."""
+    q, k, v = _states(2, 8, 8, hq=4, hk=2)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, :3] = 0
+    with emulated_varlen_ops(monkeypatch) as (fwd, _):
+        out, _ = fah_transformers.attention_forward(_module(2), q * 4, k, v, mask, softcap=2.0)
+    assert [c["softcap"] for c in fwd.calls] == [2.0]
+    ref, _ = attention_ref((q * 4).transpose(1, 2)[1:], k.transpose(1, 2)[1:], v.transpose(1, 2)[1:],
+                           causal=True, softcap=2.0)
+    assert torch.allclose(out[1:].float(), ref, atol=2e-3), (out[1:].float() - ref).abs().max()
+
+
+def test_softcap_with_a_4d_mask_raises(monkeypatch):
+    q, k, v = _states(1, 8, 8)
+    mask = torch.zeros(1, 1, 8, 8)
+    with pytest.raises(ValueError, match="softcapping.*4-D attention mask"):
+        fah_transformers.attention_forward(_module(4), q, k, v, mask, softcap=30.0)
 
 
 def test_s_aux_runs_as_the_learnable_sink_on_padded_batches(monkeypatch):

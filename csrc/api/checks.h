@@ -163,9 +163,16 @@ Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v) {
 // The kernels take each row's max of the unscaled scores, so the scale must be positive. Checked
 // before anything is allocated: the same check thrown from fill_common, after the outputs were
 // allocated, ended the process on the H200 (tools/exception_diag.py, 2026-11-30).
-void check_scale(double softmax_scale) {
+void check_scale(double softmax_scale, double softcap) {
   FLASH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0,
               "flash_attn_hopper: softmax_scale must be a positive finite number");
+  // softcap 0 is off; a positive one must leave softmax_scale / softcap a finite float.
+  FLASH_CHECK(softcap == 0 || (softcap > 0 && std::isfinite(float(softcap)) && std::isfinite(float(softmax_scale / softcap))),
+              "flash_attn_hopper: softcap must be 0 (off) or a positive finite number with softmax_scale / softcap finite");
+#ifdef FLASH_DISABLE_SOFTCAP
+  FLASH_CHECK(softcap == 0, "flash_attn_hopper: this build has no softcap kernels (built with ",
+              flash::manifest::kEnvDisableSoftcap, "=1)");
+#endif
 }
 
 // Windows as FlashAttention defines them (-1 = unbounded; causal = right window 0), measured
@@ -187,10 +194,10 @@ Window make_window(Problem const& pb, bool causal, int64_t window_size_left, int
   return w;
 }
 
-// What both directions' params share: q, k, v pointers and strides, sizes, scale, window, SMs.
+// What both directions' params share: q, k, v pointers and strides, sizes, scale, softcap, window, SMs.
 template <typename Params>
 void fill_common(Params& params, Problem const& pb, Tensor const& qt, Tensor const& kt, Tensor const& vt,
-                 double softmax_scale, Window const& window) {
+                 double softmax_scale, double softcap, Window const& window) {
   params.q_ptr = qt.data_ptr();
   params.k_ptr = kt.data_ptr();
   params.v_ptr = vt.data_ptr();
@@ -210,7 +217,9 @@ void fill_common(Params& params, Problem const& pb, Tensor const& qt, Tensor con
   params.seqlen_k = int(pb.seqlen_k);
   params.head_dim = int(pb.head_dim);
   params.softmax_scale = float(softmax_scale);
-  params.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
+  params.softmax_scale_log2 = float((softcap > 0 ? softcap : softmax_scale) * M_LOG2E);
+  params.softcap = float(softcap);
+  params.softcap_prescale = softcap > 0 ? float(softmax_scale / softcap) : 0.f;
   params.is_local = window.is_local;
   params.window_left = window.left;
   params.window_right = window.right;

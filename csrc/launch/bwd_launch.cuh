@@ -74,6 +74,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.window_left,
       p.window_right,
       {},  // varlen, set below
+      p.softcap_prescale,
   };
   if constexpr (kVarlen) { params.varlen = p.varlen; }
 
@@ -117,11 +118,11 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the backward dQ postprocess kernel");
 }
 
-template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
+template <int kHeadDim, typename Element, bool kLocal, bool kVarlen, bool kSoftcap>
 void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
   // The default and the deterministic mode share one kernel unless a policy tells them apart.
-  using Default = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/false, kVarlen>;
-  using Deterministic = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/true, kVarlen>;
+  using Default = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/false, kVarlen, kSoftcap>;
+  using Deterministic = BwdKernelFor<kHeadDim, Element, kLocal, /*kDeterministic=*/true, kVarlen, kSoftcap>;
   if constexpr (!std::is_same_v<Default, Deterministic>) {
     if (p.dq_semaphore_ptr != nullptr) {
       launch_bwd<Deterministic>(p, stream);
@@ -134,8 +135,9 @@ void run_flash_bwd_mask(BwdParams& p, cudaStream_t stream) {
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
 template <int kHeadDim, typename Element>
 void run_flash_bwd(BwdParams& p, cudaStream_t stream) {
-  dispatch_mask_varlen(p, [&](auto local, auto varlen) {
-    run_flash_bwd_mask<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value>(p, stream);
+  dispatch_mask_varlen(p, [&](auto local, auto varlen, auto softcap) {
+    run_flash_bwd_mask<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value, decltype(softcap)::value>(
+        p, stream);
   });
 }
 

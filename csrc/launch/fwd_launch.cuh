@@ -19,14 +19,27 @@
 
 namespace flash {
 
-// fn(std::bool_constant<local>, std::bool_constant<varlen>) for the params' mask and layout.
+// fn(std::bool_constant<local>, std::bool_constant<varlen>, std::bool_constant<softcap>) for the
+// params' mask, layout and score cap. Builds with FLASH_DISABLE_SOFTCAP compile no softcap kernels
+// (the binding refuses softcap there before any allocation; this throw is the last guard).
 template <typename Params, typename Fn>
 void dispatch_mask_varlen(Params const& p, Fn&& fn) {
+  auto with_softcap = [&](auto local, auto varlen) {
+    if (p.softcap > 0) {
+#ifndef FLASH_DISABLE_SOFTCAP
+      fn(local, varlen, std::true_type{});
+      return;
+#else
+      throw std::runtime_error("flash_attn_hopper: this build has no softcap kernels (FLASH_DISABLE_SOFTCAP)");
+#endif
+    }
+    fn(local, varlen, std::false_type{});
+  };
   auto with_mask = [&](auto varlen) {
     if (p.is_local) {
-      fn(std::true_type{}, varlen);
+      with_softcap(std::true_type{}, varlen);
     } else {
-      fn(std::false_type{}, varlen);
+      with_softcap(std::false_type{}, varlen);
     }
   };
   if (p.varlen.cu_seqlens_q != nullptr) {
@@ -87,13 +100,14 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.diag_offset,
       p.window_left,
       p.window_right,
-      p.softmax_scale,
+      p.softcap > 0 ? p.softcap : p.softmax_scale,  // the row max's factor in the LSE
       p.softmax_scale_log2,
       heads_per_group,
       p.tile_counter,
       Kernel::Scheduler::divisors(num_m_blocks, p.heads_q, heads_per_group),
       {},  // direct_o, set below
       {},  // varlen, set below
+      p.softcap_prescale,
   };
   if constexpr (Kernel::kDirectO) {
     params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
@@ -112,36 +126,37 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launching the forward kernel");
 }
 
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen>
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen, bool kSoftcap>
 void run_flash_fwd_tile(FwdParams& p, cudaStream_t stream) {
-  launch_fwd<FwdKernelFor<kHeadDim, Element, kLocal, kKeys, kVarlen>>(p, stream);
+  launch_fwd<FwdKernelFor<kHeadDim, Element, kLocal, kKeys, kVarlen, kSoftcap>>(p, stream);
 }
 
 // The tile of the key-length class of seqlen_k (policy.h; varlen: of the longest sequence);
 // classes sharing a tile share a kernel.
-template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
+template <int kHeadDim, typename Element, bool kLocal, bool kVarlen, bool kSoftcap>
 void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
   FwdKeys const keys = fwd_keys_class_for<kHeadDim, kLocal>(p.seqlen_k);
   if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kLongKeys>()) {
     if (keys == kLongKeys) {
-      run_flash_fwd_tile<kHeadDim, Element, kLocal, kLongKeys, kVarlen>(p, stream);
+      run_flash_fwd_tile<kHeadDim, Element, kLocal, kLongKeys, kVarlen, kSoftcap>(p, stream);
       return;
     }
   }
   if constexpr (fwd_keys_class_differs<kHeadDim, kLocal, kMidKeys>()) {
     if (keys >= kMidKeys) {
-      run_flash_fwd_tile<kHeadDim, Element, kLocal, kMidKeys, kVarlen>(p, stream);
+      run_flash_fwd_tile<kHeadDim, Element, kLocal, kMidKeys, kVarlen, kSoftcap>(p, stream);
       return;
     }
   }
-  run_flash_fwd_tile<kHeadDim, Element, kLocal, kShortKeys, kVarlen>(p, stream);
+  run_flash_fwd_tile<kHeadDim, Element, kLocal, kShortKeys, kVarlen, kSoftcap>(p, stream);
 }
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& p, cudaStream_t stream) {
-  dispatch_mask_varlen(p, [&](auto local, auto varlen) {
-    run_flash_fwd_mask<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value>(p, stream);
+  dispatch_mask_varlen(p, [&](auto local, auto varlen, auto softcap) {
+    run_flash_fwd_mask<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value, decltype(softcap)::value>(
+        p, stream);
   });
 }
 

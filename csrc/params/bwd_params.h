@@ -54,8 +54,8 @@ struct BwdParams {
   int head_dim_rounded;
   int num_sms;  // multiprocessors of the device (the persistent kernel's grid)
 
-  float softmax_scale;
-  float softmax_scale_log2;
+  float softmax_scale;       // multiplies dQ and dK
+  float softmax_scale_log2;  // as FwdParams (softcap * log2(e) with softcap)
 
   // Same window semantics as FwdParams.
   bool is_local;
@@ -67,6 +67,9 @@ struct BwdParams {
   // seqlen_q_padded) with each sequence at its own kBwdPadM-aligned rows (seqlen.h), seqlen_q_padded
   // = total_q + batch * kBwdPadM rounded up to kBwdPadM; dq, dk, dv are packed like q, k, v.
   VarlenArgs varlen;
+
+  float softcap;  // as FwdParams
+  float softcap_prescale;
 };
 
 }  // namespace flash

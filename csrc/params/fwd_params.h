@@ -29,7 +29,8 @@ struct FwdParams {
   int head_dim;     // the real head dim (a multiple of 8); the kernel's tile may be wider
 
   float softmax_scale;       // multiplies Q.K^T
-  float softmax_scale_log2;  // softmax_scale * log2(e): the kernel works in the exp2 domain
+  float softmax_scale_log2;  // the exp2-domain factor of the kernel's scores: softmax_scale * log2(e),
+                             // or softcap * log2(e) with softcap
 
   // Local (sliding-window) attention, causal included. Query row i sees key j iff
   //   i + diag_offset - window_left <= j <= i + diag_offset + window_right,
@@ -49,6 +50,11 @@ struct FwdParams {
   // are the longest sequences' lengths (they size the grid), lse is (heads_q, total_q) and the
   // diagonal is per sequence (diag_offset unused).
   VarlenArgs varlen;
+
+  // Softcap (> 0; 0 = off): scores softcap * tanh(softmax_scale * Q.K^T / softcap), taken as
+  // tanh(Q.K^T * softcap_prescale) with softcap_prescale = softmax_scale / softcap (kernel/common/softcap.h).
+  float softcap;
+  float softcap_prescale;
 };
 
 }  // namespace flash

@@ -105,7 +105,7 @@ def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
 
 
-def _padded_varlen(query, key, value, mask, causal, scaling, window, sink=None):
+def _padded_varlen(query, key, value, mask, causal, scaling, window, sink=None, softcap=0.0):
     """Unpad by the 2-D padding ``mask`` (batch, kv_len), run the varlen kernel, pad back.
 
     query (batch, heads, q_len, head_dim) etc.; returns (batch, q_len, heads, head_dim), padded
@@ -136,14 +136,14 @@ def _padded_varlen(query, key, value, mask, causal, scaling, window, sink=None):
     v = value.transpose(1, 2)[mask]
     out = flash_attn_varlen_func(
         q, k, v, _cu_seqlens(lengths_q), _cu_seqlens(lengths_k), max_q, max_k,
-        softmax_scale=scaling, causal=causal, window_size=window, learnable_sink=sink,
+        softmax_scale=scaling, causal=causal, window_size=window, learnable_sink=sink, softcap=softcap,
     )
     padded = out.new_zeros(batch, q_len, heads_q, out.size(-1))
     padded[mask_q] = out
     return padded
 
 
-def _packed_varlen(query, key, value, cu_q, cu_k, max_q, max_k, causal, scaling, window, sink=None):
+def _packed_varlen(query, key, value, cu_q, cu_k, max_q, max_k, causal, scaling, window, sink=None, softcap=0.0):
     """The rows of query/key/value, flattened to (total, heads, head_dim), as the packed sequences of cu_q/cu_k."""
     batch, heads_q, q_len, head_dim = query.shape
     q = query.transpose(1, 2).reshape(batch * q_len, heads_q, head_dim)
@@ -152,7 +152,7 @@ def _packed_varlen(query, key, value, cu_q, cu_k, max_q, max_k, causal, scaling,
     cu_q, cu_k = (t if t.dtype == torch.int32 else t.to(torch.int32) for t in (cu_q, cu_k))
     out = flash_attn_varlen_func(
         q, k, v, cu_q.contiguous(), cu_k.contiguous(), max_q, max_k,
-        softmax_scale=scaling, causal=causal, window_size=window, learnable_sink=sink,
+        softmax_scale=scaling, causal=causal, window_size=window, learnable_sink=sink, softcap=softcap,
     )
     return out.view(batch, q_len, heads_q, out.size(-1))
 
@@ -198,9 +198,10 @@ def attention_forward(
     (keyword) is applied as transformers' FlashAttention applies it, except with
     a 4-D mask, which already encodes it.  ``cu_seq_lens_q/k`` with
     ``max_length_q/k``, or ``position_ids``, mark packed batches (see the
-    module's docstring).  Attention sinks (``s_aux``, gpt-oss) run as
-    ``learnable_sink`` on every path but the 4-D mask one.  ``head_mask``,
-    ``output_attentions=True`` and ``softcap`` raise: no kernel computes them.
+    module's docstring).  Attention sinks (``s_aux``, gpt-oss) and logit
+    softcapping (``softcap``, Gemma 2) run on every path but the 4-D mask one,
+    which raises for them.  ``head_mask`` and ``output_attentions=True`` raise:
+    no kernel computes them.
     """
     if kwargs.get("head_mask") is not None:
         raise ValueError("flash_attn_hopper attention has no head_mask support; use attn_implementation='eager'")
@@ -215,10 +216,11 @@ def attention_forward(
             "flash_attn_hopper attention computes attention sinks (s_aux) on its own kernels only, not with a "
             "4-D attention mask (torch's SDPA path); pass a 2-D padding mask or none"
         )
-    if kwargs.get("softcap"):
+    softcap = kwargs.get("softcap") or 0.0  # Gemma 2's attn_logit_softcapping (None when off)
+    if softcap and attention_mask is not None and attention_mask.dim() == 4:
         raise ValueError(
-            f"flash_attn_hopper attention has no logit softcapping (softcap={kwargs['softcap']}); "
-            "use attn_implementation='eager'"
+            f"flash_attn_hopper attention computes logit softcapping (softcap={softcap}) on its own kernels only, "
+            "not with a 4-D attention mask (torch's SDPA path); pass a 2-D padding mask or none"
         )
     groups = _kv_groups(module, query, key)
     module_causal = bool(getattr(module, "is_causal", True))
@@ -242,7 +244,7 @@ def attention_forward(
     window = _window(kwargs.get("sliding_window"), key.size(2))
     if attention_mask is not None:
         _no_dropout(dropout, "padded batches")
-        return _padded_varlen(query, key, value, attention_mask, causal, scaling, window, sink), None
+        return _padded_varlen(query, key, value, attention_mask, causal, scaling, window, sink, softcap), None
 
     packed = [kwargs.get(name) for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
     if all(x is not None for x in packed):
@@ -250,18 +252,19 @@ def attention_forward(
         cu_q, cu_k, max_q, max_k = packed
         out = _packed_varlen(
             query, key, value, cu_q, cu_k, _host_int(max_q, "max_length_q"), _host_int(max_k, "max_length_k"),
-            causal, scaling, window, sink,
+            causal, scaling, window, sink, softcap,
         )
         return out, None
     by_positions = _packed_by_position_ids(kwargs.get("position_ids"), query, key)
     if by_positions is not None:
         _no_dropout(dropout, "packed batches")
         cu, max_len = by_positions
-        return _packed_varlen(query, key, value, cu, cu, max_len, max_len, causal, scaling, window, sink), None
+        out = _packed_varlen(query, key, value, cu, cu, max_len, max_len, causal, scaling, window, sink, softcap)
+        return out, None
 
     q_len, kv_len = query.size(2), key.size(2)
-    if window != (-1, -1) or (causal and 1 < q_len != kv_len) or sink is not None:
-        # Bottom-right causal or a sliding window: FlashAttention's semantics, which SDPA's cannot state.
+    if window != (-1, -1) or (causal and 1 < q_len != kv_len) or sink is not None or softcap:
+        # Bottom-right causal, a sliding window, sinks or softcap: what SDPA cannot state.
         if dropout:
             raise ValueError(
                 f"flash_attn_hopper attention has no dropout (dropout={dropout}) with a sliding window or "
@@ -269,7 +272,7 @@ def attention_forward(
             )
         out = flash_attn_func(
             query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-            softmax_scale=scaling, causal=causal, window_size=window, learnable_sink=sink,
+            softmax_scale=scaling, causal=causal, window_size=window, learnable_sink=sink, softcap=softcap,
         )
         return out.contiguous(), None
     out = scaled_dot_product_attention(

@@ -56,11 +56,13 @@ def load_manifest(repo_root: Path = REPO_ROOT):
     return module
 
 
-def render_instantiation(inst) -> str:
+def render_instantiation(inst, softcap: bool = True) -> str:
+    """One translation unit; ``softcap=False`` (FLASH_ATTN_HOPPER_DISABLE_SOFTCAP) leaves its softcap kernels out."""
     info = load_manifest().DIRECTIONS[inst.direction]
     return (
         f"{HEADER_LINE}\n"
-        f'#include "{info.launch_header}"\n'
+        + ("" if softcap else "#define FLASH_DISABLE_SOFTCAP\n")
+        + f'#include "{info.launch_header}"\n'
         f"template void {info.entry_point}<{inst.hdim}, {inst.cutlass_type}>({info.params_type}&, cudaStream_t);\n"
     )
 
@@ -77,7 +79,8 @@ def render_registry(selection) -> str:
     lines = [
         HEADER_LINE,
         f"// Selection: hdims={','.join(map(str, selection.hdims))} "
-        f"dtypes={','.join(selection.dtypes)} directions={','.join(selection.directions)}",
+        f"dtypes={','.join(selection.dtypes)} directions={','.join(selection.directions)} "
+        f"softcap={int(selection.softcap)}",
         "#ifndef FLASH_ATTN_HOPPER_GENERATED_FWD_REGISTRY_H_",
         "#define FLASH_ATTN_HOPPER_GENERATED_FWD_REGISTRY_H_",
         "",
@@ -98,6 +101,11 @@ def render_registry(selection) -> str:
         "",
         f"#define FLASH_ATTN_HOPPER_HAS_BWD {1 if 'bwd' in selection.directions else 0}",
         "",
+        *([] if selection.softcap else [
+            "// No softcap kernels (FLASH_ATTN_HOPPER_DISABLE_SOFTCAP): the binding refuses softcap.",
+            "#define FLASH_DISABLE_SOFTCAP",
+            "",
+        ]),
         "#endif  // FLASH_ATTN_HOPPER_GENERATED_FWD_REGISTRY_H_",
         "",
     ]
@@ -149,6 +157,7 @@ def render_manifest_header() -> str:
         "// Knobs and the command quoted in messages.",
         f'inline constexpr char const* kEnvHdims = "{manifest.ENV_HDIMS}";',
         f'inline constexpr char const* kEnvDtypes = "{manifest.ENV_DTYPES}";',
+        f'inline constexpr char const* kEnvDisableSoftcap = "{manifest.ENV_DISABLE_SOFTCAP}";',
         f'inline constexpr char const* kBuildCommand = "{manifest.BUILD_COMMAND}";',
         "",
         "// The manifest head dim whose kernels serve head_dim; 0 when none can.",
@@ -194,7 +203,7 @@ def generate(selection, out_dir: Path = DEFAULT_OUT_DIR) -> GenerationResult:
     result = GenerationResult()
     for inst in selection.instantiations():
         path = out_dir / inst.filename
-        _write_if_changed(path, render_instantiation(inst), result)
+        _write_if_changed(path, render_instantiation(inst, selection.softcap), result)
         result.sources.append(path)
     _write_if_changed(out_dir / REGISTRY_NAME, render_registry(selection), result)
     _write_if_changed(out_dir / MANIFEST_HEADER_NAME, render_manifest_header(), result)
@@ -213,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hdims", help=f"overrides ${manifest.ENV_HDIMS}, e.g. 64,128")
     parser.add_argument("--dtypes", help=f"overrides ${manifest.ENV_DTYPES}, e.g. bf16")
     parser.add_argument("--disable-backward", action="store_true", help=f"like ${manifest.ENV_DISABLE_BACKWARD}=1")
+    parser.add_argument("--disable-softcap", action="store_true", help=f"like ${manifest.ENV_DISABLE_SOFTCAP}=1")
     parser.add_argument("--list", action="store_true", help="print the selected files and write nothing")
     args = parser.parse_args(argv)
 
@@ -223,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         env[manifest.ENV_DTYPES] = args.dtypes
     if args.disable_backward:
         env[manifest.ENV_DISABLE_BACKWARD] = "1"
+    if args.disable_softcap:
+        env[manifest.ENV_DISABLE_SOFTCAP] = "1"
     try:
         selection = manifest.selection_from_env(env)
     except ValueError as err:

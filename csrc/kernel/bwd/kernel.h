@@ -96,6 +96,7 @@ struct BwdKernel {
     int window_left;
     int window_right;
     [[no_unique_address]] std::conditional_t<kVarlen, VarlenArgs, NoVarlen> varlen;
+    float softcap_prescale;  // kSoftcap: BwdParams
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
@@ -166,9 +167,10 @@ struct BwdKernel {
   }
 };
 
-// The kernel of (head dim, dtype, mask, mode, varlen): the tile and choices of policy.h.
-template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic, bool kVarlen = false>
-using BwdKernelFor = BwdKernel<BwdPolicyFor<kHeadDim, Element, kLocal, kDeterministic, kVarlen>>;
+// The kernel of (head dim, dtype, mask, mode, varlen, softcap): the tile and choices of policy.h.
+template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic, bool kVarlen = false,
+          bool kSoftcap = false>
+using BwdKernelFor = BwdKernel<BwdPolicyFor<kHeadDim, Element, kLocal, kDeterministic, kVarlen, kSoftcap>>;
 
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

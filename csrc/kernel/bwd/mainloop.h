@@ -9,6 +9,8 @@
 //   dS^T = P^T * (dP^T - D)                     (registers)
 //   dV  += P^T  . dO    dK  += dS^T . Q
 //   dQ   = dS   . K     (staged in shared memory, added into a float32 buffer by dq_reducer.h)
+// With softcap (softcap.h), S^T is first capped, T = tanh(S^T * prescale), P^T comes from T and
+// dS^T is multiplied by 1 - T^2.
 // Computing the transposes keeps the keys on the MMA's M side, so dK and dV accumulate in the
 // same threads for the whole loop.
 #pragma once
@@ -26,6 +28,7 @@
 #include "kernel/common/block_range.h"
 #include "kernel/common/named_barriers.h"
 #include "kernel/common/seqlen.h"
+#include "kernel/common/softcap.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
 #include "params/bwd_params.h"  // kBwdPadM
@@ -53,6 +56,8 @@ struct BwdMainloop {
   static constexpr bool kLateP16 = Policy::kLateP16;
   static constexpr bool kDsKMajor = Policy::kDsKMajor;
   static constexpr bool kVarlen = Policy::kVarlen;
+  static constexpr bool kSoftcap = Policy::kSoftcap;
+  using SoftcapDerivative = typename Policy::SoftcapDerivative;
 
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;

@@ -113,6 +113,10 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, Seq const&
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
     warpgroup_wait<1>();  // S^T ready
+    // kSoftcap: S^T capped before any mask, and the cap's derivative kept for dS^T (taken before
+    // the mask writes -inf, whose derivative would be -inf against P^T = 0).
+    Tensor dtanh = make_tensor<SoftcapDerivative>(shape(tSrS_rc));  // kSoftcap only (unused registers otherwise)
+    if constexpr (kSoftcap) { cap_scores(tSrS_rc, dtanh, params.softcap_prescale); }
     StepMask const step_mask(params, seq, n0, m0);
     // Where the step decides at run time, the mask writes -inf into S^T in a loop of its own
     // under a uniform branch, so that unmasked steps skip it (-inf * scale - lse2 is -inf: lse2
@@ -158,13 +162,14 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_rs(Params const& params, Seq const&
     }
 
     warpgroup_wait<(kDvAfterDs && !kDvSplit) ? 0 : 1>();  // dP^T ready (the dV GEMM, or its first half, may still run)
-    // dS^T = P^T (dP^T - D), with P^T in float32.
+    // dS^T = P^T (dP^T - D) [* (1 - T^2)], with P^T in float32.
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < kCols; ++c) {
       float const dsum = smem.dsum[stage][get<1>(tScS_rc(0, c))];
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
         tSrdP_rc(r, c) = tSrS_rc(r, c) * (tSrdP_rc(r, c) - dsum);
+        if constexpr (kSoftcap) { tSrdP_rc(r, c) *= float(dtanh(r, c)); }
       }
     }
     if constexpr (kLateP16) { convert_k_blocks<kDvSplit ? kDvFirstKBlocks : 0, kDvKBlocks>(tSrS_a, tdVrP); }

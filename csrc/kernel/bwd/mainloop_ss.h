@@ -96,6 +96,8 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_ss(Params const& params, Seq const&
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), acc_layout_rowcol(tSrdP.layout()));
     warpgroup_wait<1>();  // S^T ready
+    Tensor dtanh = make_tensor<SoftcapDerivative>(shape(tSrS_rc));  // kSoftcap: as in mma_rs
+    if constexpr (kSoftcap) { cap_scores(tSrS_rc, dtanh, params.softcap_prescale); }
     bool const needs_mask = block_needs_mask(m0, n0, params, seq);
     StepMask const step_mask(params, seq, n0, m0);
     CUTLASS_PRAGMA_UNROLL
@@ -111,7 +113,10 @@ CUTLASS_DEVICE void BwdMainloop<Policy>::mma_ss(Params const& params, Seq const&
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(tSrdP_rc); ++r) {
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kCols; ++c) { tSrdP_rc(r, c) = tSrS_rc(r, c) * (tSrdP_rc(r, c) - dsum[c]); }  // dS^T
+      for (int c = 0; c < kCols; ++c) {
+        tSrdP_rc(r, c) = tSrS_rc(r, c) * (tSrdP_rc(r, c) - dsum[c]);  // dS^T
+        if constexpr (kSoftcap) { tSrdP_rc(r, c) *= float(dtanh(r, c)); }
+      }
     }
 
     // P^T and dS^T to shared memory: the next GEMMs read them from both warpgroups.

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cutlass/numeric_types.h>
+
 #include "params/bwd_params.h"  // kBwdPadM, kBwdMinBlockM
 
 namespace flash {
@@ -122,8 +124,9 @@ inline FwdKeys fwd_keys_class_for(int seqlen_k) {
   return keys;
 }
 
-// What the forward kernel of (head dim, dtype, mask, tile, varlen) does beyond its tile.
-template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_, bool kVarlen_ = false>
+// What the forward kernel of (head dim, dtype, mask, tile, varlen, softcap) does beyond its tile.
+template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_, bool kVarlen_ = false,
+          bool kSoftcap_ = false>
 struct FwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
@@ -136,6 +139,8 @@ struct FwdPolicy {
   static constexpr bool kPersistent = kTile.persistent;
   // Variable-length batches: sequences packed along the rows, each tile's extent from SeqLenInfo.
   static constexpr bool kVarlen = kVarlen_;
+  // Scores capped by softcap * tanh before the mask (softcap.h).
+  static constexpr bool kSoftcap = kSoftcap_;
 
   // Persistent with its own O buffer: O is staged there and a second Q buffer alternates with the
   // first, so the next tile's Q loads while this tile still reads its own [D:012]; the O
@@ -158,13 +163,15 @@ struct FwdPolicy {
   // warpgroup needs [D:017].
   static constexpr bool kHalfSoftmax = kHeadDim == 64 && kLocal && kBlockN == 128;
   // Key blocks after the first full unmasked one skip the row-max search [D:010].
+  // Not with softcap at hdim 256, where the second S(n) spills [D:056].
   static constexpr bool kMaxFree =
       kHeadDim == 96 || (kHeadDim == 64 && (!kLocal || kBlockM == 192)) ||
-      (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent)));
+      (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap)));
 };
 
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false>
-using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_tile<kHeadDim, kLocal, kKeys>(), kVarlen>;
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false>
+using FwdPolicyFor =
+    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_tile<kHeadDim, kLocal, kKeys>(), kVarlen, kSoftcap>;
 
 // For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
 // to needs a tile counter. A class that does not differ from the one below has the same tile, so
@@ -234,10 +241,10 @@ inline bool bwd_needs_tile_counter(int head_dim_rounded, bool local, bool determ
   }
 }
 
-// What the backward kernel of (head dim, dtype, mask, dV order, persistence, varlen) does beyond
-// its tile. The default and deterministic modes share a kernel where these agree.
+// What the backward kernel of (head dim, dtype, mask, dV order, persistence, varlen, softcap) does
+// beyond its tile. The default and deterministic modes share a kernel where these agree.
 template <int kHeadDim_, typename Element_, typename Mask_, bool kDvAfterDs_, bool kPersistent_,
-          bool kVarlen_ = false>
+          bool kVarlen_ = false, bool kSoftcap_ = false>
 struct BwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
@@ -256,6 +263,11 @@ struct BwdPolicy {
   // Variable-length batches: sequences packed along the rows (SeqLenInfo); the key blocks that
   // cross a sequence's end are masked in every kernel, not only in causal/local ones.
   static constexpr bool kVarlen = kVarlen_;
+  // Scores capped by softcap * tanh; dS^T times the cap's derivative (softcap.h), held through the
+  // step in float32 in the persistent kernels and in fp16 in the others: the fewer spills in the
+  // step loop of each, from the SASS [D:056].
+  static constexpr bool kSoftcap = kSoftcap_;
+  using SoftcapDerivative = std::conditional_t<kPersistent_, float, cutlass::half_t>;
   // SS with one Q/dO stage: Q and dO in two pipelines, so each stage is released as soon as its
   // GEMM has read it [D:041].
   static constexpr bool kSplitQdO = !kRS && kStages == 1;
@@ -279,8 +291,9 @@ struct BwdPolicy {
   static constexpr bool kDsKMajor = kRS && kHeadDim == 128;
 };
 
-template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic, bool kVarlen = false>
+template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic, bool kVarlen = false,
+          bool kSoftcap = false>
 using BwdPolicyFor = BwdPolicy<kHeadDim, Element, MaskFor<kLocal>, bwd_dv_after_ds<kHeadDim, kLocal, kDeterministic>(),
-                               bwd_persistent<kHeadDim, kLocal, kDeterministic>(), kVarlen>;
+                               bwd_persistent<kHeadDim, kLocal, kDeterministic>(), kVarlen, kSoftcap>;
 
 }  // namespace flash

@@ -90,13 +90,14 @@ struct FwdKernel {
     int diag_offset;  // local attention (kLocal): see FwdParams
     int window_left;
     int window_right;
-    float softmax_scale;
-    float softmax_scale_log2;
+    float lse_scale;           // the row max's factor in the LSE: softmax_scale, or softcap
+    float softmax_scale_log2;  // FwdParams
     int heads_per_group;  // persistent causal/local order: (batch x head)s walked together (tile_scheduler.h)
     int* tile_counter;    // kDynamic: zeroed before the launch
     typename Scheduler::Divisors divisors;
     [[no_unique_address]] typename Epilogue::DirectO direct_o;
     [[no_unique_address]] std::conditional_t<kVarlen, VarlenArgs, NoVarlen> varlen;
+    float softcap_prescale;  // kSoftcap: FwdParams
   };
   using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
 
@@ -235,9 +236,10 @@ struct FwdKernel {
   }
 };
 
-// The kernel of (head dim, dtype, mask, key-length class, varlen): the tile of policy.h's table.
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false>
-using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys, kVarlen>>;
+// The kernel of (head dim, dtype, mask, key-length class, varlen, softcap): the tile of policy.h's
+// table.
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false>
+using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys, kVarlen, kSoftcap>>;
 
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

@@ -18,6 +18,7 @@
 #include "kernel/common/block_range.h"
 #include "kernel/common/mask.h"
 #include "kernel/common/named_barriers.h"
+#include "kernel/common/softcap.h"
 #include "kernel/common/softmax.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
@@ -39,6 +40,7 @@ struct FwdMainloop {
   static constexpr bool kSplitMask = Policy::kSplitMask;
   static constexpr bool kHalfSoftmax = Policy::kHalfSoftmax;
   static constexpr bool kMaxFree = Policy::kMaxFree;
+  static constexpr bool kSoftcap = Policy::kSoftcap;
 
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
   static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 2 && kNumMmaWarpGroups <= 3);
@@ -230,6 +232,7 @@ struct FwdMainloop {
       scheduler_arrive(wg);
       warpgroup_wait<0>();
       release_k(n);
+      if constexpr (kSoftcap) { apply_softcap(tSrS, params.softcap_prescale); }
       if constexpr (kHalfSoftmax) {
         // This warpgroup's last row sees no key past the first half of block n (BlockRange's
         // bound, for this warpgroup's rows).
@@ -297,7 +300,9 @@ struct FwdMainloop {
         wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
         scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
         warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
+        // S(n) as the softmax takes it: capped (kSoftcap), then masked.
         auto mask_block = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
+          if constexpr (kSoftcap) { apply_softcap(tSrS, params.softcap_prescale); }
           if constexpr (std::is_same_v<decltype(masked), MaskIfNeeded>) {
             mask(n);
           } else if constexpr (decltype(masked)::value) {
@@ -356,7 +361,7 @@ struct FwdMainloop {
       warpgroup_wait<0>();
       pipeline_v.consumer_release(state_v);
       ++state_v;  // persistent mode: the next tile's first V is the next stage
-      softmax.finalize(tOrO_rc, params.softmax_scale, lse);
+      softmax.finalize(tOrO_rc, params.lse_scale, lse);
     } else {
       clear(tOrO);
       fill(lse, -INFINITY);
