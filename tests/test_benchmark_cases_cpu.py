@@ -34,3 +34,16 @@ def test_decode_grid_and_bytes():
     pts = list(bd.points([1, 8, 64], [4096, 32768, 131072], ["32:8", "8:1"], [64, 128, 256], max_gib=40.0))
     assert (1, 4096, "32:8", 64) in pts and (64, 131072, "32:8", 256) not in pts  # 64 GiB of K+V: skipped
     assert all(bd.kv_bytes(b, c, bd.GQA[g][1], h) <= 40 * 2**30 for b, c, g, h in pts)
+
+
+def test_scoremods_report_gives_the_bars_ratios():
+    import benchmark_scoremods as bs
+
+    rows = [bs.Row("plain", 128, False, 8192, 600.0, 400.0), bs.Row("softcap", 128, False, 8192, 540.0, 350.0),
+            bs.Row("sink", 128, False, 8192, 590.0, 396.0), bs.Row("fa3-softcap", 128, False, 8192, 500.0, 360.0)]
+    md = bs.markdown(rows, {"date": "2026-12-05", "gpu": "H200", "torch": "2.11", "flash_attn_hopper": "0.1.0"})
+    assert "| 128 | false | 8192 | softcap / plain | 0.900 | 0.875 |" in md
+    assert "| 128 | false | 8192 | sink / plain | 0.983 | 0.990 |" in md
+    assert "| 128 | false | 8192 | softcap / fa3-softcap | 1.080 | 0.972 |" in md
+    assert "plain / fa3 |" not in md  # no fa3 row measured: no ratio made up
+    assert set(bs.PROVIDERS) >= {a for a, _ in bs.RATIOS} | {b for _, b in bs.RATIOS}

@@ -49,3 +49,17 @@ def test_build_without_archives_says_how_to_get_them(tmp_path, monkeypatch):
 def test_peer_sources_are_ignored_by_git():
     ignored = subprocess.run(["git", "check-ignore", "-q", ".peers/fa3-hopper-0251105.tar.gz"], cwd=REPO_ROOT)
     assert ignored.returncode == 0
+
+
+def test_enabled_features_are_compiled_in_with_their_own_files():
+    defines = peer._feature_defines(frozenset({"SOFTCAP", "VARLEN"}))
+    assert "-DFLASHATTENTION_DISABLE_SOFTCAP" not in defines and "-DFLASHATTENTION_DISABLE_VARLEN" not in defines
+    assert "-DFLASHATTENTION_DISABLE_SPLIT" in defines  # the rest stays as the yardstick's build
+    assert len(peer._sources(frozenset({"SOFTCAP"}))) == len(peer._sources()) + 2 * len(peer.HDIMS)
+    assert "instantiations/flash_bwd_hdim128_bf16_softcap_sm90.cu" in peer._sources(frozenset({"SOFTCAP"}))
+    try:
+        peer._feature_defines(frozenset({"TELEPORT"}))
+    except SystemExit as exc:
+        assert "TELEPORT" in str(exc)
+    else:
+        raise AssertionError("an unknown FA3 switch was accepted")

@@ -10,6 +10,8 @@ backward for head dims 64 / 128 / 256 with FA3's own nvcc flags and with the fea
 yardstick's build left out compiled out too (varlen, split-KV, paged KV, append-KV, local,
 softcap, PackGQA, fp16, fp8, sm80), then lays out a directory which, on PYTHONPATH, makes
 `flash_attn_interface` importable: benchmarks/benchmark_attn.py's `fa3` provider then runs.
+`build --enable SOFTCAP,VARLEN` compiles those features back in (the peers of issues that compare
+them: benchmarks/benchmark_scoremods.py's fa3-softcap, benchmark_varlen.py's fa3-varlen).
 
     python3 tools/gpu/fa3_peer.py pack --fa-repo /work/.mirror/Dao-AILab+flash-attention/repo \\
         --cutlass-repo /work/.mirror/NVIDIA+cutlass/repo            # here, once
@@ -45,8 +47,14 @@ DISABLED = {
 DISABLED_DIFF = {"HDIMDIFF64": True, "HDIMDIFF192": True}  # config keys FLASH_ATTENTION_DISABLE_* upstream
 
 
-def _sources() -> list[str]:
-    kernels = [f"instantiations/flash_{kind}_hdim{d}_bf16_sm90.cu" for d in HDIMS for kind in ("fwd", "bwd")]
+#: Features whose kernels FA3 instantiates in files of their own (flash_fwd_hdim128_bf16_softcap_sm90.cu).
+OWN_FILES = ("SOFTCAP",)
+
+
+def _sources(enable: frozenset[str] = frozenset()) -> list[str]:
+    variants = [""] + [f"_{f.lower()}" for f in OWN_FILES if f in enable]
+    kernels = [f"instantiations/flash_{kind}_hdim{d}_bf16{v}_sm90.cu"
+               for v in variants for d in HDIMS for kind in ("fwd", "bwd")]
     return ["flash_api_stable.cpp", *kernels, "flash_prepare_scheduler.cu"]
 
 
@@ -54,7 +62,7 @@ def pack(fa_repo: Path, cutlass_repo: Path) -> None:
     PEERS.mkdir(exist_ok=True)
     listing = subprocess.run(["git", "-C", str(fa_repo), "ls-tree", "-r", "--name-only", FA3_COMMIT, "hopper/"],
                              check=True, capture_output=True, text=True).stdout.split()
-    wanted = {f"hopper/{s}" for s in _sources()}
+    wanted = {f"hopper/{s}" for s in _sources(frozenset(OWN_FILES))}  # every build's files
     files = [f for f in listing if f in wanted or (not f.startswith("hopper/instantiations/")
                                                   and f.endswith((".h", ".hpp", ".cpp", ".cu", ".py")))]
     missing = wanted - set(files)
@@ -68,11 +76,19 @@ def pack(fa_repo: Path, cutlass_repo: Path) -> None:
         print(f"{a.relative_to(REPO_ROOT)}: {a.stat().st_size / 1e6:.1f} MB")
 
 
-def _feature_defines() -> list[str]:
-    return [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in (DISABLED | DISABLED_DIFF).items() if off]
+def _switches(enable: frozenset[str] = frozenset()) -> dict[str, bool]:
+    """FA3's DISABLE switches (True = compiled out), with the features in ``enable`` compiled in."""
+    unknown = enable - set(DISABLED) - set(DISABLED_DIFF)
+    if unknown:
+        sys.exit(f"--enable: not an FA3 feature switch: {sorted(unknown)} (known: {sorted(DISABLED | DISABLED_DIFF)})")
+    return {k: off and k not in enable for k, off in (DISABLED | DISABLED_DIFF).items()}
 
 
-def build(out: Path, jobs: int) -> None:
+def _feature_defines(enable: frozenset[str] = frozenset()) -> list[str]:
+    return [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in _switches(enable).items() if off]
+
+
+def build(out: Path, jobs: int, enable: frozenset[str] = frozenset()) -> None:
     for a in (FA3_ARCHIVE, CUTLASS_ARCHIVE):
         if not a.exists():
             sys.exit(f"{a} is missing: run `tools/gpu/fa3_peer.py pack` here and carry .peers/")
@@ -86,8 +102,9 @@ def build(out: Path, jobs: int) -> None:
 
     # The interface module and the build-flag record it reads (FA3's setup.py writes the latter).
     shutil.copy(hopper / "flash_attn_interface.py", out / "flash_attn_interface.py")
-    flags = {f"FLASHATTENTION_DISABLE_{k}": v for k, v in DISABLED.items()}
-    flags |= {f"FLASH_ATTENTION_DISABLE_{k}": v for k, v in DISABLED_DIFF.items()}
+    switches = _switches(enable)
+    flags = {f"FLASHATTENTION_DISABLE_{k}": switches[k] for k in DISABLED}
+    flags |= {f"FLASH_ATTENTION_DISABLE_{k}": switches[k] for k in DISABLED_DIFF}
     flags["FLASHATTENTION_ENABLE_VCOLMAJOR"] = False
     (out / "flash_attn_config.py").write_text(f"# written by tools/gpu/fa3_peer.py\nCONFIG = {{'build_flags': {flags!r}}}\n")
     package = out / "flash_attn_3"
@@ -103,10 +120,11 @@ def build(out: Path, jobs: int) -> None:
             "-DCUTLASS_DEBUG_TRACE_LEVEL=0", "-DNDEBUG"]
     cxx = ["-O3", "-std=c++17", "-DPy_LIMITED_API=0x03090000", "-DTORCH_TARGET_VERSION=0x0209000000000000"]
     start = time.time()
-    load(name="_C", sources=[str(hopper / s) for s in _sources()], extra_cflags=cxx + _feature_defines(),
-         extra_cuda_cflags=nvcc + _feature_defines(), extra_include_paths=[str(hopper), str(cutlass_include)],
+    load(name="_C", sources=[str(hopper / s) for s in _sources(enable)], extra_cflags=cxx + _feature_defines(enable),
+         extra_cuda_cflags=nvcc + _feature_defines(enable), extra_include_paths=[str(hopper), str(cutlass_include)],
          build_directory=str(package), is_python_module=False, verbose=False)
-    print(f"FA3 {FA3_COMMIT} built in {time.time() - start:.0f} s ({len(_sources())} files, {jobs} jobs) -> {out}")
+    print(f"FA3 {FA3_COMMIT} built in {time.time() - start:.0f} s ({len(_sources(enable))} files, {jobs} jobs, "
+          f"enabled: {','.join(sorted(enable)) or 'none'}) -> {out}")
 
 
 def check() -> None:
@@ -140,6 +158,8 @@ def main() -> None:
     bd = sub.add_parser("build", help="unpack and compile (on the GPU machine)")
     bd.add_argument("--out", type=Path, default=Path("/tmp/fa3peer"))
     bd.add_argument("--jobs", type=int, default=int(os.environ.get("MAX_JOBS", "16")))
+    bd.add_argument("--enable", default=os.environ.get("FA3_ENABLE", ""),
+                    help="comma-separated FA3 switches to compile in, e.g. SOFTCAP,VARLEN (default: $FA3_ENABLE)")
     sub.add_parser("check", help="FA3 against flash_attn_hopper on one shape (on the GPU machine)")
     args = p.parse_args()
     if args.cmd == "check":
@@ -148,7 +168,7 @@ def main() -> None:
         pack(args.fa_repo, args.cutlass_repo)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
-        build(args.out.resolve(), args.jobs)
+        build(args.out.resolve(), args.jobs, frozenset(x.strip().upper() for x in args.enable.split(",") if x.strip()))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@
 #
 # STEPS (comma list; they run in this order whatever order they are given in):
 #   fa3        build FlashAttention-3 (tools/gpu/fa3_peer.py) in the background beside our build;
-#              bench / breakdown / power / ncu wait for it, and bench then times the fa3 provider
+#              bench / breakdown / power / ncu wait for it, and bench then times the fa3 provider;
+#              FA3_ENABLE=SOFTCAP,VARLEN compiles those features in (the peers of scoremods / varlen)
 #   build      build HDIMS x DTYPES in place (MAX_JOBS=16, ptxas -v), $OUT/build.log
 #   wheel      pack that build as a wheel into $OUT/wheel/ (reuses the compiled objects)
 #   wheeltest  a wheel built elsewhere (WHEEL, default the newest carried dist/flash_attn_hopper-*.whl,
