@@ -59,6 +59,16 @@ void run_flash_bwd(BwdParams& params, cudaStream_t stream);
 
 namespace {
 
+// The LSE of rows that see no key: -inf, or with a sink that head's logit (sink viewed as `shape`,
+// broadcast over the rows).
+void fill_empty_lse(Tensor& lse, std::optional<Tensor> const& sink, std::vector<int64_t> const& shape) {
+  if (sink) {
+    torch::stable::copy_(lse, torch::stable::view(*sink, shape));
+  } else {
+    torch::stable::fill_(lse, -std::numeric_limits<float>::infinity());
+  }
+}
+
 // Launches the forward on the current stream, with the zeroed tile counter that the dynamic
 // persistent causal/local kernels draw from (a 4-byte memset rather than a zeros op's fill kernel).
 void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor const& like, int device) {
@@ -74,9 +84,11 @@ void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor c
 
 std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
                                            double softmax_scale, bool causal, int64_t window_size_left,
-                                           int64_t window_size_right, bool top_left, double softcap) {
+                                           int64_t window_size_right, bool top_left, double softcap,
+                                           std::optional<Tensor> const& sink) {
   Problem const pb = check_problem(q, k, v);
   check_scale(softmax_scale, softcap);
+  float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
   FwdFn const fwd = find_fwd(head_dim_rounded, is_bf16);
@@ -85,9 +97,9 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
   Tensor out = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim});
   Tensor lse = empty_like_dev(q, {batch, heads_q, seqlen_q}, kFloat);
   if (batch == 0 || seqlen_q == 0 || heads_q == 0) { return {out, lse}; }
-  if (seqlen_k == 0) {  // nothing to attend to: O = 0, LSE = -inf
+  if (seqlen_k == 0) {  // nothing to attend to: O = 0, LSE = -inf (or the sink's logit)
     torch::stable::zero_(out);
-    torch::stable::fill_(lse, -std::numeric_limits<float>::infinity());
+    fill_empty_lse(lse, sink, {1, heads_q, 1});
     return {out, lse};
   }
 
@@ -97,6 +109,7 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   params.o_ptr = out.data_ptr();
   params.lse_ptr = lse.mutable_data_ptr<float>();
+  params.sink_ptr = sink_ptr;
   params.o_batch_stride = out.stride(0);
   params.o_row_stride = out.stride(1);
   params.o_head_stride = out.stride(2);
@@ -113,25 +126,26 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
                                                   int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                   int64_t window_size_left, int64_t window_size_right, bool top_left,
-                                                  double softcap) {
+                                                  double softcap, std::optional<Tensor> const& sink) {
   auto const [vl, q4, k4, v4, pb] =
       check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
+  float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
 
-  bool const gaps = seqused_q.has_value();  // rows no sequence uses: defined as 0 / -inf
+  bool const gaps = seqused_q.has_value();  // rows no sequence uses: 0 / -inf (the sink's logit), as rows without keys
   Tensor out = gaps ? zeros_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim})
                         : empty_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim});
   Tensor lse = empty_like_dev(q, {pb.heads_q, vl.total_q}, kFloat);
   if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
   if (vl.total_k == 0 || vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
     torch::stable::zero_(out);
-    torch::stable::fill_(lse, -std::numeric_limits<float>::infinity());
+    fill_empty_lse(lse, sink, {pb.heads_q, 1});
     return {out, lse};
   }
-  if (gaps) { torch::stable::fill_(lse, -std::numeric_limits<float>::infinity()); }
+  if (gaps) { fill_empty_lse(lse, sink, {pb.heads_q, 1}); }
 
   Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
   Tensor const o4 = torch::stable::unsqueeze(out, 0);
@@ -141,6 +155,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
   params.o_ptr = out.data_ptr();
   params.lse_ptr = lse.mutable_data_ptr<float>();
+  params.sink_ptr = sink_ptr;
   params.o_batch_stride = o4.stride(0);
   params.o_row_stride = o4.stride(1);
   params.o_head_stride = o4.stride(2);
@@ -342,15 +357,17 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
 FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   // window sizes: -1 = unbounded; top_left: measure the causal diagonal / window from the top-left
   // corner (torch SDPA's is_causal) instead of the bottom-right one (FlashAttention's); softcap: 0 =
-  // off, else scores softcap * tanh(softmax_scale * q.k / softcap) (FlashAttention-3's).
+  // off, else scores softcap * tanh(softmax_scale * q.k / softcap) (FlashAttention-3's); sink: None, or
+  // a float32 (nheads,) logit per head in every row's softmax denominator (the LSE includes it).
   m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
-        "int window_size_right=-1, bool top_left=False, float softcap=0.0) -> (Tensor out, Tensor softmax_lse)");
+        "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None) "
+        "-> (Tensor out, Tensor softmax_lse)");
   // q (total_q, nheads, d), k and v (total_k, nheads_kv, d), sequence b at rows cu_seqlens[b]; the
   // LSE is (nheads, total_q).
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
-        "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0) "
-        "-> (Tensor out, Tensor softmax_lse)");
+        "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
+        "Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
         "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "

@@ -3,14 +3,13 @@ head that joins every row's softmax denominator and contributes no value,
 
     out = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink}),    lse' = logaddexp(lse, sink).
 
-Computed here from the kernels' (out, lse) of the same call: out' = out * exp(lse - lse'). The
-backward needs no kernel of its own: the kernels' backward run on (out', lse') gives the exact
-gradients of q, k and v (P' = exp(s - lse') is the sink softmax's probability, and
-D = rowsum(dout * out') its row term), and the sink's own gradient is -sum over rows of
-exp(sink - lse') * D. Two ops, registered like the kernels' own (fake kernels, autograd), so
-that compile, export and CUDA graphs see them whole: ``fwd_sink`` (dense) and
-``varlen_fwd_sink`` (variable length). The extra pass over out costs a few percent at long
-sequences and more at short ones; a kernel epilogue for it is future work (decision 054).
+The forward kernels fold the sink into each row's softmax denominator at the end of the tile
+(the ops' ``sink`` argument). The backward needs no kernel of its own: the kernels' backward run
+on (out', lse') gives the exact gradients of q, k and v (P' = exp(s - lse') is the sink softmax's
+probability, and D = rowsum(dout * out') its row term), and the sink's own gradient is -sum over
+rows of exp(sink - lse') * D, computed here. Two ops, registered like the kernels' own (fake
+kernels, autograd), so that compile, export and CUDA graphs see them whole: ``fwd_sink`` (dense)
+and ``varlen_fwd_sink`` (variable length); decision 054.
 """
 
 from __future__ import annotations
@@ -32,15 +31,9 @@ VARLEN_FWD_SINK_SCHEMA = (
 )
 
 
-def _with_sink(out, lse, sink, lse_heads_dim: int):
-    """(out', lse') of (out, lse) and the sink logits; lse's heads are dim lse_heads_dim, out's dim -2."""
-    shape = [1] * lse.dim()
-    shape[lse_heads_dim] = -1
-    sink_f = sink.float().reshape(shape)
-    lse_sink = torch.logaddexp(lse, sink_f)
-    factor = torch.exp(lse - lse_sink)  # 0 for rows that see no key (lse -inf)
-    factor = factor.movedim(lse_heads_dim, -1).unsqueeze(-1)  # (..., rows, heads, 1) as out's layout
-    return (out.float() * factor).to(out.dtype), lse_sink
+def _kernel_sink(sink):
+    """The sink as the kernels read it: float32, contiguous (a no-op for a float32 sink)."""
+    return sink.detach().to(torch.float32).contiguous()
 
 
 def _sink_grad(dout, out_sink, lse_sink, sink, lse_heads_dim: int):
@@ -55,10 +48,9 @@ def _sink_grad(dout, out_sink, lse_sink, sink, lse_heads_dim: int):
 
 def _fwd_sink_impl(q, k, v, sink, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
                    deterministic=False, softcap=0.0):
-    out, lse = torch.ops.flash_attn_hopper.fwd.default(
-        q, k, v, softmax_scale, causal, window_size_left, window_size_right, False, softcap
+    return torch.ops.flash_attn_hopper.fwd.default(
+        q, k, v, softmax_scale, causal, window_size_left, window_size_right, False, softcap, _kernel_sink(sink)
     )
-    return _with_sink(out, lse, sink, 1)  # lse (batch, heads, seqlen_q)
 
 
 def _fwd_sink_fake(q, k, v, sink, softmax_scale, causal, *rest):
@@ -88,11 +80,10 @@ def _fwd_sink_backward(ctx, grad_out, grad_lse):
 def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                           max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
                           deterministic=False, softcap=0.0):
-    out, lse = ops.varlen_fwd_op()(
+    return ops.varlen_fwd_op()(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-        causal, window_size_left, window_size_right, False, softcap,
+        causal, window_size_left, window_size_right, False, softcap, _kernel_sink(sink),
     )
-    return _with_sink(out, lse, sink, 0)  # lse (heads, total_q)
 
 
 def _varlen_fwd_sink_fake(q, k, v, sink, *rest):

@@ -10,7 +10,8 @@ csrc/flash_api.cpp): q (b, sq, hq, d), k and v (b, sk, hk, d); query i sees
 key j when  j >= i + off - left (left >= 0)  and  j <= i + off + right
 (right >= 0, and right = 0 when causal), off = sk - sq, or 0 with top_left;
 rows that see no key give out = 0 and lse = -inf; softcap > 0 caps the scaled scores s to
-softcap * tanh(s / softcap) before the mask.  out is a contiguous
+softcap * tanh(s / softcap) before the mask; a sink (float32, one logit per query head) joins
+every row's denominator: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse').  out is a contiguous
 (b, sq, hq, d) tensor in q's dtype, lse float32 (b, hq, sq).
 
 ``bwd`` (flash_attn_hopper/ops.py's BWD_SCHEMA) recomputes P from q, k and
@@ -51,7 +52,7 @@ def capped(scores, softcap):
 
 
 def emulate_fwd(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
-                softcap=0.0):
+                softcap=0.0, sink=None):
     """What the op returns, computed in float32 with plain torch ops (also on fake tensors)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.size(1), k.size(2)
@@ -63,6 +64,11 @@ def emulate_fwd(q, k, v, softmax_scale, causal, window_size_left=-1, window_size
     scores = scores.masked_fill(masked, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.softmax(scores, dim=-1).masked_fill(masked.all(dim=-1, keepdim=True), 0.0)
+    if sink is not None:
+        assert sink.dtype == torch.float32 and sink.shape == (heads_q,), (sink.dtype, sink.shape)
+        with_sink = torch.logaddexp(lse, sink.view(1, -1, 1))
+        probs = probs * torch.exp(lse - with_sink)[..., None]  # 0 where lse is -inf
+        lse = with_sink
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vf).to(q.dtype).contiguous()
     return out, lse.contiguous()
 
@@ -101,13 +107,16 @@ class EmulatedKernel:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
-        self.softcaps: list[float] = []  # each call's softcap (kept out of calls: tests compare those whole)
+        self.softcaps: list[float] = []  # each call's softcap and sink (kept out of calls: tests compare those whole)
+        self.sinks: list = []
 
     def __call__(self, q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
-                 softcap=0.0):
+                 softcap=0.0, sink=None):
         self.calls.append((q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left))
         self.softcaps.append(softcap)
-        return emulate_fwd(q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap)
+        self.sinks.append(sink)
+        return emulate_fwd(q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap,
+                           sink)
 
 
 @contextlib.contextmanager
@@ -214,21 +223,23 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
 
 def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                        softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
-                       softcap=0.0):
+                       softcap=0.0, sink=None):
     """What varlen_fwd returns: each sequence through emulate_fwd; rows outside every used part
-    out 0 and lse -inf, rows past cu_seqlens_q[-1] NaN ("not written") when there is no seqused_q."""
+    out 0 and lse -inf (the sink with one), as rows that see no key."""
     total_q, heads_q, head_dim = q.shape
     segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                                total_q, k.size(0))
     out = torch.zeros(total_q, heads_q, head_dim, dtype=q.dtype, device=q.device)
     lse = torch.full((heads_q, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    if sink is not None:
+        lse[:] = sink.view(-1, 1)
     for q_start, len_q, k_start, len_k in segments:
         if len_q == 0 or len_k == 0:
             continue
         o, l = emulate_fwd(
             q[q_start : q_start + len_q][None], k[k_start : k_start + len_k][None],
             v[k_start : k_start + len_k][None], softmax_scale, causal, window_size_left, window_size_right, top_left,
-            softcap,
+            softcap, sink,
         )
         out[q_start : q_start + len_q] = o[0]
         lse[:, q_start : q_start + len_q] = l[0]

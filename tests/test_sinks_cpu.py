@@ -137,3 +137,15 @@ def test_compile_fullgraph_with_a_sink(kernels):
     out_e, grads_e = grads_of(block, q, k, v, dout)
     torch._dynamo.reset()
     assert torch.equal(out_c, out_e) and all(torch.equal(a, b) for a, b in zip(grads_c, grads_e))
+
+
+def test_the_raw_fwd_op_refuses_a_sink_that_wants_a_gradient(kernels):
+    """The fwd ops' own autograd formula has no sink gradient: asking for one through them raises
+    instead of leaving the sink's gradient silently empty (flash_attn_func routes sinks through fwd_sink)."""
+    q, k, v, _ = cpu_inputs(1, 8, 8, 2, 2, 64, 0, DTYPE)
+    sink = torch.zeros(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no gradient for their sink"):
+        torch.ops.flash_attn_hopper.fwd(q.requires_grad_(), k, v, 0.125, False, -1, -1, False, 0.0, sink)
+    out, lse = torch.ops.flash_attn_hopper.fwd(q, k, v, 0.125, False, -1, -1, False, 0.0, sink.detach())
+    ref, ref_lse = attention_ref(q, k, v, softmax_scale=0.125, sink=sink.detach())
+    assert torch.allclose(lse, ref_lse, atol=1e-4)

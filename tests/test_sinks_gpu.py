@@ -12,7 +12,7 @@ from flash_attn_hopper import flash_attn_func, flash_attn_varlen_func, ops
 
 from helpers.grads import check_grads
 from helpers.inputs import qkv, varlen_qkv
-from helpers.kernels import compiled_config, skip_unless_compiled
+from helpers.kernels import compiled_config, cuda_kernel_names, is_our_forward_kernel, skip_unless_compiled
 from reference import assert_fa_close, attention_ref, attention_ref_varlen
 
 pytestmark = pytest.mark.gpu
@@ -74,3 +74,38 @@ def test_varlen():
     o, _ = attention_ref_varlen(*f, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, sink=sf, causal=True)
     (want,) = torch.autograd.grad(o, sf, dout.float())
     _check_sink_grad(ds, want)
+
+
+def test_rows_without_keys_and_unused_rows_give_the_sink_as_lse():
+    """The kernels' own answer where no key is seen: out 0 and LSE = the sink, for an empty k
+    (the binding's early return), bottom-right causal rows, and varlen rows outside seqused_q."""
+    d, dtype = compiled_config("fwd")
+    sink = _sink(4, 5)
+    q, k, v = qkv(2, 40, 0, 4, 2, d, dtype=dtype, seed=1)
+    out, lse = flash_attn_func(q, k, v, learnable_sink=sink, return_attn_probs=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, sink.view(1, 4, 1).expand(2, 4, 40))
+    q, k, v = qkv(1, 50, 20, 4, 2, d, dtype=dtype, seed=2)  # causal: the first 30 rows see nothing
+    out, lse = flash_attn_func(q, k, v, causal=True, learnable_sink=sink, return_attn_probs=True)
+    assert torch.equal(out[:, :30], torch.zeros_like(out[:, :30]))
+    assert torch.equal(lse[:, :, :30], sink.view(1, 4, 1).expand(1, 4, 30))
+    q, k, v, _, cu_q, cu_k, max_q, max_k = varlen_qkv([30, 20], [25, 40], 4, 2, d, dtype=dtype, device="cuda", seed=4)
+    used = torch.tensor([10, 20], dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, seqused_q=used, learnable_sink=sink,
+                                      return_attn_probs=True)
+    assert torch.equal(out[10:30], torch.zeros_like(out[10:30]))
+    assert torch.equal(lse[:, 10:30], sink.view(4, 1).expand(4, 20))
+    ref = functools.partial(attention_ref_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_q=used, sink=sink)
+    (ro, _), (lo, _) = ref(q, k, v), ref(q, k, v, upcast=False)
+    keep = torch.cat([torch.arange(10), torch.arange(30, 50)]).cuda()
+    assert_fa_close(out[keep], ro[keep], lo[keep], name="out")
+
+
+def test_the_sink_costs_no_extra_pass_over_out():
+    """The forward kernel folds the sink in: the call launches our forward kernel and nothing that
+    reads out again (no elementwise kernels beside a float32 cast of a bf16 sink)."""
+    d, dtype = compiled_config("fwd")
+    q, k, v = qkv(2, 512, 512, 4, 2, d, dtype=dtype, seed=6)
+    sink = _sink(4, 7)  # float32: no cast
+    names = cuda_kernel_names(lambda: flash_attn_func(q, k, v, causal=True, learnable_sink=sink))
+    others = [n for n in names if not is_our_forward_kernel(n) and not n.startswith(("Memset", "Memcpy"))]
+    assert others == [], names

@@ -175,6 +175,16 @@ void check_scale(double softmax_scale, double softcap) {
 #endif
 }
 
+// A learnable sink: null, or float32 (heads_q,) contiguous on q's device (the Python layer casts
+// the caller's dtype); its pointer for FwdParams::sink_ptr.
+float const* sink_pointer(std::optional<Tensor> const& sink, Tensor const& q, int64_t heads_q) {
+  if (!sink) { return nullptr; }
+  FLASH_CHECK(sink->scalar_type() == kFloat && sink->dim() == 1 && sink->size(0) == heads_q && sink->is_contiguous(),
+              "flash_attn_hopper: sink must be a contiguous float32 tensor of shape (nheads,) = (", heads_q, ",)");
+  FLASH_CHECK(same_device(*sink, q), "flash_attn_hopper: sink must be on q's device");
+  return sink->const_data_ptr<float>();
+}
+
 // Windows as FlashAttention defines them (-1 = unbounded; causal = right window 0), measured
 // from the bottom-right diagonal, or from the top-left one as torch's SDPA does.
 struct Window {

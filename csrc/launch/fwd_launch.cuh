@@ -108,6 +108,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       {},  // direct_o, set below
       {},  // varlen, set below
       p.softcap_prescale,
+      p.sink_ptr,
   };
   if constexpr (Kernel::kDirectO) {
     params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};

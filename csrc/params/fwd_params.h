@@ -55,6 +55,10 @@ struct FwdParams {
   // tanh(Q.K^T * softcap_prescale) with softcap_prescale = softmax_scale / softcap (kernel/common/softcap.h).
   float softcap;
   float softcap_prescale;
+
+  // Learnable sinks (null: none): float32 (heads_q,), one logit per query head that joins every
+  // row's softmax denominator and carries no value; the LSE includes it.
+  float const* sink_ptr = nullptr;
 };
 
 }  // namespace flash

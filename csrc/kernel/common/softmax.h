@@ -22,6 +22,8 @@ namespace flash {
 using namespace cute;
 
 constexpr float kMaxSlack = 8.f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kRows>
 struct OnlineSoftmax {
@@ -130,6 +132,26 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= rescale(r); }
+    }
+  }
+
+  // End of the tile with a learnable sink: one more term e^{sink} in every row's denominator that
+  // carries no value, sink_log2 = sink * log2(e). In the log2 domain a = m * c + log2(sum) is the
+  // row's own mass and l = log2(2^a + 2^sink_log2) (without overflow) the LSE; O is scaled by
+  // 2^(a - l) / sum. A row that saw no key has O = 0 and LSE = sink.
+  template <typename TensorO, typename TensorL>
+  CUTLASS_DEVICE void finalize_with_sink(TensorO& o, float sink_log2, TensorL& lse) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_allreduce(row_sum(r), SumOp{});
+      bool const empty = !(sum > 0.f);
+      float const a = empty ? -INFINITY : row_max(r) * scale_log2 + __log2f(sum);
+      float const hi = fmaxf(a, sink_log2);
+      float const l = hi == -INFINITY ? -INFINITY : hi + __log2f(1.f + exp2f(-fabsf(a - sink_log2)));
+      float const inv = empty ? 0.f : exp2f(a - l) / sum;
+      lse(r) = l * kLn2;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= inv; }
     }
   }
 

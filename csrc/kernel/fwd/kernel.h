@@ -98,6 +98,7 @@ struct FwdKernel {
     [[no_unique_address]] typename Epilogue::DirectO direct_o;
     [[no_unique_address]] std::conditional_t<kVarlen, VarlenArgs, NoVarlen> varlen;
     float softcap_prescale;  // kSoftcap: FwdParams
+    float const* sink;       // FwdParams
   };
   using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
 

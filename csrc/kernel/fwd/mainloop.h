@@ -361,10 +361,14 @@ struct FwdMainloop {
       warpgroup_wait<0>();
       pipeline_v.consumer_release(state_v);
       ++state_v;  // persistent mode: the next tile's first V is the next stage
-      softmax.finalize(tOrO_rc, params.lse_scale, lse);
+      if (params.sink != nullptr) {  // learnable sink: one more term in every row's denominator
+        softmax.finalize_with_sink(tOrO_rc, params.sink[head] * kLog2e, lse);
+      } else {
+        softmax.finalize(tOrO_rc, params.lse_scale, lse);
+      }
     } else {
       clear(tOrO);
-      fill(lse, -INFINITY);
+      fill(lse, params.sink != nullptr ? params.sink[head] : -INFINITY);
     }
     epilogue.store(params, seq, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg);
   }
