@@ -56,6 +56,7 @@ void run_flash_bwd(BwdParams& params, cudaStream_t stream);
 }  // namespace flash
 
 #include "api/checks.h"  // tensor helpers and argument checks
+#include "api/combine_op.h"  // fwd_combine
 
 namespace {
 
@@ -368,6 +369,11 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
         "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
         "Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
+  // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
+  // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
+  // (batch, seqlen, nheads).
+  m.def("fwd_combine(Tensor out_partial, Tensor lse_partial, ScalarType? out_dtype=None) "
+        "-> (Tensor out, Tensor softmax_lse)");
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
         "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
@@ -382,6 +388,7 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
 FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&mha_fwd));
   m.impl("varlen_fwd", TORCH_BOX(&mha_varlen_fwd));
+  m.impl("fwd_combine", TORCH_BOX(&mha_combine));
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.impl("bwd", TORCH_BOX(&mha_bwd));
   m.impl("varlen_bwd", TORCH_BOX(&mha_varlen_bwd));

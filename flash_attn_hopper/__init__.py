@@ -17,6 +17,7 @@ from ._version import __version__
 from . import manifest, support
 from ._build_info import build_info
 from .interface import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
+from .combine import flash_attn_combine
 from .ops import is_available, unavailable_reason
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 from . import torch_registry  # registers (never activates) with torch.nn.attention's registry
@@ -24,6 +25,7 @@ from . import torch_registry  # registers (never activates) with torch.nn.attent
 __all__ = [
     "__version__",
     "build_info",
+    "flash_attn_combine",
     "flash_attn_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
