@@ -15,8 +15,6 @@ sdpa-cudnn, sdpa-flash (enable_gqa), fa3 (flash_attn_with_kvcache when importabl
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import math
 import sys
 from dataclasses import dataclass
@@ -27,8 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark_attn as ba  # noqa: E402  (timing, rotation, environment)
-
-RESULTS = Path(__file__).resolve().parent / "results"
+import rounds  # noqa: E402  (rotated rounds, results files)
 GQA = {"32:8": (32, 8), "8:1": (8, 1)}
 
 
@@ -144,23 +141,14 @@ def main(argv=None) -> int:
     rows = []
     for i, (batch, cache, gqa, hdim) in enumerate(points(args.batches, args.caches, args.gqa.split(","), args.hdims,
                                                         args.max_cache_gib)):
-        per = {n: [] for n in runs}
-        for order in ba.round_orders(list(runs), i, args.rounds):
-            for n in order:
-                per[n].append(measure(n, runs[n], batch, cache, gqa, hdim, args).gbps)
-        for n, vals in per.items():
-            rows.append(Row(n, batch, cache, gqa, hdim, ba._median_finite(vals)))
+        medians = rounds.rotated_medians(runs, i, args.rounds,
+                                         lambda n, run: measure(n, run, batch, cache, gqa, hdim, args), ("gbps",))
+        for n, m in medians.items():
+            rows.append(Row(n, batch, cache, gqa, hdim, m["gbps"]))
             print(f"b{batch:<3d} cache {cache:<7d} {gqa:5s} hdim {hdim:3d} {n:18s} {rows[-1].gbps:8.0f} GB/s", flush=True)
-    env = ba.environment()
-    stem = args.out or RESULTS / f"decode-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d-%H%M}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{stem}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["provider", "batch", "cache", "gqa", "hdim", "gbps"])
-        for r in rows:
-            w.writerow([r.provider, r.batch, r.cache, r.gqa, r.hdim, f"{r.gbps:.1f}"])
-    Path(f"{stem}.md").write_text(markdown(rows, env))
-    print(f"wrote {stem}.csv and .md")
+    records = [[r.provider, r.batch, r.cache, r.gqa, r.hdim, f"{r.gbps:.1f}"] for r in rows]
+    rounds.write_results("decode", ["provider", "batch", "cache", "gqa", "hdim", "gbps"], records,
+                         markdown(rows, ba.environment()), args.out)
     return 0
 
 

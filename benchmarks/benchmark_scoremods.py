@@ -15,8 +15,6 @@ providers' order rotated (benchmark_attn.py's timing).
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import math
 import sys
 from dataclasses import dataclass
@@ -26,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark_attn as ba  # noqa: E402  (timing, rotation, environment)
+import rounds  # noqa: E402  (rotated rounds, results files)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 HEADS_X_HDIM = 2048
 TOKENS = 16384
 SOFTCAP = 30.0  # Gemma 2's attn_logit_softcapping
@@ -137,28 +135,18 @@ def main(argv=None) -> int:
     for hdim in args.hdims:
         for causal in (False, True):
             for seqlen in args.seqlens:
-                names = list(runs)
-                per = {n: [] for n in names}
-                for order in ba.round_orders(names, point, args.rounds):
-                    for n in order:
-                        per[n].append(measure(n, runs[n], hdim, causal, seqlen, args))
-                for n, rs in per.items():
-                    rows.append(Row(n, hdim, causal, seqlen, ba._median_finite([r.fwd_tflops for r in rs]),
-                                    ba._median_finite([r.bwd_tflops for r in rs])))
+                medians = rounds.rotated_medians(runs, point, args.rounds,
+                                                 lambda n, run: measure(n, run, hdim, causal, seqlen, args),
+                                                 ("fwd_tflops", "bwd_tflops"))
+                for n, m in medians.items():
+                    rows.append(Row(n, hdim, causal, seqlen, m["fwd_tflops"], m["bwd_tflops"]))
                     print(f"hdim {hdim:3d} causal {causal!s:5s} seqlen {seqlen:5d} {n:11s} "
                           f"fwd {rows[-1].fwd_tflops:7.1f} bwd {rows[-1].bwd_tflops:7.1f}", flush=True)
                 point += 1
-    env = ba.environment()
-    stem = args.out or RESULTS / f"scoremods-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d-%H%M}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{stem}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["provider", "hdim", "causal", "seqlen", "fwd_tflops", "bwd_tflops"])
-        for r in rows:
-            w.writerow([r.provider, r.hdim, str(r.causal).lower(), r.seqlen, f"{r.fwd_tflops:.1f}",
-                        f"{r.bwd_tflops:.1f}"])
-    Path(f"{stem}.md").write_text(markdown(rows, env))
-    print(f"wrote {stem}.csv and .md")
+    records = [[r.provider, r.hdim, str(r.causal).lower(), r.seqlen, f"{r.fwd_tflops:.1f}", f"{r.bwd_tflops:.1f}"]
+               for r in rows]
+    rounds.write_results("scoremods", ["provider", "hdim", "causal", "seqlen", "fwd_tflops", "bwd_tflops"], records,
+                         markdown(rows, ba.environment()), args.out)
     return 0
 
 

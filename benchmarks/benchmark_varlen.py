@@ -18,8 +18,6 @@ providers' order rotated (benchmark_attn.py's method and timing).
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import math
 import sys
 from dataclasses import dataclass
@@ -29,8 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark_attn as ba  # noqa: E402  (timing, rotation, environment)
+import rounds  # noqa: E402  (rotated rounds, results files)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 HEADS_X_HDIM = 2048
 
 
@@ -167,27 +165,19 @@ def main(argv=None) -> int:
     for case in cases(args.cases):
         for hdim in ([128] if case.ragged else args.hdims):
             for causal in (False, True):
-                names = [n for n in runs if not (n == "dense" and case.ragged)]
-                per = {n: [] for n in names}
-                for order in ba.round_orders(names, point, args.rounds):
-                    for n in order:
-                        per[n].append(measure(n, runs[n], case, hdim, causal, args))
-                for n, rs in per.items():
-                    rows.append(Row(n, case.name, hdim, causal, ba._median_finite([r.fwd_tflops for r in rs]),
-                                    ba._median_finite([r.bwd_tflops for r in rs])))
+                names = {n: r for n, r in runs.items() if not (n == "dense" and case.ragged)}
+                medians = rounds.rotated_medians(names, point, args.rounds,
+                                                 lambda n, run: measure(n, run, case, hdim, causal, args),
+                                                 ("fwd_tflops", "bwd_tflops"))
+                for n, m in medians.items():
+                    rows.append(Row(n, case.name, hdim, causal, m["fwd_tflops"], m["bwd_tflops"]))
                     print(f"{case.name:22s} hdim {hdim:3d} causal {causal!s:5s} {n:11s} "
                           f"fwd {rows[-1].fwd_tflops:7.1f} bwd {rows[-1].bwd_tflops:7.1f}", flush=True)
                 point += 1
-    env = ba.environment()
-    stem = args.out or RESULTS / f"varlen-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d-%H%M}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{stem}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["provider", "case", "hdim", "causal", "fwd_tflops", "bwd_tflops"])
-        for r in rows:
-            w.writerow([r.provider, r.case, r.hdim, str(r.causal).lower(), f"{r.fwd_tflops:.1f}", f"{r.bwd_tflops:.1f}"])
-    Path(f"{stem}.md").write_text(markdown(rows, env))
-    print(f"wrote {stem}.csv and .md")
+    records = [[r.provider, r.case, r.hdim, str(r.causal).lower(), f"{r.fwd_tflops:.1f}", f"{r.bwd_tflops:.1f}"]
+               for r in rows]
+    rounds.write_results("varlen", ["provider", "case", "hdim", "causal", "fwd_tflops", "bwd_tflops"], records,
+                         markdown(rows, ba.environment()), args.out)
     return 0
 
 

@@ -47,3 +47,24 @@ def test_scoremods_report_gives_the_bars_ratios():
     assert "| 128 | false | 8192 | softcap / fa3-softcap | 1.080 | 0.972 |" in md
     assert "plain / fa3 |" not in md  # no fa3 row measured: no ratio made up
     assert set(bs.PROVIDERS) >= {a for a, _ in bs.RATIOS} | {b for _, b in bs.RATIOS}
+
+
+def test_rotated_rounds_give_each_providers_median_and_write_both_files(tmp_path):
+    import math
+    from types import SimpleNamespace
+
+    import rounds
+
+    calls = []
+
+    def measure(name, run):
+        calls.append(name)
+        return SimpleNamespace(fwd=run(len(calls)), bwd=math.nan)
+
+    runs = {"a": lambda i: float(i), "b": lambda i: 100.0 + i}
+    medians = rounds.rotated_medians(runs, point=1, rounds=3, measure=measure, fields=("fwd", "bwd"))
+    assert calls == ["b", "a", "a", "b", "b", "a"]  # rotated per round and point
+    assert medians["a"]["fwd"] == 3.0 and medians["b"]["fwd"] == 104.0 and math.isnan(medians["a"]["bwd"])
+    stem = rounds.write_results("x", ["p", "v"], [["a", "1.0"]], "# md\n", tmp_path / "r")
+    assert (tmp_path / "r.csv").read_text().splitlines() == ["p,v", "a,1.0"] and (tmp_path / "r.md").read_text() == "# md\n"
+    assert stem == tmp_path / "r"
