@@ -192,6 +192,18 @@ def emulated_bwd_op(device_type: str = "cpu", schema: str | None = None):
         library._destroy()
 
 
+@contextlib.contextmanager
+def emulated_kernels(monkeypatch: pytest.MonkeyPatch):
+    """Forward and backward emulations on CPU, reachable through flash_attn_func (the routing
+    accepts CPU tensors and every head dim and dtype); yields the (fwd, bwd) recorders."""
+    from flash_attn_hopper import _build_info, support
+
+    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
+    monkeypatch.setattr(_build_info, "COMPILED", None)
+    with emulated_op(monkeypatch) as fwd, emulated_bwd_op() as bwd:
+        yield fwd, bwd
+
+
 # --------------------------------------------------------------------------
 # The variable-length ops (ops.VARLEN_FWD_SCHEMA / VARLEN_BWD_SCHEMA)
 # --------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from helpers.grads import EMULATION_REL_NORM, assert_grads_close, check_grads, d
 from helpers.inputs import cpu_inputs
 from helpers.kernels import compiled_config, needs_extension
 from helpers.graphs import GraphRecorder
-from op_emulator import emulate_bwd, emulate_fwd, emulated_bwd_op, emulated_op
+from op_emulator import emulate_bwd, emulate_fwd, emulated_bwd_op, emulated_kernels, emulated_op
 
 pytestmark = needs_extension("the ops' autograd formulas are registered with the compiled extension only")
 
@@ -39,11 +39,8 @@ DTYPE = torch.float16  # the emulations compute in float32; fp16 inputs keep the
 
 @pytest.fixture
 def kernels(monkeypatch):
-    """Forward and backward emulations on CPU, reachable through flash_attn_func; yields (fwd, bwd) recorders."""
-    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
-    monkeypatch.setattr(_build_info, "COMPILED", None)  # the emulations cover every head dim and dtype
-    with emulated_op(monkeypatch) as fwd, emulated_bwd_op() as bwd:
-        yield fwd, bwd
+    with emulated_kernels(monkeypatch) as recorders:  # (fwd, bwd)
+        yield recorders
 
 
 def random_qkv(b=2, sq=37, sk=53, hq=4, hk=2, d=64, seed=0, dtype=DTYPE):

@@ -10,12 +10,11 @@ import pytest
 import torch
 
 import flash_attn_hopper
-from flash_attn_hopper import _build_info, support
 
 from helpers.grads import EMULATION_REL_NORM, check_grads, grads_of
 from helpers.inputs import cpu_inputs, varlen_qkv
 from helpers.kernels import needs_extension
-from op_emulator import emulated_bwd_op, emulated_op, emulated_varlen_ops
+from op_emulator import emulated_kernels, emulated_varlen_ops
 from reference import assert_fa_close, attention_ref, attention_ref_varlen
 
 pytestmark = needs_extension("the sink ops are registered beside the compiled extension's")
@@ -25,10 +24,8 @@ DTYPE = torch.float16
 
 @pytest.fixture
 def kernels(monkeypatch):
-    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
-    monkeypatch.setattr(_build_info, "COMPILED", None)
-    with emulated_op(monkeypatch) as fwd, emulated_bwd_op() as bwd:
-        yield fwd, bwd
+    with emulated_kernels(monkeypatch) as recorders:  # (fwd, bwd)
+        yield recorders
 
 
 def sink_of(hq, seed=0, dtype=torch.float32):

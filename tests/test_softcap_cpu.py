@@ -18,7 +18,7 @@ import op_emulator
 from helpers.grads import EMULATION_REL_NORM, check_grads, grads_of
 from helpers.inputs import cpu_inputs, varlen_qkv
 from helpers.kernels import needs_extension
-from op_emulator import emulated_bwd_op, emulated_op, emulated_varlen_ops
+from op_emulator import emulated_kernels, emulated_varlen_ops
 from reference import assert_fa_close, attention_ref, attention_ref_varlen
 
 DTYPE = torch.float16
@@ -26,10 +26,8 @@ DTYPE = torch.float16
 
 @pytest.fixture
 def kernels(monkeypatch):
-    monkeypatch.setattr(support, "device_refusal", lambda q, k, v, names=None: None)
-    monkeypatch.setattr(_build_info, "COMPILED", None)
-    with emulated_op(monkeypatch) as fwd, emulated_bwd_op() as bwd:
-        yield fwd, bwd
+    with emulated_kernels(monkeypatch) as recorders:  # (fwd, bwd)
+        yield recorders
 
 
 def check_forward(out, lse, q, k, v, **kwargs):
