@@ -57,6 +57,7 @@ void run_flash_bwd(BwdParams& params, cudaStream_t stream);
 
 #include "api/checks.h"  // tensor helpers and argument checks
 #include "api/combine_op.h"  // fwd_combine
+#include "api/split.h"       // split-KV calls
 
 namespace {
 
@@ -86,7 +87,7 @@ void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor c
 std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left, double softcap,
-                                           std::optional<Tensor> const& sink) {
+                                           std::optional<Tensor> const& sink, int64_t num_splits) {
   Problem const pb = check_problem(q, k, v);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
@@ -114,6 +115,15 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
   params.o_batch_stride = out.stride(0);
   params.o_row_stride = out.stride(1);
   params.o_head_stride = out.stride(2);
+  int const splits = choose_splits(num_splits, batch, seqlen_q, seqlen_k, heads_q, head_dim_rounded,
+                                   softcap > 0 || sink_ptr != nullptr, params.num_sms);
+  if (splits > 1) {
+    SplitRun const run(params, q, splits, /*varlen=*/false, batch, batch * seqlen_q, heads_q, head_dim, out,
+                       out.stride(1), out.stride(2), out.stride(0));
+    fwd(params, current_stream(device));
+    run.finish(is_bf16, current_stream(device));
+    return {out, lse};
+  }
   run_fwd(fwd, params, head_dim_rounded, q, device);
   return {out, lse};
 }
@@ -127,7 +137,8 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
                                                   int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                   int64_t window_size_left, int64_t window_size_right, bool top_left,
-                                                  double softcap, std::optional<Tensor> const& sink) {
+                                                  double softcap, std::optional<Tensor> const& sink,
+                                                  int64_t num_splits) {
   auto const [vl, q4, k4, v4, pb] =
       check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
@@ -160,6 +171,15 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   params.o_batch_stride = o4.stride(0);
   params.o_row_stride = o4.stride(1);
   params.o_head_stride = o4.stride(2);
+  int const splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
+                                   pb.head_dim_rounded, softcap > 0 || sink_ptr != nullptr, params.num_sms);
+  if (splits > 1) {  // the buffers hold the packed rows as one batch entry
+    SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim, out,
+                       out.stride(0), out.stride(1), 0);
+    fwd(params, current_stream(pb.device));
+    run.finish(pb.is_bf16, current_stream(pb.device));
+    return {out, lse};
+  }
   run_fwd(fwd, params, pb.head_dim_rounded, q, pb.device);
   return {out, lse};
 }
@@ -359,16 +379,17 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   // window sizes: -1 = unbounded; top_left: measure the causal diagonal / window from the top-left
   // corner (torch SDPA's is_causal) instead of the bottom-right one (FlashAttention's); softcap: 0 =
   // off, else scores softcap * tanh(softmax_scale * q.k / softcap) (FlashAttention-3's); sink: None, or
-  // a float32 (nheads,) logit per head in every row's softmax denominator (the LSE includes it).
+  // a float32 (nheads,) logit per head in every row's softmax denominator (the LSE includes it);
+  // num_splits: split-KV (1 none, 0 choose, n at most n splits; ignored with softcap or a sink).
   m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
-        "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None) "
+        "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None, int num_splits=1) "
         "-> (Tensor out, Tensor softmax_lse)");
   // q (total_q, nheads, d), k and v (total_k, nheads_kv, d), sequence b at rows cu_seqlens[b]; the
   // LSE is (nheads, total_q).
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
         "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
-        "Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
+        "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).

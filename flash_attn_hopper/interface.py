@@ -118,10 +118,18 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     return (out, lse) if return_attn_probs else out
 
 
-def _softcap_kwargs(softcap) -> dict:
-    """The ops' softcap argument, left out at 0 (its default) so that calls without softcap stay as
-    they were (support.check has validated it)."""
-    return {"softcap": float(softcap)} if softcap else {}
+def _check_num_splits(num_splits) -> None:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (1: no split, 0: choose), got {num_splits!r}")
+
+
+def _op_kwargs(softcap, num_splits=1) -> dict:
+    """The ops' softcap and num_splits arguments, each left out at its default so that calls without
+    them stay as they were (both validated before)."""
+    kwargs = {"softcap": float(softcap)} if softcap else {}
+    if num_splits != 1:
+        kwargs["num_splits"] = num_splits
+    return kwargs
 
 
 def _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
@@ -189,9 +197,12 @@ def flash_attn_func(
             in the backward too; softmax_lse is then that of the capped scores.
         qv, q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility;
             values other than the defaults raise RuntimeError (no kernels for them yet).
-        num_splits, pack_gqa: performance hints in FlashAttention-3; this
-            version chooses its own schedule and ignores them (the result
-            does not depend on them).
+        num_splits: split-KV, as FlashAttention-3: 1 (default) none, 0 choose (split when the
+            query tiles leave SMs idle: decode), n > 1 at most n splits whose partial results
+            the combine kernel merges. The result does not depend on it beyond rounding; calls
+            with softcap or a learnable sink run unsplit.
+        pack_gqa: a performance hint in FlashAttention-3; ignored here (the result does not
+            depend on it).
         deterministic: the backward computes bitwise reproducible gradients
             (dQ accumulated in a fixed order; slower).  Also on whenever
             torch.use_deterministic_algorithms(True) is in force at the
@@ -207,6 +218,7 @@ def flash_attn_func(
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, 0, sm_margin)
+    _check_num_splits(num_splits)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if attention_chunk:
@@ -219,7 +231,7 @@ def flash_attn_func(
         sinks.check_sink(learnable_sink, q.shape[2], q)
         left, right = window if window is not None else (-1, 0 if causal else -1)
         out, softmax_lse = torch.ops.flash_attn_hopper.fwd_sink(
-            q, k, v, learnable_sink, softmax_scale, causal, left, right, deterministic, **_softcap_kwargs(softcap)
+            q, k, v, learnable_sink, softmax_scale, causal, left, right, deterministic, **_op_kwargs(softcap)
         )
     else:
         # Same kernel either way; the op's autograd formula picks the backward (see ops.py).
@@ -228,7 +240,7 @@ def flash_attn_func(
         else:
             fwd = torch.ops.flash_attn_hopper.fwd
         left, right = window if window is not None else (-1, -1)
-        out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_softcap_kwargs(softcap))
+        out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_op_kwargs(softcap, num_splits))
     if head_dim is not None:
         out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out
@@ -359,8 +371,8 @@ def flash_attn_varlen_func(
         qv, q/k/v_descale, attention_chunk, sm_margin: accepted for
             FlashAttention-3 compatibility; values other than the defaults raise
             RuntimeError (no kernels for them yet).
-        num_splits, pack_gqa: scheduling hints in FlashAttention-3; ignored here, as by
-            :func:`flash_attn_func` (the result does not depend on them).
+        num_splits: as in :func:`flash_attn_func` (split-KV over each sequence's keys).
+        pack_gqa: ignored, as by :func:`flash_attn_func`.
         return_attn_probs: also return softmax_lse.
         learnable_sink: None, or a (nheads,) tensor: one logit per head in every row's softmax
             denominator, as in flash_attn_func.
@@ -374,6 +386,7 @@ def flash_attn_varlen_func(
         softmax_lse float32 (nheads, total_q), FlashAttention's varlen layout.
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
+    _check_num_splits(num_splits)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if softmax_scale is not None and (
@@ -396,7 +409,7 @@ def flash_attn_varlen_func(
         sinks.check_sink(learnable_sink, q.shape[1], q)
         out, softmax_lse = torch.ops.flash_attn_hopper.varlen_fwd_sink(
             q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q,
-            answer.max_seqlen_k, scale, answer.causal, left, right, deterministic, **_softcap_kwargs(softcap),
+            answer.max_seqlen_k, scale, answer.causal, left, right, deterministic, **_op_kwargs(softcap),
         )
         if head_dim is not None:
             out = out[..., :head_dim]
@@ -408,7 +421,7 @@ def flash_attn_varlen_func(
         fwd = ops.varlen_fwd_op()
     out, softmax_lse = fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
-        scale, answer.causal, left, right, **_softcap_kwargs(softcap),
+        scale, answer.causal, left, right, **_op_kwargs(softcap, num_splits),
     )
     if head_dim is not None:
         out = out[..., :head_dim]

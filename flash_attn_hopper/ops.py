@@ -5,7 +5,7 @@ C++ ``TORCH_LIBRARY(flash_attn_hopper, m)`` registration, which defines::
 
     fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal,
         int window_size_left=-1, int window_size_right=-1, bool top_left=False,
-        float softcap=0.0, Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)
+        float softcap=0.0, Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)
 
 (:data:`FWD_SCHEMA`) with its CUDA kernel, and, in a build with the backward kernels (the
 default), ``bwd`` with the schema :data:`BWD_SCHEMA`.  Builds of this version
@@ -53,16 +53,20 @@ from . import manifest
 #: before any mask (FlashAttention-3's semantics), in the backward too.  sink: None, or a float32
 #: (nheads,) logit per query head that joins every row's softmax denominator and carries no value
 #: (the LSE includes it; rows that see no key get LSE = sink).  The op's own autograd formula has
-#: no gradient for the sink: flash_attn_hopper/sinks.py's ops carry it.
+#: no gradient for the sink: flash_attn_hopper/sinks.py's ops carry it.  num_splits: split-KV (the
+#: keys of a query tile shared among that many CTAs, their partial results merged by the combine
+#: kernel; 1 none, 0 choose, n at most n; the result does not depend on it beyond rounding;
+#: calls with softcap or a sink run unsplit).
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
-    "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None) "
+    "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None, int num_splits=1) "
     "-> (Tensor out, Tensor softmax_lse)"
 )
 
 #: The argument names of :data:`FWD_SCHEMA`.
 FWD_SCHEMA_ARGS = (
     "q", "k", "v", "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left", "softcap", "sink",
+    "num_splits",
 )
 
 #: The backward op the autograd formula calls (defined in csrc/flash_api.cpp when
@@ -106,7 +110,7 @@ VARLEN_FWD_SCHEMA = (
     "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
     "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
     "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
-    "Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)"
+    "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)"
 )
 
 #: Variable-length backward (builds with the backward kernels): dq like q, dk and dv like k and v
@@ -121,7 +125,7 @@ VARLEN_BWD_SCHEMA = (
 #: The argument names of the two varlen schemas, checked against the compiled ops before each call.
 VARLEN_FWD_SCHEMA_ARGS = (
     "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k",
-    "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left", "softcap", "sink",
+    "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left", "softcap", "sink", "num_splits",
 )
 VARLEN_BWD_SCHEMA_ARGS = (
     "dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k",
@@ -248,7 +252,7 @@ def register_bwd_fake(lib=None) -> None:
 
 def _setup_context(ctx, inputs, output, deterministic: bool) -> None:
     # inputs has every schema argument, defaults filled in by torch.
-    q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink = inputs
+    q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, _ = inputs
     _no_sink_gradient(sink)
     out, softmax_lse = output
     ctx.save_for_backward(q, k, v, out, softmax_lse)
@@ -309,11 +313,11 @@ def _fwd_backward(ctx, grad_out, grad_lse):
 
 
 def _fwd_deterministic_bwd_impl(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
-                                top_left=False, softcap=0.0, sink=None):
+                                top_left=False, softcap=0.0, sink=None, num_splits=1):
     # fwd's kernel, below autograd: the autograd formula of this op is the one that differs.
     # (Defaults: the dispatcher leaves trailing arguments equal to them out of a Python kernel's call.)
     return torch.ops.flash_attn_hopper.fwd.default(
-        q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink
+        q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, num_splits
     )
 
 
@@ -396,7 +400,7 @@ def _varlen_bwd_fake(dout, q, k, v, *rest):
 def _varlen_setup_context(ctx, inputs, output, deterministic: bool) -> None:
     # inputs has every schema argument, defaults filled in by torch.
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-     softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink) = inputs
+     softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, _) = inputs
     _no_sink_gradient(sink)
     out, softmax_lse = output
     # Only the inputs, out, lse and the int32 sequence tensors: nothing of size seqlen².
@@ -443,11 +447,12 @@ def _varlen_fwd_backward(ctx, grad_out, grad_lse):
 
 def _varlen_fwd_deterministic_bwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                                        max_seqlen_k, softmax_scale, causal, window_size_left=-1,
-                                       window_size_right=-1, top_left=False, softcap=0.0, sink=None):
+                                       window_size_right=-1, top_left=False, softcap=0.0, sink=None,
+                                       num_splits=1):
     # varlen_fwd's kernel, below autograd: only the autograd formula differs.
     return torch.ops.flash_attn_hopper.varlen_fwd.default(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-        softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink,
+        softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, num_splits,
     )
 
 

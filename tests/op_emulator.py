@@ -52,8 +52,10 @@ def capped(scores, softcap):
 
 
 def emulate_fwd(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
-                softcap=0.0, sink=None):
-    """What the op returns, computed in float32 with plain torch ops (also on fake tensors)."""
+                softcap=0.0, sink=None, num_splits=1):
+    """What the op returns, computed in float32 with plain torch ops (also on fake tensors);
+    num_splits changes nothing but rounding in the kernels, and nothing here."""
+    assert num_splits >= 0, num_splits
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.size(1), k.size(2)
     group = heads_q // heads_kv
@@ -109,12 +111,14 @@ class EmulatedKernel:
         self.calls: list[tuple] = []
         self.softcaps: list[float] = []  # each call's softcap and sink (kept out of calls: tests compare those whole)
         self.sinks: list = []
+        self.splits: list[int] = []
 
     def __call__(self, q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
-                 softcap=0.0, sink=None):
+                 softcap=0.0, sink=None, num_splits=1):
         self.calls.append((q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left))
         self.softcaps.append(softcap)
         self.sinks.append(sink)
+        self.splits.append(num_splits)
         return emulate_fwd(q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap,
                            sink)
 
@@ -235,7 +239,7 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
 
 def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                        softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
-                       softcap=0.0, sink=None):
+                       softcap=0.0, sink=None, num_splits=1):
     """What varlen_fwd returns: each sequence through emulate_fwd; rows outside every used part
     out 0 and lse -inf (the sink with one), as rows that see no key."""
     total_q, heads_q, head_dim = q.shape

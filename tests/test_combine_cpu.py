@@ -73,3 +73,29 @@ def test_schema_and_fake_kernel():
         assert lse.shape == (2, 5, 4) and lse.dtype == torch.float32 and lse.stride() == (20, 1, 5)
         out, _ = op(o, l)
         assert out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "3"])
+def test_bad_num_splits_are_refused_before_any_op(bad):
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
+        flash_attn_hopper.flash_attn_func(q, q, q, num_splits=bad)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
+        flash_attn_hopper.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, num_splits=bad)
+
+
+@needs_extension("the ops' schemas come with the compiled extension")
+def test_num_splits_reaches_the_op_and_one_is_left_out(monkeypatch):
+    from op_emulator import emulated_kernels, emulated_varlen_ops
+
+    q = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    with emulated_kernels(monkeypatch) as (fwd, _):
+        flash_attn_hopper.flash_attn_func(q, q, q)
+        flash_attn_hopper.flash_attn_func(q, q, q, num_splits=0)
+        flash_attn_hopper.flash_attn_func(q, q, q, num_splits=5)
+    assert fwd.splits == [1, 0, 5]
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with emulated_varlen_ops(monkeypatch) as (vfwd, _):
+        flash_attn_hopper.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, num_splits=3)
+    assert vfwd.calls[0]["num_splits"] == 3

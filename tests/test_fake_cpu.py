@@ -33,8 +33,10 @@ def test_schema_is_the_contract():
     assert [a.name for a in schema.arguments[:5]] == ["q", "k", "v", "softmax_scale", "causal"]
     assert [str(a.type) for a in schema.arguments[:5]] == ["Tensor", "Tensor", "Tensor", "float", "bool"]
     # Later arguments (the local window, softcap, sink) must default to plain attention, so the 5-argument call stays valid.
-    assert [a.name for a in schema.arguments[5:]] == ["window_size_left", "window_size_right", "top_left", "softcap", "sink"]
-    assert [a.default_value for a in schema.arguments[5:]] == [-1, -1, False, 0.0, None]
+    assert [a.name for a in schema.arguments[5:]] == [
+        "window_size_left", "window_size_right", "top_left", "softcap", "sink", "num_splits"
+    ]
+    assert [a.default_value for a in schema.arguments[5:]] == [-1, -1, False, 0.0, None, 1]
     assert [r.name for r in schema.returns] == ["out", "softmax_lse"]
     assert not schema.is_mutable
 

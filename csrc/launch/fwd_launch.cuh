@@ -109,16 +109,24 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       {},  // varlen, set below
       p.softcap_prescale,
       p.sink_ptr,
+      {},  // split, set below
   };
   if constexpr (Kernel::kDirectO) {
     params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
   }
   if constexpr (kVarlen) { params.varlen = p.varlen; }
+  int grid_batches = p.batch;
+  if constexpr (Kernel::Policy::kSplit) {
+    params.split = {p.oaccum_ptr,           p.lseaccum_ptr,         p.num_splits,
+                    p.oaccum_split_stride,  p.oaccum_batch_stride,  p.oaccum_row_stride,
+                    p.oaccum_head_stride,   p.lseaccum_split_stride};
+    grid_batches = p.batch * p.num_splits;  // the grid's batch coordinate: batch * num_splits + split
+  }
   if (Kernel::kDynamic && p.tile_counter == nullptr) {
     throw std::runtime_error("flash_attn_hopper: dynamic tile scheduling needs the binding's tile counter");
   }
 
-  dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, p.batch, p.num_sms);
+  dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, grid_batches, p.num_sms);
   auto kernel = &flash_fwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
@@ -152,9 +160,20 @@ void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
   run_flash_fwd_tile<kHeadDim, Element, kLocal, kShortKeys, kVarlen, kSoftcap>(p, stream);
 }
 
-// Entry point, explicitly instantiated once per (head dim, dtype) by the generated files.
+// Entry point, explicitly instantiated once per (head dim, dtype) by the generated files. Split-KV
+// calls (num_splits > 1; the binding leaves softcap and sinks unsplit) take the split kernels.
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& p, cudaStream_t stream) {
+  if (p.num_splits > 1) {
+    if (p.softcap > 0 || p.sink_ptr != nullptr || p.oaccum_ptr == nullptr || p.lseaccum_ptr == nullptr) {
+      throw std::runtime_error("flash_attn_hopper: a split-KV call needs its partial buffers and no softcap or sink");
+    }
+    dispatch_mask_varlen(p, [&](auto local, auto varlen, auto) {
+      launch_fwd<FwdKernel<FwdSplitPolicyFor<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value>>>(
+          p, stream);
+    });
+    return;
+  }
   dispatch_mask_varlen(p, [&](auto local, auto varlen, auto softcap) {
     run_flash_fwd_mask<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value, decltype(softcap)::value>(
         p, stream);

@@ -59,6 +59,16 @@ struct FwdParams {
   // Learnable sinks (null: none): float32 (heads_q,), one logit per query head that joins every
   // row's softmax denominator and carries no value; the LSE includes it.
   float const* sink_ptr = nullptr;
+
+  // Split-KV (num_splits > 1): each split writes its partial O, normalised by its own softmax, as
+  // float32 (splits, batch, seqlen_q, heads, head_dim) [varlen: (splits, total_q, heads, head_dim)]
+  // and its LSE as float32 (splits, batch, heads, seqlen_q) [varlen: (splits, heads, total_q)];
+  // the combine kernel then writes o_ptr and lse_ptr. No softcap and no sink with splits.
+  int num_splits = 1;
+  float* oaccum_ptr = nullptr;
+  float* lseaccum_ptr = nullptr;
+  int64_t oaccum_split_stride = 0, oaccum_batch_stride = 0, oaccum_row_stride = 0, oaccum_head_stride = 0;
+  int64_t lseaccum_split_stride = 0;
 };
 
 }  // namespace flash

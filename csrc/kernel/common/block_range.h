@@ -40,6 +40,16 @@ struct BlockRange {
 
   CUTLASS_HOST_DEVICE bool empty() const { return n_block_max <= n_block_min; }
   CUTLASS_HOST_DEVICE bool needs_mask(int n) const { return n >= n_unmasked_hi || n < n_unmasked_lo; }
+
+  // Split-KV: split `split` of `splits` keeps its contiguous share of the blocks (ceil(blocks /
+  // splits) each, the last ones possibly fewer or none). The mask bounds stay absolute.
+  CUTLASS_HOST_DEVICE void keep_split(int split, int splits) {
+    int const blocks = max(0, n_block_max - n_block_min);
+    int const per = (blocks + splits - 1) / splits;
+    int const lo = n_block_min + split * per;
+    n_block_max = min(n_block_max, lo + per);
+    n_block_min = min(lo, n_block_max);
+  }
 };
 
 // Query blocks that see key block n_block, and whether a block needs the causal/window mask.

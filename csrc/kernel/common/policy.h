@@ -86,6 +86,15 @@ constexpr FwdTileShape fwd_tile() {
   return tile;
 }
 
+// Split-KV kernels (decode: few query tiles, long keys): one CTA per (query tile, head, batch,
+// split), each split a contiguous share of the tile's key blocks, partial O and LSE in float32
+// for the combine kernel. Non-persistent 128-row tiles with the key block of the head dim's
+// non-persistent tile.
+template <int kHeadDim>
+constexpr FwdTileShape fwd_split_tile() {
+  return {128, kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 112 : 80, 2};
+}
+
 // Persistent causal/local kernels take their tiles from a zeroed counter (FwdParams::tile_counter).
 constexpr bool fwd_dynamic_schedule(bool persistent, bool local) { return persistent && local; }
 
@@ -124,9 +133,10 @@ inline FwdKeys fwd_keys_class_for(int seqlen_k) {
   return keys;
 }
 
-// What the forward kernel of (head dim, dtype, mask, tile, varlen, softcap) does beyond its tile.
+// What the forward kernel of (head dim, dtype, mask, tile, varlen, softcap, split) does beyond its
+// tile.
 template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_, bool kVarlen_ = false,
-          bool kSoftcap_ = false>
+          bool kSoftcap_ = false, bool kSplit_ = false>
 struct FwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
@@ -141,6 +151,10 @@ struct FwdPolicy {
   static constexpr bool kVarlen = kVarlen_;
   // Scores capped by softcap * tanh before the mask (softcap.h).
   static constexpr bool kSoftcap = kSoftcap_;
+  // Split-KV: the tile's key blocks shared among FwdParams::num_splits CTAs, each storing its
+  // partial O (float32, from registers) and LSE for the combine kernel.
+  static constexpr bool kSplit = kSplit_;
+  static_assert(!kSplit || !kTile_.persistent, "split-KV kernels are one CTA per tile and split");
 
   // Persistent with its own O buffer: O is staged there and a second Q buffer alternates with the
   // first, so the next tile's Q loads while this tile still reads its own [D:012]; the O
@@ -149,7 +163,7 @@ struct FwdPolicy {
   // Persistent without room for an own O: O goes from registers straight to global memory in
   // 16-byte stores, so Q is released after the tile's last Q.K^T GEMM all the same [D:015].
   // Varlen kernels always: a TMA store of a whole tile would write past the sequence's end.
-  static constexpr bool kDirectO = (kPersistent && !kTile.own_o) || kVarlen;
+  static constexpr bool kDirectO = (kPersistent && !kTile.own_o) || kVarlen || kSplit;
   // Q's buffer is released by the tile's last Q.K^T GEMM (not by the epilogue's O store).
   static constexpr bool kEarlyQ = kSeparateO || kDirectO;
   // Persistent causal/local: tiles drawn from an atomic counter, heaviest first [D:005].
@@ -172,6 +186,10 @@ struct FwdPolicy {
 template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false>
 using FwdPolicyFor =
     FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_tile<kHeadDim, kLocal, kKeys>(), kVarlen, kSoftcap>;
+
+template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
+using FwdSplitPolicyFor =
+    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_split_tile<kHeadDim>(), kVarlen, false, true>;
 
 // For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
 // to needs a tile counter. A class that does not differ from the one below has the same tile, so

@@ -22,8 +22,6 @@ namespace flash {
 using namespace cute;
 
 constexpr float kMaxSlack = 8.f;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kRows>
 struct OnlineSoftmax {
@@ -135,36 +133,26 @@ struct OnlineSoftmax {
     }
   }
 
-  // End of the tile with a learnable sink: one more term e^{sink} in every row's denominator that
-  // carries no value, sink_log2 = sink * log2(e). In the log2 domain a = m * c + log2(sum) is the
-  // row's own mass and l = log2(2^a + 2^sink_log2) (without overflow) the LSE; O is scaled by
-  // 2^(a - l) / sum. A row that saw no key has O = 0 and LSE = sink.
-  template <typename TensorO, typename TensorL>
-  CUTLASS_DEVICE void finalize_with_sink(TensorO& o, float sink_log2, TensorL& lse) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float const sum = quad_allreduce(row_sum(r), SumOp{});
-      bool const empty = !(sum > 0.f);
-      float const a = empty ? -INFINITY : row_max(r) * scale_log2 + __log2f(sum);
-      float const hi = fmaxf(a, sink_log2);
-      float const l = hi == -INFINITY ? -INFINITY : hi + __log2f(1.f + exp2f(-fabsf(a - sink_log2)));
-      float const inv = empty ? 0.f : exp2f(a - l) / sum;
-      lse(r) = l * kLn2;
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= inv; }
-    }
-  }
-
   // End of the tile: normalise O, return the natural-log LSE per row (-inf for empty rows,
-  // whose O becomes 0).
+  // whose O becomes 0). A learnable sink (natural log; -inf: none) is one more term e^{sink} in
+  // every row's denominator that carries no value: LSE' = log(e^{LSE} + e^{sink}) and O is scaled
+  // by e^{LSE - LSE'}; an empty row gets LSE' = sink. Per-row scalars only, under a branch uniform
+  // over the tile, so the kernels without a sink keep their code.
   template <typename TensorO, typename TensorL>
-  CUTLASS_DEVICE void finalize(TensorO& o, float softmax_scale, TensorL& lse) {
+  CUTLASS_DEVICE void finalize(TensorO& o, float softmax_scale, TensorL& lse, float sink = -INFINITY) {
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float const sum = quad_allreduce(row_sum(r), SumOp{});
       bool const empty = !(sum > 0.f);  // also catches NaN
-      float const inv = empty ? 0.f : 1.f / sum;
-      lse(r) = empty ? -INFINITY : row_max(r) * softmax_scale + logf(sum);
+      float inv = empty ? 0.f : 1.f / sum;
+      float l = empty ? -INFINITY : row_max(r) * softmax_scale + logf(sum);
+      if (sink > -INFINITY) {
+        float const hi = fmaxf(l, sink);
+        float const with_sink = hi + log1pf(expf(-fabsf(l - sink)));
+        inv *= expf(l - with_sink);  // 0 for an empty row (l = -inf)
+        l = with_sink;
+      }
+      lse(r) = l;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= inv; }
     }

@@ -25,6 +25,16 @@ struct DirectOArgs {
 };
 struct NoDirectO {};
 
+// Split-KV kernels (FwdPolicy::kSplit): where the partial O and LSE go (FwdParams' oaccum / lseaccum).
+struct SplitArgs {
+  float* oaccum;
+  float* lseaccum;
+  int num_splits;
+  int64_t o_split_stride, o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_split_stride;
+};
+struct NoSplit {};
+
 template <typename Policy, typename TiledMmaPV>
 struct FwdEpilogue {
   using Element = typename Policy::Element;
@@ -96,13 +106,60 @@ struct FwdEpilogue {
     }
   }
 
+  // kSplit: this split's O (normalised by its own softmax) as float32 pairs straight from
+  // registers, and its LSE, into the split's slice of the partial buffers (SplitArgs). Rows past
+  // seqlen_q and columns past the real head dim are left out.
+  template <typename Params, typename Seq, typename TensorO, typename TensorL>
+  CUTLASS_DEVICE void store_partial(Params const& params, Seq const& seq, TiledMmaPV const& tiled_mma_pv,
+                                    TensorO const& tOrO, TensorL const& lse, int m_block, int head, int batch,
+                                    int split, int mma_tidx) const {
+    auto const& sp = params.split;
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
+    Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
+    Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
+    int const head_dim = get<1>(params.shape_q);
+    // Varlen: the sequence's rows of the packed (splits, total_q, heads, d) buffer.
+    int64_t const first_row = Policy::kVarlen ? int64_t(seq.offset_q(params)) * sp.o_row_stride
+                                              : int64_t(batch) * sp.o_batch_stride;
+    float* const o_head = sp.oaccum + split * sp.o_split_stride + first_row + int64_t(head) * sp.o_head_stride;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(tOrO_rc); ++r) {
+      int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
+      if (row >= seq.seqlen_q(params)) { continue; }
+      float* const o_row = o_head + int64_t(row) * sp.o_row_stride;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(tOrO_rc); c += 2) {  // a thread holds columns in adjacent pairs
+        int const col = get<1>(tOcO_rc(r, c));
+        if (col < head_dim) { *reinterpret_cast<float2*>(o_row + col) = make_float2(tOrO_rc(r, c), tOrO_rc(r, c + 1)); }
+      }
+    }
+    if (get<1>(tOcO_rc(0, 0)) == 0) {  // one lane of each quad holds a row's LSE
+      float* lse_row = sp.lseaccum + split * sp.lse_split_stride;  // as the LSE's layout, per split
+      if constexpr (Policy::kVarlen) {
+        lse_row += int64_t(head) * params.varlen.total_q + seq.offset_q(params);
+      } else {
+        lse_row += (int64_t(batch) * params.heads_q + head) * params.seqlen_q;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size(lse); ++r) {
+        int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
+        if (row < seq.seqlen_q(params)) { lse_row[row] = lse(r); }
+      }
+    }
+  }
+
   // O goes registers -> shared memory (the O buffer, or this warpgroup's own Q rows, no longer
   // read) -> TMA store, which clips rows past seqlen_q and columns past the real head dim. LSE goes
   // straight out.
   template <typename Params, typename Seq, typename TensorO, typename TensorL>
   CUTLASS_DEVICE void store(Params const& params, Seq const& seq, SharedStorage& smem, TiledMmaPV const& tiled_mma_pv,
                             TensorO const& tOrO, TensorL const& lse, int m_block, int head, int batch, int mma_tidx,
-                            int wg) const {
+                            int wg, int split = 0) const {
+    if constexpr (Policy::kSplit) {
+      store_partial(params, seq, tiled_mma_pv, tOrO, lse, m_block, head, batch, split, mma_tidx);
+      return;
+    }
     Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
     convert_into(tOrO, tOrO_out);
     int const warp_idx_in_wg = (threadIdx.x / 32) % 4;

@@ -99,8 +99,17 @@ struct FwdKernel {
     [[no_unique_address]] std::conditional_t<kVarlen, VarlenArgs, NoVarlen> varlen;
     float softcap_prescale;  // kSoftcap: FwdParams
     float const* sink;       // FwdParams
+    [[no_unique_address]] std::conditional_t<Policy::kSplit, SplitArgs, NoSplit> split;
   };
   using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
+
+  CUTLASS_DEVICE static int split_count(Params const& params) {
+    if constexpr (Policy::kSplit) {
+      return params.split.num_splits;
+    } else {
+      return 1;
+    }
+  }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
     SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
@@ -132,21 +141,36 @@ struct FwdKernel {
     __syncthreads();  // barriers initialised before anyone waits on them
 
     Mainloop const mainloop;
-    Scheduler const scheduler(params.num_m_blocks, params.heads_q, params.batch, params.heads_per_group);
+    // kSplit: the grid's batch coordinate is batch * num_splits + split.
+    Scheduler const scheduler(params.num_m_blocks, params.heads_q,
+                              Policy::kSplit ? params.batch * split_count(params) : params.batch,
+                              params.heads_per_group);
     auto decoded = [&](auto const& tile) {
       if constexpr (std::is_same_v<std::decay_t<decltype(tile)>, FwdTile>) {
         return tile;
+      } else if constexpr (Policy::kSplit) {
+        FwdTile t = scheduler.decode(tile, params.divisors);
+        t.batch /= split_count(params);
+        return t;
       } else {
         return scheduler.decode(tile, params.divisors);
       }
     };
-    auto range_of = [&](FwdTile const& t, Seq const& seq) {
+    auto split_of = [&](auto const& tile) {
+      if constexpr (Policy::kSplit) {
+        return scheduler.decode(tile, params.divisors).batch % split_count(params);
+      } else {
+        return 0;
+      }
+    };
+    auto range_of = [&](FwdTile const& t, Seq const& seq, int split) {
       BlockRange<kBlockM, kBlockN, kLocal> range(t.m_block, seq.seqlen_q(params), seq.seqlen_k(params), seq.diag(params),
                                                  params.window_left, params.window_right);
       // Varlen: the grid covers the longest sequence; a tile past its own sequence's end is empty.
       if constexpr (kVarlen) {
         if (t.m_block * kBlockM >= seq.seqlen_q(params)) { range.n_block_max = range.n_block_min; }
       }
+      if constexpr (Policy::kSplit) { range.keep_split(split, split_count(params)); }
       return range;
     };
 
@@ -162,7 +186,7 @@ struct FwdKernel {
         auto produce = [&](auto const& tile, int iteration) {  // a tile id, or (kRingDecode) a decoded tile
           FwdTile const t = decoded(tile);
           Seq const seq(params, t.batch);
-          auto const range = range_of(t, seq);
+          auto const range = range_of(t, seq, split_of(tile));
           // kSeparateO: load k into Q slot k % 2 waits for that slot's release number k / 2 - 1.
           int const wait_phase = Policy::kSeparateO ? (q_loads > 1 ? ((q_loads >> 1) - 1) & 1 : -1)
                                  : Policy::kEarlyQ  ? (q_loads > 0 ? (q_loads - 1) & 1 : -1)
@@ -213,8 +237,9 @@ struct FwdKernel {
       auto consume_tile = [&](auto const& tile) {  // a tile id, or (kRingDecode) a decoded tile
         FwdTile const t = decoded(tile);
         Seq const seq(params, t.batch);
-        mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq),
-                     threadIdx.x - 128, wg, epilogue);
+        int const split = split_of(tile);
+        mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq, split),
+                     threadIdx.x - 128, wg, epilogue, split);
       };
       if constexpr (kDynamic) {
         for (int iteration = 0;; ++iteration) {

@@ -170,7 +170,7 @@ struct FwdMainloop {
   CUTLASS_DEVICE void mma(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                           Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v, int& q_phase,
                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
-                          Epilogue const& epilogue) const {
+                          Epilogue const& epilogue, int split = 0) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     TiledMmaQK tiled_mma_qk;
     TiledMmaPV tiled_mma_pv;
@@ -361,16 +361,12 @@ struct FwdMainloop {
       warpgroup_wait<0>();
       pipeline_v.consumer_release(state_v);
       ++state_v;  // persistent mode: the next tile's first V is the next stage
-      if (params.sink != nullptr) {  // learnable sink: one more term in every row's denominator
-        softmax.finalize_with_sink(tOrO_rc, params.sink[head] * kLog2e, lse);
-      } else {
-        softmax.finalize(tOrO_rc, params.lse_scale, lse);
-      }
+      softmax.finalize(tOrO_rc, params.lse_scale, lse, params.sink != nullptr ? params.sink[head] : -INFINITY);
     } else {
       clear(tOrO);
       fill(lse, params.sink != nullptr ? params.sink[head] : -INFINITY);
     }
-    epilogue.store(params, seq, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg);
+    epilogue.store(params, seq, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg, split);
   }
 
   // kEarlyQ (own O buffer, or O stored from registers): this warpgroup's last Q.K^T GEMM of the
