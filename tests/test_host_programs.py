@@ -50,4 +50,4 @@ def test_scheduling_arithmetic(tmp_path):
     print(run.stdout)
     assert run.returncode == 0, f"scheduling check failed:\n{run.stdout}{run.stderr}"
     lines = [line for line in run.stdout.splitlines() if "random shapes" in line or "tile counter" in line]
-    assert len(lines) == 16 and all(line.endswith(" 0 failures") for line in lines), run.stdout
+    assert len(lines) == 18 and all(line.endswith(" 0 failures") for line in lines), run.stdout

@@ -220,6 +220,42 @@ int check_fwd_block_range(int cases) {
   return failures;
 }
 
+// Split-KV: for every split count, the splits' shares of a tile's key blocks (keep_split) are
+// disjoint, contiguous, in order and together the whole range, and keep the mask bounds.
+template <int kBlockM, int kBlockN, bool kLocal>
+int check_split_ranges(int cases) {
+  int failures = 0;
+  for (int c = 0; c < cases; ++c) {
+    int const seqlen_q = uniform(1, 300), seqlen_k = uniform(1, 5000);
+    int const unbounded = seqlen_q + seqlen_k;
+    int const left = kLocal && uniform(0, 1) ? uniform(0, 900) : unbounded;
+    int const right = kLocal ? 0 : unbounded;
+    int const splits = uniform(1, 300);
+    int const num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+    bool ok = true;
+    for (int m = 0; m < num_m; ++m) {
+      flash::BlockRange<kBlockM, kBlockN, kLocal> const whole(m, seqlen_q, seqlen_k, seqlen_k - seqlen_q, left, right);
+      int next = whole.n_block_min, covered = 0;
+      for (int s = 0; s < splits; ++s) {
+        flash::BlockRange<kBlockM, kBlockN, kLocal> part = whole;
+        part.keep_split(s, splits);
+        ok &= part.n_unmasked_lo == whole.n_unmasked_lo && part.n_unmasked_hi == whole.n_unmasked_hi;
+        if (part.empty()) { continue; }
+        ok &= part.n_block_min == next && part.n_block_max <= whole.n_block_max;
+        covered += part.n_block_max - part.n_block_min;
+        next = part.n_block_max;
+      }
+      ok &= covered == std::max(0, whole.n_block_max - whole.n_block_min);
+    }
+    if (!ok && failures++ < 5) {
+      std::printf("split ranges wrong: seqlen_q %d seqlen_k %d left %d splits %d\n", seqlen_q, seqlen_k, left, splits);
+    }
+  }
+  std::printf("split-KV ranges (%d x %d, %s): %d random shapes, %d failures\n", kBlockM, kBlockN,
+              kLocal ? "causal/local" : "no mask", cases, failures);
+  return failures;
+}
+
 struct VarlenOnly {
   flash::VarlenArgs varlen;
 };
@@ -287,6 +323,8 @@ int main() {
   failures += check_fwd_block_range<128, 64, true>(400);
   failures += check_fwd_block_range<192, 128, false>(200);
   failures += check_fwd_block_range<128, 176, false>(200);
+  failures += check_split_ranges<128, 128, false>(300);
+  failures += check_split_ranges<128, 80, true>(300);
   failures += check_varlen_extents(3000);
   return failures != 0;
 }
