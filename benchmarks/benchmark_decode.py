@@ -4,9 +4,10 @@
 in the same run (benchmark_attn.py's timing and rotation).
 
 Grid: batch 1 / 8 / 64 x cache 4k / 32k / 128k (points past --max-cache-gib of K+V skipped) x GQA
-32:8 and 8:1 x hdim 64 / 128 / 256, bf16, contiguous caches. Providers: ours (flash_attn_func on
-(batch, 1, heads, d) queries; flash_attn_with_kvcache once it exists, with --paged a page-16 cache),
-sdpa-cudnn, sdpa-flash (enable_gqa), fa3 (flash_attn_with_kvcache when importable).
+32:8 and 8:1 x hdim 64 / 128 / 256, bf16, contiguous caches (paged ones once page_table exists).
+Providers: flash_attn_hopper (flash_attn_with_kvcache: split-KV chosen), flash_attn_hopper-nosplit
+(flash_attn_func on (batch, 1, heads, d) queries, one CTA per head), sdpa-cudnn, sdpa-flash
+(enable_gqa), fa3 (flash_attn_with_kvcache when importable).
 
     python benchmarks/benchmark_decode.py --rounds 3            # results/decode-<date>.{csv,md}
     python benchmarks/benchmark_decode.py --batches 8 --caches 32768 --hdims 128
@@ -34,16 +35,16 @@ def kv_bytes(batch: int, cache: int, heads_kv: int, hdim: int, elem: int = 2) ->
     return 2 * batch * cache * heads_kv * hdim * elem
 
 
-def _ours(num_splits: int = 1):
+def _ours(split: bool = True):
+    """flash_attn_with_kvcache (split-KV chosen, its default), or flash_attn_func without splits."""
     import flash_attn_hopper
 
     reason = flash_attn_hopper.unavailable_reason()
     if reason is not None:
         raise ba.ProviderUnavailable(reason)
-    with_kvcache = getattr(flash_attn_hopper, "flash_attn_with_kvcache", None)
-    if with_kvcache is not None and num_splits == 1:
-        return lambda q, k, v: with_kvcache(q, k, v)
-    return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, num_splits=num_splits)
+    if split:
+        return lambda q, k, v: flash_attn_hopper.flash_attn_with_kvcache(q, k, v)
+    return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v)
 
 
 def _sdpa(backend_name: str):
@@ -64,7 +65,7 @@ def _fa3():
     return lambda q, k, v: fa3_kvcache(q, k, v)
 
 
-PROVIDERS = {"flash_attn_hopper": _ours, "flash_attn_hopper-split": lambda: _ours(num_splits=0),
+PROVIDERS = {"flash_attn_hopper": _ours, "flash_attn_hopper-nosplit": lambda: _ours(split=False),
              "sdpa-cudnn": lambda: _sdpa("CUDNN_ATTENTION"),
              "sdpa-flash": lambda: _sdpa("FLASH_ATTENTION"), "fa3": _fa3}
 

@@ -73,8 +73,8 @@ def test_rotated_rounds_give_each_providers_median_and_write_both_files(tmp_path
 def test_decode_report_takes_our_best_provider_against_the_best_peer():
     import benchmark_decode as bd
 
-    rows = [bd.Row("flash_attn_hopper", 8, 32768, "32:8", 128, 1600.0),
-            bd.Row("flash_attn_hopper-split", 8, 32768, "32:8", 128, 3800.0),
+    rows = [bd.Row("flash_attn_hopper-nosplit", 8, 32768, "32:8", 128, 1600.0),
+            bd.Row("flash_attn_hopper", 8, 32768, "32:8", 128, 3800.0),
             bd.Row("sdpa-cudnn", 8, 32768, "32:8", 128, 4000.0), bd.Row("sdpa-flash", 8, 32768, "32:8", 128, 3000.0)]
     md = bd.markdown(rows, {"date": "d", "gpu": "g", "torch": "t", "flash_attn_hopper": "v"})
     assert md.rstrip().endswith("| 8 | 32768 | 32:8 | 128 | 1600 | 3800 | 4000 | 3000 | 0.95 |")

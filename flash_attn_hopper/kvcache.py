@@ -1,0 +1,239 @@
+"""``flash_attn_with_kvcache``: FlashAttention-3's decode / chunked-prefill entry point on our
+variable-length kernels.
+
+A contiguous cache (batch_cache, seqlen_cache, nheads_k, d) is read in place as the packed rows
+of the varlen kernels: sequence b's keys are rows [b * seqlen_cache + leftpad_b, ...) with
+``seqused_k`` = its valid length, so nothing is copied and nothing is read on the host (a decode
+step can be captured in a CUDA graph). New keys and values are appended into the cache first
+(in place, with rotary embedding applied to the new keys and to q), then the attention runs with
+``num_splits`` (split-KV; 0 = choose) as ``flash_attn_varlen_func`` does.
+
+Not in this version (refused, naming the argument): ``page_table`` (paged caches),
+``cache_batch_idx``, ``cu_seqlens_k_new``, ``scheduler_metadata``, ``qv``, FP8 descales,
+``attention_chunk``, ``sm_margin``. ``pack_gqa`` is accepted and ignored. No backward, as in
+FlashAttention-3.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import support
+
+
+def _refuse_extras(**extras) -> None:
+    for name, (value, default, why) in extras.items():
+        if (value is not None) if default is None else (value != default):
+            raise support.feature_refusal(name, f"{name}", why).exception()
+
+
+def _as_lengths(x, batch: int, default: int, device, name: str, cap: int) -> torch.Tensor:
+    """int32 (batch,) lengths on the device, clamped to [0, cap] (contents are never read on the host)."""
+    if x is None:
+        return torch.full((batch,), default, dtype=torch.int32, device=device)
+    if isinstance(x, int) and not isinstance(x, bool):
+        return torch.full((batch,), min(max(x, 0), cap), dtype=torch.int32, device=device)
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.shape != (batch,) or x.device != device:
+        raise ValueError(f"{name} must be an int or an int32 tensor of shape ({batch},) on {device}")
+    return x.clamp(0, cap)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, interleaved: bool):
+    """Rotary embedding of the first 2 * cos.shape[1] features of x (..., s, h, d) at positions (..., s):
+    pairs (2i, 2i + 1) when interleaved, else (i, i + rotary_dim / 2) (GPT-NeoX)."""
+    half = cos.shape[1]
+    positions = positions.clamp(0, cos.shape[0] - 1).long()
+    c = cos[positions].unsqueeze(-2).float()  # (..., s, 1, half)
+    s = sin[positions].unsqueeze(-2).float()
+    rot, rest = x[..., : 2 * half].float(), x[..., 2 * half :]
+    if interleaved:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    else:
+        a, b = rot[..., :half], rot[..., half:]
+        out = torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    return torch.cat([out.to(x.dtype), rest], dim=-1)
+
+
+def _append(cache: torch.Tensor, new: torch.Tensor, starts: torch.Tensor) -> None:
+    """cache[b, starts[b] + i] = new[b, i] in place, for the new tokens that fit: with S the cache's
+    length, token i of sequence b goes to min(starts + i, S - 1), and the ones that do not fit carry
+    the value that lands there anyway (the last fitting token, or the slot's own value when none
+    fits), so every write to one slot writes the same value and nothing lands outside the cache."""
+    batch, seqlen_new = new.shape[:2]
+    seqlen_cache = cache.shape[1]
+    i = torch.arange(seqlen_new, device=new.device)
+    last_fit = (seqlen_cache - 1 - starts.long()).unsqueeze(1)  # the last token index that fits, (b, 1)
+    src = torch.minimum(i.unsqueeze(0), last_fit)  # (b, s): the token whose value goes to the slot
+    slot = torch.clamp(starts.long().unsqueeze(1) + src, max=seqlen_cache - 1)
+    b = torch.arange(batch, device=new.device).unsqueeze(1).expand_as(slot)
+    values = new.gather(1, src.clamp(min=0)[..., None, None].expand(-1, -1, *new.shape[2:]))
+    values = torch.where((src >= 0)[..., None, None], values, cache[b, slot])
+    cache[b, slot] = values
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    qv=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    page_table=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k_new=None,
+    max_seqlen_q=None,
+    rotary_seqlens=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    attention_chunk=0,
+    softcap=0.0,
+    rotary_interleaved=True,
+    scheduler_metadata=None,
+    num_splits=0,
+    pack_gqa=None,
+    sm_margin=0,
+    return_softmax_lse=False,
+):
+    """Attention of q over a KV cache, after appending k / v to it in place (FlashAttention-3's
+    signature and semantics; see the module docstring for what this version refuses).
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, d), or (total_q, nheads, d) with cu_seqlens_q (int32 (batch + 1,))
+            and max_seqlen_q.
+        k_cache, v_cache: (batch, seqlen_cache, nheads_k, d), fp16/bf16 like q; rows of one batch entry
+            consecutive (batch stride = seqlen_cache x row stride) so the cache is read in place.
+        k, v: optional (batch, seqlen_new, nheads_k, d): written into the cache at cache_seqlens
+            (tokens past the cache's end are dropped) before the attention, which then covers them.
+        rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotary embedding of the new keys
+            at positions rotary_seqlens + i (default cache_seqlens + i) and of q at the same positions
+            when causal or local, else at rotary_seqlens for every query; rotary_interleaved picks
+            pairs (2i, 2i + 1) or (i, i + rotary_dim / 2).
+        cache_seqlens: int or int32 (batch,): the cache's filled length per sequence (default: full).
+        cache_leftpad: int32 (batch,): the first valid cache row per sequence (default 0).
+        softmax_scale, causal, window_size, softcap: as flash_attn_func, with the diagonal at the end
+            of each sequence's valid keys.
+        num_splits: split-KV: 0 (default) choose, 1 none, n at most n.
+        return_softmax_lse: also return the LSE, (batch, nheads, seqlen_q) float32
+            ((nheads, total_q) with cu_seqlens_q).
+
+    Returns:
+        out like q, and softmax_lse when return_softmax_lse.
+    """
+    _refuse_extras(
+        page_table=(page_table, None, "Paged KV caches are not in this version: pass a contiguous cache."),
+        cache_batch_idx=(cache_batch_idx, None, "Index the cache yourself (k_cache[idx]) or pass None."),
+        cu_seqlens_k_new=(cu_seqlens_k_new, None, "Pass k / v as (batch, seqlen_new, nheads_k, d)."),
+        scheduler_metadata=(scheduler_metadata, None, "Pass None: no host sync happens, so a decode step can be "
+                            "captured in a CUDA graph as it is."),
+        qv=(qv, None, "Pass qv=None."),
+        q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
+        k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
+        v_descale=(v_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
+        attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
+        sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
+    )
+    from .interface import flash_attn_varlen_func  # the varlen path (interface imports this module's siblings)
+
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache and v_cache must be (batch, seqlen_cache, nheads_k, d) of one shape, got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    batch_cache, seqlen_cache, heads_k, d = k_cache.shape
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.stride(-1) != 1 or (batch_cache > 1 and cache.stride(0) != seqlen_cache * cache.stride(1)):
+            raise ValueError(
+                f"{name} must keep each batch entry's rows consecutive (batch stride = seqlen_cache x row stride, "
+                "last dimension contiguous), as a (batch, seqlen, nheads, d) allocation does; other layouts "
+                "(e.g. heads before seqlen) are not in this version"
+            )
+    varlen_q = cu_seqlens_q is not None
+    if varlen_q:
+        if q.dim() != 3 or max_seqlen_q is None:
+            raise ValueError("with cu_seqlens_q, q must be (total_q, nheads, d) and max_seqlen_q given")
+        batch = cu_seqlens_q.shape[0] - 1
+        seqlen_q = max_seqlen_q
+    else:
+        if q.dim() != 4:
+            raise ValueError(f"q must be (batch, seqlen_q, nheads, d), got shape {tuple(q.shape)}")
+        batch, seqlen_q = q.shape[:2]
+    if batch != batch_cache:
+        raise ValueError(f"q has {batch} sequences but the cache {batch_cache} (cache_batch_idx is not in this version)")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (q, k_cache, v_cache, k, v)):
+        raise RuntimeError("flash_attn_with_kvcache has no backward (as FlashAttention-3): call it under "
+                           "torch.no_grad() / torch.inference_mode() or on tensors that do not require grad")
+    if (k is None) != (v is None):
+        raise ValueError("pass both k and v, or neither")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("pass both rotary_cos and rotary_sin, or neither")
+    device = k_cache.device
+    seqlens = _as_lengths(cache_seqlens, batch, seqlen_cache, device, "cache_seqlens", seqlen_cache)
+    leftpad = _as_lengths(cache_leftpad, batch, 0, device, "cache_leftpad", seqlen_cache)
+
+    if k is not None:
+        if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) or v.shape != k.shape:
+            raise ValueError(f"k and v must be (batch, seqlen_new, nheads_k, d) = ({batch}, seqlen_new, {heads_k}, {d})")
+        if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
+            raise ValueError("k and v must have the cache's dtype")
+        seqlen_new = k.shape[1]
+    else:
+        seqlen_new = 0
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos / rotary_sin apply to the new keys: pass k and v with them")
+        rotary_dim = 2 * rotary_cos.shape[-1]
+        if rotary_cos.dim() != 2 or rotary_sin.shape != rotary_cos.shape or rotary_dim > d or rotary_dim % 16:
+            raise ValueError(f"rotary_cos / rotary_sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim a multiple "
+                             f"of 16 and at most d = {d}; got {tuple(rotary_cos.shape)}")
+        offsets = _as_lengths(rotary_seqlens, batch, 0, device, "rotary_seqlens", 2**30) \
+            if rotary_seqlens is not None else seqlens
+        new_pos = offsets.long().unsqueeze(1) + torch.arange(seqlen_new, device=device)
+        k = _rotate(k, rotary_cos, rotary_sin, new_pos, rotary_interleaved)
+        local = causal or tuple(window_size) != (-1, -1)
+        if varlen_q:
+            starts = cu_seqlens_q[:-1].long()
+            seq_of_row = torch.searchsorted(cu_seqlens_q[1:].long(), torch.arange(q.shape[0], device=device),
+                                            right=True).clamp(max=batch - 1)
+            q_pos = offsets.long()[seq_of_row] + ((torch.arange(q.shape[0], device=device) - starts[seq_of_row])
+                                                  if local else 0)
+            q = _rotate(q.unsqueeze(0), rotary_cos, rotary_sin, q_pos.unsqueeze(0), rotary_interleaved)[0]
+        else:
+            q_pos = offsets.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
+            q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
+    if k is not None:
+        _append(k_cache, k, seqlens)
+        _append(v_cache, v, seqlens)
+        seqlens = torch.clamp(seqlens + seqlen_new, max=seqlen_cache)
+
+    # The cache as packed rows: sequence b's valid keys start at row b * seqlen_cache + leftpad_b.
+    rows = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_cache
+    cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
+    used_k = torch.clamp(seqlens - leftpad, min=0)
+    k_rows = k_cache.view(batch * seqlen_cache, heads_k, d)
+    v_rows = v_cache.view(batch * seqlen_cache, heads_k, d)
+    if varlen_q:
+        q_rows, cu_q = q, cu_seqlens_q
+    else:
+        q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
+        cu_q = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_q
+    out, lse = flash_attn_varlen_func(
+        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, seqused_k=used_k,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+        num_splits=num_splits, return_attn_probs=True,
+    )
+    if not varlen_q:
+        out = out.view(batch, seqlen_q, *out.shape[1:])
+        lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
+    return (out, lse) if return_softmax_lse else out

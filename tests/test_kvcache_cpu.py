@@ -1,0 +1,175 @@
+"""flash_attn_with_kvcache on CPU over the emulated varlen ops: appending k / v in place (clamped at
+the cache's end), rotary embedding of the new keys and of q (interleaved and GPT-NeoX; per position
+when causal/local, one position otherwise), cache_seqlens as int or tensor, cache_leftpad, GQA,
+causal / window / softcap, varlen q, against a float32 reference written from FlashAttention-3's
+docstring; what reaches the op (the cache read in place, num_splits); refusals. The kernels' own
+numbers are tests/test_kvcache_gpu.py's."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flash_attn_hopper
+from flash_attn_hopper.kvcache import _append, _rotate
+
+from op_emulator import emulated_varlen_ops
+from reference import assert_fa_close, attention_ref
+
+DTYPE = torch.float16
+
+
+def rotary_ref(x, cos, sin, positions, interleaved):
+    """Rotary embedding the plain way: each pair rotated by its angle, position by position."""
+    out = x.clone().float()
+    half = cos.shape[1]
+    for idx in torch.cartesian_prod(*[torch.arange(n) for n in positions.shape]) if positions.dim() > 1 else \
+            [torch.tensor([i]) for i in range(positions.shape[0])]:
+        idx = tuple(idx.tolist())
+        p = int(positions[idx])
+        for i in range(half):
+            a, b = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+            xa, xb = x[idx][..., a].float(), x[idx][..., b].float()
+            out[idx][..., a] = xa * cos[p, i] - xb * sin[p, i]
+            out[idx][..., b] = xa * sin[p, i] + xb * cos[p, i]
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rotary_matches_the_plain_rotation(interleaved):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, 32, generator=g).to(DTYPE)
+    angle = torch.rand(10, 8, generator=g) * 2 * math.pi
+    cos, sin = angle.cos(), angle.sin()
+    pos = torch.tensor([[1, 2, 3], [7, 8, 9]])
+    got = _rotate(x, cos, sin, pos, interleaved)
+    want = rotary_ref(x, cos, sin, pos, interleaved)
+    assert torch.allclose(got.float(), want.float(), atol=2e-3)
+    assert torch.equal(got[..., 16:], x[..., 16:])  # past rotary_dim: untouched
+
+
+def test_append_writes_in_place_and_drops_what_does_not_fit():
+    cache = torch.zeros(3, 6, 1, 2)
+    new = torch.arange(1, 3 * 4 * 2 + 1, dtype=torch.float32).view(3, 4, 1, 2)
+    _append(cache, new, torch.tensor([1, 4, 6], dtype=torch.int32))
+    assert torch.equal(cache[0, 1:5], new[0]) and torch.equal(cache[0, 5], torch.zeros(1, 2))
+    assert torch.equal(cache[1, 4:6], new[1, :2]) and torch.equal(cache[1, :4], torch.zeros(4, 1, 2))
+    assert torch.equal(cache[2], torch.zeros(6, 1, 2))  # a full cache: nothing written
+
+
+def reference(q, k_cache, v_cache, seqlens, leftpad, **kwargs):
+    """Per sequence b: q[b] over cache rows [leftpad_b, seqlens_b) by tests/reference.py."""
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        lo, hi = int(leftpad[b]), int(seqlens[b])
+        o, l = attention_ref(q[b:b + 1], k_cache[b:b + 1, lo:hi], v_cache[b:b + 1, lo:hi], **kwargs)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs), torch.cat(lses)
+
+
+CASES = [
+    # seqlen_q, seqlen_new, causal, window, rotary (dim, interleaved), leftpad, hq, hk
+    (1, 1, True, (-1, -1), (32, True), False, 8, 2),  # decode with rotary
+    (3, 3, True, (-1, -1), (64, False), True, 4, 4),  # speculative tokens, NeoX rotary, leftpad
+    (2, 0, False, (-1, -1), None, False, 6, 1),  # no new keys: attention over the cache as it is
+    (4, 4, False, (-1, -1), (16, True), False, 4, 2),  # not causal: q rotated at one position
+    (5, 2, True, (6, 0), None, True, 4, 2),  # a window
+]
+
+
+@pytest.mark.parametrize("sq, snew, causal, window, rotary, leftpad, hq, hk", CASES)
+def test_against_the_reference(monkeypatch, sq, snew, causal, window, rotary, leftpad, hq, hk):
+    g = torch.Generator().manual_seed(sq * 10 + snew)
+    batch, cache_len, d = 3, 40, 64
+    q = torch.randn(batch, sq, hq, d, generator=g).to(DTYPE)
+    k_cache = torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE)
+    v_cache = torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE)
+    k = torch.randn(batch, snew, hk, d, generator=g).to(DTYPE) if snew else None
+    v = torch.randn(batch, snew, hk, d, generator=g).to(DTYPE) if snew else None
+    seqlens = torch.tensor([10, 25, 38], dtype=torch.int32)
+    pad = torch.tensor([0, 7, 3], dtype=torch.int32) if leftpad else None
+    cos = sin = None
+    if rotary is not None:
+        angle = torch.rand(cache_len + 8, rotary[0] // 2, generator=g) * 2 * math.pi
+        cos, sin = angle.cos().to(DTYPE), angle.sin().to(DTYPE)
+    k_ref_cache, v_ref_cache = k_cache.clone(), v_cache.clone()
+    q_ref = q
+    if k is not None:
+        new_pos = seqlens.long()[:, None] + torch.arange(snew)
+        k_rot = rotary_ref(k, cos, sin, new_pos, rotary[1]) if rotary else k
+        for b in range(batch):
+            n = min(snew, cache_len - int(seqlens[b]))
+            k_ref_cache[b, int(seqlens[b]):int(seqlens[b]) + n] = k_rot[b, :n]
+            v_ref_cache[b, int(seqlens[b]):int(seqlens[b]) + n] = v[b, :n]
+        if rotary:
+            local = causal or window != (-1, -1)
+            q_pos = seqlens.long()[:, None] + (torch.arange(sq) if local else torch.zeros(sq, dtype=torch.long))
+            q_ref = rotary_ref(q, cos, sin, q_pos, rotary[1])
+    ends = torch.clamp(seqlens + snew, max=cache_len)
+    with emulated_varlen_ops(monkeypatch) as (fwd, _):
+        out, lse = flash_attn_hopper.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, cache_leftpad=pad,
+            causal=causal, window_size=window, rotary_interleaved=rotary[1] if rotary else True,
+            return_softmax_lse=True,
+        )
+    assert torch.equal(k_cache, k_ref_cache) and torch.equal(v_cache, v_ref_cache), "the append differs"
+    lo = pad if pad is not None else torch.zeros(batch, dtype=torch.int32)
+    ref, lse_ref = reference(q_ref, k_ref_cache, v_ref_cache, ends, lo, causal=causal, window_size=window)
+    low, lse_low = reference(q_ref, k_ref_cache, v_ref_cache, ends, lo, causal=causal, window_size=window,
+                             upcast=False)
+    assert out.shape == q.shape and lse.shape == (batch, hq, sq)
+    assert_fa_close(out, ref, low, name="out")
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert_fa_close(lse[finite], lse_ref[finite], lse_low[finite], name="lse", atol=1e-4)
+    (call,) = fwd.calls
+    assert call["k"].data_ptr() == k_cache.data_ptr(), "the cache was copied on its way to the kernel"
+    assert call["num_splits"] == 0  # FA3's default for this function: choose
+
+
+def test_varlen_q_softcap_and_an_int_cache_seqlens(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    batch, cache_len, hq, hk, d = 2, 30, 4, 2, 64
+    lens_q = [2, 3]
+    cu_q = torch.tensor([0, 2, 5], dtype=torch.int32)
+    q = torch.randn(5, hq, d, generator=g).to(DTYPE)
+    k_cache = torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE)
+    v_cache = torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE)
+    with emulated_varlen_ops(monkeypatch):
+        out = flash_attn_hopper.flash_attn_with_kvcache(q * 3, k_cache, v_cache, cache_seqlens=20, cu_seqlens_q=cu_q,
+                                                       max_seqlen_q=3, causal=True, softcap=5.0, num_splits=1)
+    for b, (start, n) in enumerate([(0, 2), (2, 3)]):
+        ref, _ = attention_ref((q * 3)[start:start + n][None], k_cache[b:b + 1, :20], v_cache[b:b + 1, :20],
+                               causal=True, softcap=5.0)
+        low, _ = attention_ref((q * 3)[start:start + n][None], k_cache[b:b + 1, :20], v_cache[b:b + 1, :20],
+                               causal=True, softcap=5.0, upcast=False)
+        assert_fa_close(out[start:start + n][None], ref, low, name=f"out {b}")
+    assert lens_q == [2, 3]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(page_table=torch.zeros(2, 3, dtype=torch.int32)), "page_table"),
+    (dict(cache_batch_idx=torch.zeros(2, dtype=torch.int32)), "cache_batch_idx"),
+    (dict(scheduler_metadata=torch.zeros(4, dtype=torch.int32)), "scheduler_metadata"),
+    (dict(qv=torch.zeros(1)), "qv"),
+    (dict(sm_margin=2), "sm_margin"),
+])
+def test_arguments_of_later_versions_are_refused_by_name(kwargs, fragment):
+    q = torch.zeros(2, 1, 4, 64, dtype=DTYPE)
+    cache = torch.zeros(2, 16, 2, 64, dtype=DTYPE)
+    with pytest.raises(RuntimeError, match=fragment):
+        flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(), **kwargs)
+
+
+def test_bad_layouts_and_gradients_are_refused():
+    q = torch.zeros(2, 1, 4, 64, dtype=DTYPE)
+    hnd = torch.zeros(2, 2, 16, 64, dtype=DTYPE).transpose(1, 2)  # heads before seqlen in memory
+    with pytest.raises(ValueError, match="rows consecutive"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, hnd, hnd.clone())
+    cache = torch.zeros(2, 16, 2, 64, dtype=DTYPE)
+    with pytest.raises(RuntimeError, match="no backward"):
+        flash_attn_hopper.flash_attn_with_kvcache(q.clone().requires_grad_(), cache, cache.clone())
+    with pytest.raises(ValueError, match="pass both k and v"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(), k=torch.zeros(2, 1, 2, 64, dtype=DTYPE))

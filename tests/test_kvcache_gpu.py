@@ -1,0 +1,85 @@
+"""flash_attn_with_kvcache on the GPU: the varlen kernels over a cache read in place, after the
+in-place append (with rotary), against the float32 reference (tests/test_kvcache_cpu.py's), with
+splits 1 / 3 / 0, GQA, causal, leftpad; bitwise repeatable with fixed splits; a decode step captured
+in a CUDA graph and replayed with new cache_seqlens."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flash_attn_hopper import flash_attn_with_kvcache
+
+from helpers.kernels import compiled_config
+from reference import assert_fa_close
+from test_kvcache_cpu import reference, rotary_ref
+
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(batch, sq, snew, cache_len, hq, hk, d, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g).to(dtype)  # noqa: E731
+    return (rnd(batch, sq, hq, d), rnd(batch, cache_len, hk, d), rnd(batch, cache_len, hk, d),
+            rnd(batch, snew, hk, d) if snew else None, rnd(batch, snew, hk, d) if snew else None)
+
+
+@pytest.mark.parametrize("splits", [1, 3, 0])
+@pytest.mark.parametrize("sq, snew, hq, hk, causal, rotary, leftpad", [
+    (1, 1, 32, 8, True, True, False),
+    (4, 4, 8, 1, True, False, True),
+    (1, 0, 16, 2, False, False, False),
+    (6, 2, 8, 8, True, True, True),
+])
+def test_against_the_reference(sq, snew, hq, hk, causal, rotary, leftpad, splits):
+    d, dtype = compiled_config("fwd")
+    batch, cache_len = 4, 3000
+    q, k_cache, v_cache, k, v = _inputs(batch, sq, snew, cache_len, hq, hk, d, dtype, seed=sq + snew + splits)
+    seqlens = torch.tensor([1, 700, 2500, 2990], dtype=torch.int32, device="cuda")
+    pad = torch.tensor([0, 100, 2000, 5], dtype=torch.int32, device="cuda") if leftpad else None
+    cos = sin = None
+    if rotary:
+        angle = torch.rand(cache_len + 16, d // 4, device="cuda") * 2 * math.pi
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    k_ref, v_ref, q_ref = k_cache.clone(), v_cache.clone(), q
+    if k is not None:
+        pos = seqlens.long()[:, None] + torch.arange(snew, device="cuda")
+        k_rot = rotary_ref(k.cpu(), cos.cpu(), sin.cpu(), pos.cpu(), True).cuda() if rotary else k
+        for b in range(batch):
+            n = min(snew, cache_len - int(seqlens[b]))
+            k_ref[b, int(seqlens[b]):int(seqlens[b]) + n] = k_rot[b, :n]
+            v_ref[b, int(seqlens[b]):int(seqlens[b]) + n] = v[b, :n]
+        if rotary:
+            q_pos = seqlens.long()[:, None] + torch.arange(sq, device="cuda")
+            q_ref = rotary_ref(q.cpu(), cos.cpu(), sin.cpu(), q_pos.cpu(), True).cuda()
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                       cache_seqlens=seqlens, cache_leftpad=pad, causal=causal,
+                                       num_splits=splits, return_softmax_lse=True)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    ends = torch.clamp(seqlens + snew, max=cache_len)
+    lo = pad if pad is not None else torch.zeros_like(seqlens)
+    ref, lse_ref = reference(q_ref, k_ref, v_ref, ends.cpu(), lo.cpu(), causal=causal)
+    low, _ = reference(q_ref, k_ref, v_ref, ends.cpu(), lo.cpu(), causal=causal, upcast=False)
+    assert_fa_close(out, ref, low, name="out")
+    finite = torch.isfinite(lse_ref)
+    assert torch.allclose(lse[finite], lse_ref[finite], atol=2e-3)
+
+
+def test_fixed_splits_are_bitwise_repeatable_and_a_graph_replays_with_new_lengths():
+    d, dtype = compiled_config("fwd")
+    q, k_cache, v_cache, _, _ = _inputs(8, 1, 0, 8192, 32, 8, d, dtype, seed=1)
+    seqlens = torch.full((8,), 4000, dtype=torch.int32, device="cuda")
+    first = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=4)
+    assert all(torch.equal(first, flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=4))
+               for _ in range(5))
+    static = {"seqlens": seqlens.clone()}
+    flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=static["seqlens"], num_splits=4)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static["out"] = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=static["seqlens"], num_splits=4)
+    for n in (4000, 123, 8192):
+        static["seqlens"].fill_(n)
+        graph.replay()
+        want = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.full_like(seqlens, n), num_splits=4)
+        assert torch.equal(static["out"], want), n
