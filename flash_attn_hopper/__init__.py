@@ -18,7 +18,7 @@ from . import manifest, support
 from ._build_info import build_info
 from .interface import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 from .combine import flash_attn_combine
-from .kvcache import flash_attn_with_kvcache
+from .kvcache import flash_attn_with_kvcache, get_scheduler_metadata
 from .ops import is_available, unavailable_reason
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 from . import torch_registry  # registers (never activates) with torch.nn.attention's registry
@@ -31,6 +31,7 @@ __all__ = [
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "get_scheduler_metadata",
     "is_available",
     "manifest",
     "patch_sdpa",

@@ -9,9 +9,14 @@ step can be captured in a CUDA graph). New keys and values are appended into the
 ``num_splits`` (split-KV; 0 = choose) as ``flash_attn_varlen_func`` does.
 
 Not in this version (refused, naming the argument): ``page_table`` (paged caches),
-``cache_batch_idx``, ``cu_seqlens_k_new``, ``scheduler_metadata``, ``qv``, FP8 descales,
-``attention_chunk``, ``sm_margin``. ``pack_gqa`` is accepted and ignored. No backward, as in
-FlashAttention-3.
+``cache_batch_idx``, ``cu_seqlens_k_new``, ``qv``, FP8 descales, ``attention_chunk``,
+``sm_margin``. ``pack_gqa`` is accepted and ignored. No backward, as in FlashAttention-3.
+
+``get_scheduler_metadata`` is FlashAttention-3's way to precompute a decode step's plan so that the
+step can be captured in a CUDA graph. Here the plan (the split count) follows from the shapes
+alone and nothing is read on the host, so there is nothing to precompute: it checks its arguments
+and returns an empty int32 tensor, which ``flash_attn_with_kvcache`` accepts as
+``scheduler_metadata`` (the plan is the same with or without it).
 """
 
 from __future__ import annotations
@@ -133,8 +138,6 @@ def flash_attn_with_kvcache(
         page_table=(page_table, None, "Paged KV caches are not in this version: pass a contiguous cache."),
         cache_batch_idx=(cache_batch_idx, None, "Index the cache yourself (k_cache[idx]) or pass None."),
         cu_seqlens_k_new=(cu_seqlens_k_new, None, "Pass k / v as (batch, seqlen_new, nheads_k, d)."),
-        scheduler_metadata=(scheduler_metadata, None, "Pass None: no host sync happens, so a decode step can be "
-                            "captured in a CUDA graph as it is."),
         qv=(qv, None, "Pass qv=None."),
         q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
@@ -143,6 +146,10 @@ def flash_attn_with_kvcache(
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
     from .interface import flash_attn_varlen_func  # the varlen path (interface imports this module's siblings)
+
+    if scheduler_metadata is not None and not (isinstance(scheduler_metadata, torch.Tensor)
+                                               and scheduler_metadata.dtype == torch.int32):
+        raise TypeError("scheduler_metadata must be None or get_scheduler_metadata's int32 tensor")
 
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
@@ -237,3 +244,43 @@ def flash_attn_with_kvcache(
         out = out.view(batch, seqlen_q, *out.shape[1:])
         lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
     return (out, lse) if return_softmax_lse else out
+
+
+def get_scheduler_metadata(
+    batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+    cache_seqlens: torch.Tensor,
+    qkv_dtype=torch.bfloat16,
+    headdim_v=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k_new=None,
+    cache_leftpad=None,
+    page_size=None,
+    max_seqlen_k_new=0,
+    causal=False,
+    window_size=(-1, -1),
+    attention_chunk=0,
+    has_softcap=False,
+    num_splits=0,
+    pack_gqa=None,
+    sm_margin=0,
+):
+    """FlashAttention-3's plan precomputation for flash_attn_with_kvcache (see the module docstring):
+    the arguments are checked as that call would check them, and the plan, which depends on shapes
+    only, needs no tensor: returns an empty int32 tensor on cache_seqlens' device."""
+    _refuse_extras(
+        page_size=(page_size, None, "Paged KV caches are not in this version: pass a contiguous cache."),
+        cu_seqlens_k_new=(cu_seqlens_k_new, None, "Pass k / v as (batch, seqlen_new, nheads_k, d)."),
+        attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
+        sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
+    )
+    if headdim_v not in (None, headdim):
+        raise support.feature_refusal("dv", f"headdim_v={headdim_v} != headdim={headdim}",
+                                      "Pass headdim_v=None.").exception()
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
+            or tuple(cache_seqlens.shape) != (batch_size,):
+        raise ValueError(f"cache_seqlens must be an int32 tensor of shape ({batch_size},)")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (1: no split, 0: choose), got {num_splits!r}")
+    if num_heads_kv <= 0 or num_heads_q % num_heads_kv:
+        raise ValueError(f"num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv ({num_heads_kv})")
+    return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)

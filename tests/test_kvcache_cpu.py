@@ -152,7 +152,6 @@ def test_varlen_q_softcap_and_an_int_cache_seqlens(monkeypatch):
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(page_table=torch.zeros(2, 3, dtype=torch.int32)), "page_table"),
     (dict(cache_batch_idx=torch.zeros(2, dtype=torch.int32)), "cache_batch_idx"),
-    (dict(scheduler_metadata=torch.zeros(4, dtype=torch.int32)), "scheduler_metadata"),
     (dict(qv=torch.zeros(1)), "qv"),
     (dict(sm_margin=2), "sm_margin"),
 ])
@@ -173,3 +172,25 @@ def test_bad_layouts_and_gradients_are_refused():
         flash_attn_hopper.flash_attn_with_kvcache(q.clone().requires_grad_(), cache, cache.clone())
     with pytest.raises(ValueError, match="pass both k and v"):
         flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(), k=torch.zeros(2, 1, 2, 64, dtype=DTYPE))
+
+
+def test_scheduler_metadata_is_checked_and_accepted(monkeypatch):
+    """get_scheduler_metadata: the plan follows from shapes alone, so an empty int32 tensor; the call
+    with it gives what the call without it gives."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 1, 4, 64, generator=g).to(DTYPE)
+    k_cache, v_cache = (torch.randn(2, 32, 2, 64, generator=g).to(DTYPE) for _ in range(2))
+    seqlens = torch.tensor([5, 30], dtype=torch.int32)
+    md = flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, causal=True)
+    assert md.dtype == torch.int32 and md.numel() == 0 and md.device == seqlens.device
+    with emulated_varlen_ops(monkeypatch):
+        a = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True,
+                                                     scheduler_metadata=md)
+        b = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
+    assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="page_size"):
+        flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, page_size=16)
+    with pytest.raises(ValueError, match="cache_seqlens must be an int32 tensor of shape"):
+        flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens.long())
+    with pytest.raises(TypeError, match="scheduler_metadata must be None"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, scheduler_metadata=[1])
