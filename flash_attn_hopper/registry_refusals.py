@@ -48,7 +48,7 @@ def flash_attention_forward_refusal(
     """Why ``aten::_flash_attention_forward`` falls back (None: our kernel runs).
 
     Arguments are that op's (query, key, value in (batch, seqlen, heads, head_dim)).
-    ``num_splits`` is a scheduling hint with no effect on the result.
+    ``num_splits`` goes to our split-KV kernels (None: no split); it changes the result only by rounding.
     Keyword arguments of a later torch that this version does not know make it fall back.
     """
     varlen = cum_seq_q is not None or cum_seq_k is not None
@@ -60,8 +60,8 @@ def flash_attention_forward_refusal(
         return "return_debug_mask=True"
     if seqused_k is not None and not varlen:
         return "seqused_k is given without cum_seq_q / cum_seq_k"
-    if varlen and num_splits is not None:
-        return f"num_splits={num_splits} with variable-length inputs (torch's split-KV path)"
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0):
+        return f"num_splits={num_splits!r} (not an int >= 0)"
     if alibi_slopes is not None:
         return "alibi_slopes is given"
     if block_table is not None:

@@ -33,7 +33,7 @@ what ``torch.nn.attention.varlen.varlen_attn`` sends) run the varlen ops
 (``varlen_fwd`` / ``varlen_bwd``) with FlashAttention-2's varlen conventions:
 q, k, v (total, heads, head_dim), log-sum-exp (heads, total_q) with +inf for rows
 that see no key, windows clamped against ``max_k``; ``block_table`` (paged KV),
-``num_splits``, ALiBi and dropout still go to torch's kernels.
+ALiBi and dropout still go to torch's kernels; ``num_splits`` reaches our split-KV kernels.
 
 Backward: the backward overrides take exactly what the forward ops return
 (output and log-sum-exp in FlashAttention-2's conventions), whichever
@@ -111,7 +111,12 @@ def _softmax_scale(q: torch.Tensor, scale) -> float:
     return 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
 
 
-def _run_forward(q, k, v, scale, is_causal, window_left, window_right):
+def _splits(num_splits) -> dict:
+    """The ops' num_splits for aten's (None: the ops' default, no split; registry_refusals refuses a negative one)."""
+    return {} if num_splits is None or num_splits == 1 else {"num_splits": int(num_splits)}
+
+
+def _run_forward(q, k, v, scale, is_causal, window_left, window_right, num_splits=None):
     """Our op on (batch, seqlen, heads, head_dim) inputs with FlashAttention-2's conventions.
 
     Returns out (contiguous, batch, seqlen_q, heads, head_dim) and lse (batch, heads, seqlen_q).
@@ -119,7 +124,8 @@ def _run_forward(q, k, v, scale, is_causal, window_left, window_right):
     seqlen_q, seqlen_k = q.size(1), k.size(1)
     softmax_scale = _softmax_scale(q, scale)
     left, right = support.fa2_window(window_left, window_right, is_causal, seqlen_k)
-    out, lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, bool(is_causal), left, right, False)
+    out, lse = torch.ops.flash_attn_hopper.fwd(q, k, v, softmax_scale, bool(is_causal), left, right, False,
+                                               **_splits(num_splits))
     if _has_blind_rows(right, seqlen_q, seqlen_k):
         # Ours gives -inf (the log of an empty sum), FlashAttention-2 +inf: its backward
         # computes exp(s - lse) and needs +inf to make those rows' probabilities 0.
@@ -128,7 +134,7 @@ def _run_forward(q, k, v, scale, is_causal, window_left, window_right):
 
 
 def _run_varlen_forward(q, k, v, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-                        window_left, window_right):
+                        window_left, window_right, num_splits=None):
     """varlen_fwd on (total, heads, head_dim) inputs with FlashAttention-2's conventions.
 
     Returns out (contiguous, total_q, heads, head_dim) and lse (heads, total_q), +inf
@@ -139,7 +145,7 @@ def _run_varlen_forward(q, k, v, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, 
     left, right = support.fa2_window(window_left, window_right, is_causal, max_k)
     out, lse = ops.varlen_fwd_op()(
         q, k, v, cum_seq_q, cum_seq_k, None, seqused_k, max_q, max_k, softmax_scale, bool(is_causal), left, right,
-        False,
+        False, **_splits(num_splits),
     )
     # Which rows see no key depends on each sequence's lengths (device data): convert every -inf.
     return out, lse.masked_fill(lse == float("-inf"), float("inf"))
@@ -239,30 +245,31 @@ def _sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, retur
 
 def _flash_attention_forward(
     query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
-    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, **_,
+    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, num_splits=None, **_,
 ):
     if cum_seq_q is not None:
         out, lse = _run_varlen_forward(
             query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-            window_size_left, window_size_right,
+            window_size_left, window_size_right, num_splits,
         )
     else:
-        out, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right)
+        out, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right, num_splits)
     rng_state, unused, debug_mask = _aux_outputs(query)
     return _with_strides_of(out, query), lse, rng_state, unused, debug_mask
 
 
 def _flash_attention_forward_inplace(
     out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
-    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, **_,
+    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, num_splits=None, **_,
 ):
     if cum_seq_q is not None:
         result, lse = _run_varlen_forward(
             query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-            window_size_left, window_size_right,
+            window_size_left, window_size_right, num_splits,
         )
     else:
-        result, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right)
+        result, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right,
+                                   num_splits)
     out.copy_(result)
     return lse
 

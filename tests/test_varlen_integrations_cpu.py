@@ -58,7 +58,8 @@ def test_registry_serves_varlen_forward_calls(registry_varlen):
         assert "dropout_p" in refusal(q, k, k, cu, cu, 40, 60, 0.1, True, False)
         assert "block_table" in refusal(*base, seqused_k=used, block_table=cu)
         assert "alibi_slopes" in refusal(*base, alibi_slopes=_fake_cuda(8, dtype=torch.float32))
-        assert "num_splits" in refusal(*base, num_splits=2)
+        assert refusal(*base, num_splits=2) is None and refusal(*base, num_splits=0) is None
+        assert "num_splits=-1" in refusal(*base, num_splits=-1)
         assert "return_debug_mask" in refusal(q, k, k, cu, cu, 40, 60, 0.0, True, True)
         assert "batch size mismatch" in refusal(q, k, k, cu, torch.zeros(3, dtype=torch.int32, device="cuda"), 40, 60, 0.0, True, False)
         assert "int32" in refusal(q, k, k, cu.long(), cu, 40, 60, 0.0, True, False)
@@ -203,6 +204,15 @@ def test_the_window_rule_of_fa2s_varlen_reaches_the_op(registry_varlen):
     torch_registry._run_varlen_forward(q, k, v, cu_q, cu_k, None, max_q, max_k, 0.2, False, 20, 3)
     assert [(c["window_size_left"], c["window_size_right"]) for c in fwd.calls] == [(5, 20), (-1, 3)]
     assert fwd.calls[1]["softmax_scale"] == 0.2
+
+
+def test_aten_num_splits_reaches_our_split_kernels(registry_varlen):
+    fwd, _ = registry_varlen
+    q, k, v, _, cu_q, cu_k, max_q, max_k = inputs([10, 30], [20, 12])
+    for num_splits in (None, 1, 0, 4):
+        torch_registry._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
+                                                num_splits=num_splits)
+    assert [c["num_splits"] for c in fwd.calls] == [1, 1, 0, 4]  # None: the op's default, no split
 
 
 # --------------------------------------------------------------------------
