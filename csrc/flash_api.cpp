@@ -115,8 +115,8 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
   params.o_batch_stride = out.stride(0);
   params.o_row_stride = out.stride(1);
   params.o_head_stride = out.stride(2);
-  int const splits = choose_splits(num_splits, batch, seqlen_q, seqlen_k, heads_q, head_dim_rounded,
-                                   softcap > 0 || sink_ptr != nullptr, params.num_sms);
+  int const splits = choose_splits(num_splits, batch, seqlen_q, seqlen_k, heads_q, head_dim_rounded, softcap > 0,
+                                   params.num_sms);
   if (splits > 1) {
     SplitRun const run(params, q, splits, /*varlen=*/false, batch, batch * seqlen_q, heads_q, head_dim, out,
                        out.stride(1), out.stride(2), out.stride(0));
@@ -172,7 +172,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   params.o_row_stride = o4.stride(1);
   params.o_head_stride = o4.stride(2);
   int const splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
-                                   pb.head_dim_rounded, softcap > 0 || sink_ptr != nullptr, params.num_sms);
+                                   pb.head_dim_rounded, softcap > 0, params.num_sms);
   if (splits > 1) {  // the buffers hold the packed rows as one batch entry
     SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim, out,
                        out.stride(0), out.stride(1), 0);
@@ -380,7 +380,7 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   // corner (torch SDPA's is_causal) instead of the bottom-right one (FlashAttention's); softcap: 0 =
   // off, else scores softcap * tanh(softmax_scale * q.k / softcap) (FlashAttention-3's); sink: None, or
   // a float32 (nheads,) logit per head in every row's softmax denominator (the LSE includes it);
-  // num_splits: split-KV (1 none, 0 choose, n at most n splits; ignored with softcap or a sink).
+  // num_splits: split-KV (1 none, 0 choose, n at most n splits; ignored with softcap).
   m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
         "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None, int num_splits=1) "
         "-> (Tensor out, Tensor softmax_lse)");

@@ -199,8 +199,8 @@ def flash_attn_func(
             values other than the defaults raise RuntimeError (no kernels for them yet).
         num_splits: split-KV, as FlashAttention-3: 1 (default) none, 0 choose (split when the
             query tiles leave SMs idle: decode), n > 1 at most n splits whose partial results
-            the combine kernel merges. The result does not depend on it beyond rounding; calls
-            with softcap or a learnable sink run unsplit.
+            the combine kernel merges (a learnable sink joins there). The result does not depend
+            on it beyond rounding; calls with softcap run unsplit.
         pack_gqa: a performance hint in FlashAttention-3; ignored here (the result does not
             depend on it).
         deterministic: the backward computes bitwise reproducible gradients
@@ -231,7 +231,8 @@ def flash_attn_func(
         sinks.check_sink(learnable_sink, q.shape[2], q)
         left, right = window if window is not None else (-1, 0 if causal else -1)
         out, softmax_lse = torch.ops.flash_attn_hopper.fwd_sink(
-            q, k, v, learnable_sink, softmax_scale, causal, left, right, deterministic, **_op_kwargs(softcap)
+            q, k, v, learnable_sink, softmax_scale, causal, left, right, deterministic,
+            **_op_kwargs(softcap, num_splits)
         )
     else:
         # Same kernel either way; the op's autograd formula picks the backward (see ops.py).
@@ -409,7 +410,8 @@ def flash_attn_varlen_func(
         sinks.check_sink(learnable_sink, q.shape[1], q)
         out, softmax_lse = torch.ops.flash_attn_hopper.varlen_fwd_sink(
             q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q,
-            answer.max_seqlen_k, scale, answer.causal, left, right, deterministic, **_op_kwargs(softcap),
+            answer.max_seqlen_k, scale, answer.causal, left, right, deterministic,
+            **_op_kwargs(softcap, num_splits),
         )
         if head_dim is not None:
             out = out[..., :head_dim]

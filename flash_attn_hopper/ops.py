@@ -56,7 +56,7 @@ from . import manifest
 #: no gradient for the sink: flash_attn_hopper/sinks.py's ops carry it.  num_splits: split-KV (the
 #: keys of a query tile shared among that many CTAs, their partial results merged by the combine
 #: kernel; 1 none, 0 choose, n at most n; the result does not depend on it beyond rounding;
-#: calls with softcap or a sink run unsplit).
+#: calls with softcap run unsplit; a sink joins in the combine).
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_size_left=-1, "
     "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None, int num_splits=1) "

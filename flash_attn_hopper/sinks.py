@@ -20,14 +20,14 @@ from . import ops
 
 FWD_SINK_SCHEMA = (
     "fwd_sink(Tensor q, Tensor k, Tensor v, Tensor sink, float softmax_scale, bool causal, "
-    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False, float softcap=0.0) "
-    "-> (Tensor out, Tensor softmax_lse)"
+    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False, float softcap=0.0, "
+    "int num_splits=1) -> (Tensor out, Tensor softmax_lse)"
 )
 VARLEN_FWD_SINK_SCHEMA = (
     "varlen_fwd_sink(Tensor q, Tensor k, Tensor v, Tensor sink, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
-    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False, float softcap=0.0) "
-    "-> (Tensor out, Tensor softmax_lse)"
+    "int window_size_left=-1, int window_size_right=-1, bool deterministic=False, float softcap=0.0, "
+    "int num_splits=1) -> (Tensor out, Tensor softmax_lse)"
 )
 
 
@@ -47,9 +47,10 @@ def _sink_grad(dout, out_sink, lse_sink, sink, lse_heads_dim: int):
 
 
 def _fwd_sink_impl(q, k, v, sink, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
-                   deterministic=False, softcap=0.0):
+                   deterministic=False, softcap=0.0, num_splits=1):
     return torch.ops.flash_attn_hopper.fwd.default(
-        q, k, v, softmax_scale, causal, window_size_left, window_size_right, False, softcap, _kernel_sink(sink)
+        q, k, v, softmax_scale, causal, window_size_left, window_size_right, False, softcap, _kernel_sink(sink),
+        num_splits,
     )
 
 
@@ -59,7 +60,7 @@ def _fwd_sink_fake(q, k, v, sink, softmax_scale, causal, *rest):
 
 
 def _fwd_sink_setup(ctx, inputs, output):
-    q, k, v, sink, softmax_scale, causal, window_size_left, window_size_right, deterministic, softcap = inputs
+    q, k, v, sink, softmax_scale, causal, window_size_left, window_size_right, deterministic, softcap, _ = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, sink, out, lse)
     ctx.args = (softmax_scale, causal, window_size_left, window_size_right, False,
@@ -70,19 +71,19 @@ def _fwd_sink_setup(ctx, inputs, output):
 def _fwd_sink_backward(ctx, grad_out, grad_lse):
     q, k, v, sink, out, lse = ctx.saved_tensors
     if grad_out is None:  # only lse was used: like the kernels' ops, its gradient is not propagated
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 6
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 7
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     dq, dk, dv = ops.bwd_op()(grad_out, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 6
+    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 7
 
 
 def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                           max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
-                          deterministic=False, softcap=0.0):
+                          deterministic=False, softcap=0.0, num_splits=1):
     return ops.varlen_fwd_op()(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-        causal, window_size_left, window_size_right, False, softcap, _kernel_sink(sink),
+        causal, window_size_left, window_size_right, False, softcap, _kernel_sink(sink), num_splits,
     )
 
 
@@ -93,7 +94,7 @@ def _varlen_fwd_sink_fake(q, k, v, sink, *rest):
 
 def _varlen_fwd_sink_setup(ctx, inputs, output):
     (q, k, v, sink, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, causal, window_size_left,
-     window_size_right, deterministic, softcap) = inputs
+     window_size_right, deterministic, softcap, _) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, sink, out, lse, cu_q, cu_k, used_q, used_k)
     ctx.args = (max_q, max_k, softmax_scale, causal, window_size_left, window_size_right, False,
@@ -104,11 +105,11 @@ def _varlen_fwd_sink_setup(ctx, inputs, output):
 def _varlen_fwd_sink_backward(ctx, grad_out, grad_lse):
     q, k, v, sink, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
     if grad_out is None:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 12
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 13
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     dq, dk, dv = ops.varlen_bwd_op()(grad_out, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.args)
-    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 12
+    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 13
 
 
 def register(lib) -> None:

@@ -94,7 +94,8 @@ def test_num_splits_reaches_the_op_and_one_is_left_out(monkeypatch):
         flash_attn_hopper.flash_attn_func(q, q, q)
         flash_attn_hopper.flash_attn_func(q, q, q, num_splits=0)
         flash_attn_hopper.flash_attn_func(q, q, q, num_splits=5)
-    assert fwd.splits == [1, 0, 5]
+        flash_attn_hopper.flash_attn_func(q, q, q, num_splits=3, learnable_sink=torch.zeros(2))
+    assert fwd.splits == [1, 0, 5, 3]
     cu = torch.tensor([0, 8], dtype=torch.int32)
     with emulated_varlen_ops(monkeypatch) as (vfwd, _):
         flash_attn_hopper.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, num_splits=3)

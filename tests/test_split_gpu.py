@@ -1,8 +1,8 @@
 """Split-KV forward on the GPU (num_splits != 1): the split kernels plus the combine against the
 float32 reference by FlashAttention's rule and against the unsplit kernel, on decode shapes and
 beyond (one and a few query tokens, long caches, GQA, causal, windows, varlen with seqused), with
-poisoned outputs; fixed splits bitwise repeatable; softcap and sinks run unsplit; gradients
-through a split forward."""
+poisoned outputs; fixed splits bitwise repeatable; softcap runs unsplit, a sink joins in the
+combine; gradients through a split forward."""
 from __future__ import annotations
 
 import functools
@@ -58,14 +58,22 @@ def test_splits_run_the_combine_and_are_bitwise_repeatable():
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
-def test_softcap_and_sinks_run_unsplit():
+def test_softcap_runs_unsplit_and_a_sink_joins_in_the_combine():
     d, dtype = compiled_config("fwd")
     q, k, v = qkv(1, 1, 4096, 8, 2, d, dtype=dtype, seed=4)
-    sink = torch.randn(8, device="cuda")
-    for kwargs in (dict(softcap=20.0), dict(learnable_sink=sink)):
-        names = cuda_kernel_names(lambda: flash_attn_func(q, k, v, num_splits=8, **kwargs))
-        assert not any("combine" in n for n in names), (kwargs, names)
-        assert torch.equal(flash_attn_func(q, k, v, num_splits=8, **kwargs), flash_attn_func(q, k, v, **kwargs))
+    names = cuda_kernel_names(lambda: flash_attn_func(q, k, v, num_splits=8, softcap=20.0))
+    assert not any("combine" in n for n in names), names
+    assert torch.equal(flash_attn_func(q, k, v, num_splits=8, softcap=20.0), flash_attn_func(q, k, v, softcap=20.0))
+    sink = torch.randn(8, device="cuda") + 3  # large enough to matter
+    names = cuda_kernel_names(lambda: flash_attn_func(q, k, v, num_splits=8, learnable_sink=sink))
+    assert any("combine" in n for n in names), names
+    out, lse = flash_attn_func(q, k, v, num_splits=8, learnable_sink=sink, return_attn_probs=True)
+    ref, lse_ref = attention_ref(q, k, v, sink=sink)
+    low, _ = attention_ref(q, k, v, sink=sink, upcast=False)
+    assert_fa_close(out, ref, low, name="out")
+    assert torch.allclose(lse, lse_ref, atol=1e-3)
+    empty = flash_attn_func(q[:, :0], k, v, num_splits=8, learnable_sink=sink)  # nothing to compute
+    assert empty.shape == (1, 0, 8, d)
 
 
 def test_varlen_with_seqused_and_rows_outside_every_sequence():

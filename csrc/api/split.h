@@ -22,7 +22,7 @@ int split_block_n(int head_dim_rounded) {
 }
 
 // How many splits a call runs with. requested: 1 none, 0 choose, n > 1 at most n. Never with
-// softcap or a sink (their kernels are unsplit; the result does not depend on the splits), and
+// softcap (its kernels are unsplit; the result does not depend on the splits), and
 // never more than the key blocks, 256 (the combine's bound) or the grid's batch dimension allows.
 // Choosing: only when the query tiles fill less than 80 % of the SMs, as many splits as fit in one
 // wave (the split kernels hold one CTA per SM), each with at least two key blocks.
@@ -50,6 +50,7 @@ struct SplitRun {
   SplitRun(flash::FwdParams& params, Tensor const& like, int splits, bool varlen, int64_t batch, int64_t rows,
            int64_t heads, int64_t head_dim, Tensor const& out, int64_t out_row_stride, int64_t out_head_stride,
            int64_t out_batch_stride) {
+    // A sink joins the combine, not the splits (each split's softmax is its own).
     int64_t const seqlen = rows / batch;
     oaccum = empty_like_dev(like, {splits, batch, seqlen, heads, head_dim}, kFloat);
     lseaccum = empty_like_dev(like, {splits, batch, heads, seqlen}, kFloat);
@@ -87,6 +88,7 @@ struct SplitRun {
     c.head_dim = int(head_dim);
     c.vec4 = head_dim % 4 == 0;  // fresh float32 buffers: aligned, strides multiples of 4 with it
     c.num_sms = params.num_sms;
+    c.sink = params.sink_ptr;
   }
 
   void finish(bool is_bf16, cudaStream_t stream) const {

@@ -108,7 +108,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       {},  // direct_o, set below
       {},  // varlen, set below
       p.softcap_prescale,
-      p.sink_ptr,
+      Kernel::Policy::kSplit ? nullptr : p.sink_ptr,  // split kernels: the combine adds the sink
       {},  // split, set below
   };
   if constexpr (Kernel::kDirectO) {
@@ -161,12 +161,12 @@ void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
 }
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files. Split-KV
-// calls (num_splits > 1; the binding leaves softcap and sinks unsplit) take the split kernels.
+// calls (num_splits > 1; the binding leaves softcap unsplit) take the split kernels.
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& p, cudaStream_t stream) {
   if (p.num_splits > 1) {
-    if (p.softcap > 0 || p.sink_ptr != nullptr || p.oaccum_ptr == nullptr || p.lseaccum_ptr == nullptr) {
-      throw std::runtime_error("flash_attn_hopper: a split-KV call needs its partial buffers and no softcap or sink");
+    if (p.softcap > 0 || p.oaccum_ptr == nullptr || p.lseaccum_ptr == nullptr) {
+      throw std::runtime_error("flash_attn_hopper: a split-KV call needs its partial buffers and no softcap");
     }
     dispatch_mask_varlen(p, [&](auto local, auto varlen, auto) {
       launch_fwd<FwdKernel<FwdSplitPolicyFor<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value>>>(

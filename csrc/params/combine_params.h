@@ -26,6 +26,7 @@ struct CombineParams {
   float* lse;  // (batch, heads, seqlen) contiguous
   int splits, batch, seqlen, heads, head_dim;
   bool vec4;  // every pointer and stride of out_partial 16-byte aligned and head_dim % 4 == 0: float4 loads
+  float const* sink = nullptr;  // optional learnable sink per head (natural log): one more term in the LSE
   int num_sms;
 };
 

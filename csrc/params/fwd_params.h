@@ -63,7 +63,7 @@ struct FwdParams {
   // Split-KV (num_splits > 1): each split writes its partial O, normalised by its own softmax, as
   // float32 (splits, batch, seqlen_q, heads, head_dim) [varlen: (splits, total_q, heads, head_dim)]
   // and its LSE as float32 (splits, batch, heads, seqlen_q) [varlen: (splits, heads, total_q)];
-  // the combine kernel then writes o_ptr and lse_ptr. No softcap and no sink with splits.
+  // the combine kernel then writes o_ptr and lse_ptr (adding the sink, if any). No softcap with splits.
   int num_splits = 1;
   float* oaccum_ptr = nullptr;
   float* lseaccum_ptr = nullptr;

@@ -3,7 +3,7 @@
 // O = sum_s e^{l_s - l} O_s. One warp per (batch, head, row): the lanes reduce the LSEs, keep the
 // splits with a non-zero weight (a split that saw no key, l_s = -inf, is never read) in shared
 // memory, then stride over the head dim. Memory-bound: O_s is read once, in 16-byte loads where
-// aligned.
+// aligned. A learnable sink (split-KV calls with one) joins each row's LSE here, and so its weights.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,7 +60,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) flash_combine_kernel(Combi
       for (int s = lane; s < p.splits; s += 32) { sum += expf(lse_row[s * p.lp_split_stride] - m); }
     }
     sum = combine_warp_sum(sum);
-    float const lse = finite ? m + logf(sum) : -INFINITY;
+    float lse = finite ? m + logf(sum) : -INFINITY;
+    if (p.sink != nullptr) {  // the sink joins the denominator: lse = log(e^lse + e^sink); an empty row gets the sink
+      float const s = p.sink[h];
+      float const hi = fmaxf(lse, s);
+      lse = hi == -INFINITY ? -INFINITY : hi + log1pf(expf(-fabsf(lse - s)));
+    }
 
     // The splits that count (weight > 0; NaN weights are dropped), compacted in shared memory.
     int count = 0;
