@@ -216,14 +216,7 @@ def bwd_op():
     """
     if not has_bwd_op():
         raise RuntimeError(backward_unavailable_message())
-    op = torch.ops.flash_attn_hopper.bwd.default
-    names = tuple(arg.name for arg in op._schema.arguments)
-    if names != BWD_SCHEMA_ARGS:
-        raise RuntimeError(
-            f"flash_attn_hopper: the compiled bwd op takes {names}, but flash_attn_hopper/ops.py "
-            f"calls it with {BWD_SCHEMA_ARGS}; the Python package and the extension are out of step"
-        )
-    return op
+    return _checked_op("bwd", BWD_SCHEMA_ARGS)
 
 
 def _fwd_fake(q, k, v, softmax_scale, causal, *window_and_alignment):
