@@ -48,6 +48,9 @@
 #   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, clock_probe.py, ...)
 # Default STEPS: build,check,pytest.
 #
+# WHEEL_SITE=1: the steps after wheeltest (check, bench, sanitize, cmd, ...) import the carried wheel
+# (WHEEL, else the newest dist/flash_attn_hopper-*.whl) installed into /tmp/fah-site, not the checkout;
+# scripts run from the repository root then see only the wheel (pytest from the root does not: use wheeltest).
 # Build knobs: HDIMS (64,128,256), DTYPES (bf16), DISABLE_BACKWARD=1 (forward kernels only),
 # DEFINES="KEY=VALUE,KEY2" (developer macros, added as -D flags to
 # FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS, which passes through too), MAX_JOBS (16).
@@ -90,7 +93,14 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     || { echo "run.sh: installing .whl/*.whl failed"; exit 1; }
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+if [ "${WHEEL_SITE:-0}" = 1 ]; then  # the carried wheel (as wheeltest picks it), not the checkout
+  site_wheel=${WHEEL:-$(ls -t dist/flash_attn_hopper-*.whl 2>/dev/null | head -n 1)}
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fah-site "$site_wheel" \
+    || { echo "run.sh: installing $site_wheel failed"; exit 1; }
+  export PYTHONPATH=/tmp/fah-site${PYTHONPATH:+:$PYTHONPATH}
+else
+  export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 # Build configuration (setup.py and tools/gpu/variants.py read these).
 export FLASH_ATTN_HOPPER_HDIMS=$HDIMS FLASH_ATTN_HOPPER_DTYPES=$DTYPES MAX_JOBS=${MAX_JOBS:-16}
