@@ -108,7 +108,7 @@ def _fallback_case(name):
         "head_dim_36": (sdpa_inputs(2, 4, 4, 100, 100, 36, dtype), dict(is_causal=True), "head dim 36"),
         "head_dim_264": (sdpa_inputs(2, 4, 4, 100, 100, 264, dtype), dict(), "head dim 264"),
         "value_head_dim_differs": ((q, k, v[..., :64]), dict(enable_gqa=True), "value's head dim"),
-        "three_dims": ((q[0], k[0], v[0]), dict(enable_gqa=True), "4-dimensional"),
+        "three_dims": ((q[0], k[0], v[0]), dict(enable_gqa=True), "4 dimensions"),
         "mqa_broadcast_without_enable_gqa": ((q, k[:, :1], v[:, :1]), dict(), "enable_gqa"),
         "cpu": ((q.cpu(), k.cpu(), v.cpu()), dict(is_causal=True, enable_gqa=True), "cpu"),
         "grad": (

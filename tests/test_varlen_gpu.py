@@ -28,6 +28,7 @@ from flash_attn_hopper.integrations import transformers as fah_transformers
 from helpers.cases import DTYPE_IDS, DTYPES, HDIMS
 from helpers.grads import check_grads
 from helpers.inputs import poison_allocations, varlen_qkv
+from helpers.varlen import varlen_attn_options
 from helpers.kernels import (
     compiled_config,
     cuda_kernel_names,
@@ -355,27 +356,6 @@ def activated():
         yield varlen
     finally:
         attention.restore_flash_attention_impl()
-
-
-def varlen_attn_options(varlen, window, gqa):
-    """varlen_attn's keyword arguments for ``window`` and GQA on this torch, or a skip naming what it lacks."""
-    import inspect
-
-    parameters = inspect.signature(varlen.varlen_attn).parameters
-    if "return_aux" not in parameters or not hasattr(varlen, "AuxRequest"):
-        pytest.skip(f"torch {torch.__version__}'s varlen_attn cannot return the log-sum-exp")
-    options = {}
-    if "window_size" in parameters:
-        options["window_size"] = window
-    elif window in ((-1, -1), (-1, 0)):
-        options["is_causal"] = window == (-1, 0)
-    else:
-        pytest.skip(f"torch {torch.__version__}'s varlen_attn has no window_size")
-    if gqa:
-        if "enable_gqa" not in parameters:
-            pytest.skip(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
-        options["enable_gqa"] = True
-    return options
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (32, 0)])

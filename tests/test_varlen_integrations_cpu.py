@@ -20,7 +20,7 @@ from flash_attn_hopper import ops, support, torch_registry
 from flash_attn_hopper.integrations import transformers as fah_transformers
 
 from helpers.grads import EMULATION_REL_NORM, assert_grads_close
-from helpers.varlen import check_varlen_grads, inputs
+from helpers.varlen import check_varlen_grads, inputs, varlen_attn_options
 from op_emulator import emulated_op, emulated_varlen_ops
 from reference import assert_fa_close, attention_ref, attention_ref_varlen
 
@@ -150,8 +150,8 @@ def test_torch_varlen_attn_runs_our_ops_forward_and_backward(registry_varlen, le
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     names = ("_flash_attention_forward", "_flash_attention_backward")
     with overrides_as_cpu_kernels(*names) as originals:
-        out, lse = varlen.varlen_attn(*leaves, cu_q, cu_k, max_q, max_k, window_size=window, enable_gqa=hq != hk,
-                                      return_aux=varlen.AuxRequest(lse=True))
+        out, lse = varlen.varlen_attn(*leaves, cu_q, cu_k, max_q, max_k, return_aux=varlen.AuxRequest(lse=True),
+                                      **varlen_attn_options(varlen, window, gqa=hq != hk))
         grads = torch.autograd.grad(out, leaves, dout)
     assert all(not kernel.calls for kernel in originals.values())
     causal = window == (-1, 0)

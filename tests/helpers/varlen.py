@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 
 from helpers.grads import EMULATION_REL_NORM, check_grads
@@ -44,3 +45,24 @@ def check_forward(out, lse, q, k, v, cu_q, cu_k, seqused_q=None, seqused_k=None,
 def check_varlen_grads(grads, q, k, v, dout, cu_q, cu_k, seqused_q=None, seqused_k=None, **kwargs):
     check_grads(grads, q, k, v, dout, max_rel_norm=EMULATION_REL_NORM,
                 attention=reference(cu_q, cu_k, seqused_q, seqused_k), **kwargs)
+
+
+def varlen_attn_options(varlen, window, gqa):
+    """varlen_attn's keyword arguments for ``window`` and GQA on this torch, or a skip naming what it lacks."""
+    import inspect
+
+    parameters = inspect.signature(varlen.varlen_attn).parameters
+    if "return_aux" not in parameters or not hasattr(varlen, "AuxRequest"):
+        pytest.skip(f"torch {torch.__version__}'s varlen_attn cannot return the log-sum-exp")
+    options = {}
+    if "window_size" in parameters:
+        options["window_size"] = window
+    elif window in ((-1, -1), (-1, 0)):
+        options["is_causal"] = window == (-1, 0)
+    else:
+        pytest.skip(f"torch {torch.__version__}'s varlen_attn has no window_size")
+    if gqa:
+        if "enable_gqa" not in parameters:
+            pytest.skip(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
+        options["enable_gqa"] = True
+    return options

@@ -208,23 +208,22 @@ if has wheeltest; then
   if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
     echo "no wheel: carry dist/ with a flash_attn_hopper wheel, or set WHEEL"; result wheeltest 1
   else
-    wv=/tmp/fah-wheel-venv
+    wt=/tmp/fah-wheel-target
     workers=""; [ "${PYTEST_WORKERS:-4}" = 0 ] || workers="-n ${PYTEST_WORKERS:-4}"  # 0: no pytest-xdist
-    rm -rf "$wv"
-    python3 -m venv --system-site-packages "$wv"
-    # Only the carried helper wheels (nvidia-cutlass for the host-program tests) stay on the path:
-    # the repository root must not, or the source tree would shadow the installed package
-    # (PYTHONSAFEPATH=1, Python >= 3.11, keeps `python -m pytest` from putting it first; on an
-    # older Python the tests' conftest refuses such a session with the reason).
-    wpath=""; [ -d /tmp/site ] && wpath=/tmp/site
+    rm -rf "$wt"
+    # Installed unchanged into a directory of its own beside the machine's torch (a venv would not
+    # see a torch that itself lives in a venv). Only that directory and the carried helper wheels
+    # (nvidia-cutlass for the host-program tests) are on the path: the repository root must not be,
+    # or the source tree would shadow the installed package (PYTHONSAFEPATH=1, Python >= 3.11, keeps
+    # `python -m pytest` from putting it first; on an older Python the tests' conftest refuses).
+    wpath=$wt; [ -d /tmp/site ] && wpath=$wt:/tmp/site
     (
       set -e
       echo "wheel: $wheel ($(du -k "$wheel" | cut -f1) KiB)"
-      "$wv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
-      "$wv/bin/python" -m pip install -q --no-index pytest numpy 2>/dev/null || true
-      cd /tmp && PYTHONPATH=$wpath "$wv/bin/python" -m flash_attn_hopper --no-bench
+      env -u PYTHONPATH python3 -m pip install -q --no-deps --no-index --no-compile --target "$wt" "$wheel"
+      cd /tmp && PYTHONPATH=$wpath python3 -m flash_attn_hopper --no-bench
       cd "$REPO" && PYTHONPATH=$wpath FLASH_ATTN_HOPPER_FULL_TESTS=${FLASH_ATTN_HOPPER_FULL_TESTS:-} \
-        PYTHONSAFEPATH=1 timeout "${TEST_TIMEOUT:-300}" "$wv/bin/python" -m pytest tests -q -rs -p no:cacheprovider $workers
+        PYTHONSAFEPATH=1 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest tests -q -rs -p no:cacheprovider $workers
     ) > "$OUT/wheeltest.log" 2>&1
     rc=$?
     grep -E "^wheel:|extension:|torch:|runtime:|FAILED|ERROR|passed|failed" "$OUT/wheeltest.log" | head -30

@@ -123,6 +123,9 @@ struct BwdMainloop {
 
   // A (rows, d) view of one head: dense, the batch entry's own; varlen (batch coordinate 0 of the
   // packed tensor), starting at the sequence's first row.
+  // The TMA tensors' batch coordinate: varlen tensors are one packed batch entry (coordinate 0;
+  // a sequence is found by its row offset), dense ones index the batch.
+  CUTLASS_DEVICE static int batch_coord(int batch) { return kVarlen ? 0 : batch; }
   template <typename TensorT>
   CUTLASS_DEVICE static auto rows_of(TensorT const& t, int offset) {
     if constexpr (kVarlen) {
@@ -151,8 +154,8 @@ struct BwdMainloop {
     if (num_steps == 0) { return; }
     // The consumers' last GEMMs of the previous tile have read K and V.
     if (progress.kv_loads > 0) { smem.barrier_kv_empty.wait((progress.kv_loads - 1) & 1); }
-    Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch), seq.offset_k(params));
-    Tensor mV = rows_of(params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch), seq.offset_k(params));
+    Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));
+    Tensor mV = rows_of(params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
@@ -169,8 +172,8 @@ struct BwdMainloop {
     for (int step = 0; step < num_steps; ++step, walk.advance()) {
       int const head = head_kv * params.q_heads_per_kv_head + walk.head_offset;
       int const m_block = walk.m_block;
-      Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch), seq.offset_q(params));
-      Tensor mdO = rows_of(params.tma_do.get_tma_tensor(params.shape_q)(_, _, head, batch), seq.offset_q(params));
+      Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch_coord(batch)), seq.offset_q(params));
+      Tensor mdO = rows_of(params.tma_do.get_tma_tensor(params.shape_q)(_, _, head, batch_coord(batch)), seq.offset_q(params));
       Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
       Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));

@@ -88,6 +88,9 @@ struct FwdMainloop {
 
   // A (rows, d) view of one head: dense, the batch entry's own; varlen (batch coordinate 0 of the
   // packed tensor), starting at the sequence's first row.
+  // The TMA tensors' batch coordinate: varlen tensors are one packed batch entry (coordinate 0;
+  // a sequence is found by its row offset), dense ones index the batch.
+  CUTLASS_DEVICE static int batch_coord(int batch) { return Policy::kVarlen ? 0 : batch; }
   template <typename TensorT>
   CUTLASS_DEVICE static auto rows_of(TensorT const& t, int offset) {
     if constexpr (Policy::kVarlen) {
@@ -106,9 +109,9 @@ struct FwdMainloop {
                            int q_empty_phase, int q_slot) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     int const head_kv = head / params.q_heads_per_kv_head;
-    Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch), seq.offset_q(params));  // (sq, d)
-    Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch), seq.offset_k(params));  // (sk, d)
-    Tensor mV = rows_of(params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch), seq.offset_k(params));
+    Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch_coord(batch)), seq.offset_q(params));  // (sq, d)
+    Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));  // (sk, d)
+    Tensor mV = rows_of(params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
