@@ -194,3 +194,38 @@ def test_scheduler_metadata_is_checked_and_accepted(monkeypatch):
         flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens.long())
     with pytest.raises(TypeError, match="scheduler_metadata must be None"):
         flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, scheduler_metadata=[1])
+
+
+@pytest.mark.parametrize("sq, causal, window, packs", [
+    (1, True, (-1, -1), True),  # decode: the one query sees every key, causal or not
+    (3, False, (-1, -1), True),  # no mask: every row sees every key
+    (3, True, (-1, -1), False),  # several queries under a causal mask see different keys
+    (1, False, (4, 0), False),  # a window: the packed rows would sit at different positions
+])
+def test_pack_gqa_runs_the_group_as_rows_of_one_head(monkeypatch, sq, causal, window, packs):
+    g = torch.Generator().manual_seed(sq)
+    batch, cache_len, hq, hk, d = 3, 24, 8, 2, 64
+    q = torch.randn(batch, sq, hq, d, generator=g).to(DTYPE)
+    k_cache, v_cache = (torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE) for _ in range(2))
+    seqlens = torch.tensor([0, 9, 24], dtype=torch.int32)
+    results = {}
+    with emulated_varlen_ops(monkeypatch) as (fwd, _):
+        for pack in (None, True, False):
+            results[pack] = flash_attn_hopper.flash_attn_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens=seqlens, causal=causal, window_size=window, pack_gqa=pack,
+                return_softmax_lse=True)
+    heads_seen = [call["q"].shape[1] for call in fwd.calls]
+    assert heads_seen == ([hk, hk, hq] if packs else [hq, hq, hq])
+    if packs:
+        assert not fwd.calls[0]["causal"] and fwd.calls[0]["q"].shape[0] == batch * sq * (hq // hk)
+    zeros = torch.zeros(batch, dtype=torch.int32)
+    ref, lse_ref = reference(q, k_cache, v_cache, seqlens, zeros, causal=causal, window_size=window)
+    low, _ = reference(q, k_cache, v_cache, seqlens, zeros, causal=causal, window_size=window, upcast=False)
+    for pack, (out, lse) in results.items():
+        assert out.shape == q.shape and lse.shape == (batch, hq, sq)
+        assert_fa_close(out, ref, low, name=f"out (pack_gqa={pack})")
+        finite = torch.isfinite(lse_ref)
+        assert torch.equal(torch.isfinite(lse), finite)
+        assert torch.allclose(lse[finite], lse_ref[finite], atol=1e-3), pack
+    with pytest.raises(TypeError, match="pack_gqa must be None, True or False"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, pack_gqa="yes")

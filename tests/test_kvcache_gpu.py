@@ -25,6 +25,7 @@ def _inputs(batch, sq, snew, cache_len, hq, hk, d, dtype, seed):
             rnd(batch, snew, hk, d) if snew else None, rnd(batch, snew, hk, d) if snew else None)
 
 
+@pytest.mark.parametrize("pack_gqa", [None, False])
 @pytest.mark.parametrize("splits", [1, 3, 0])
 @pytest.mark.parametrize("sq, snew, hq, hk, causal, rotary, leftpad", [
     (1, 1, 32, 8, True, True, False),
@@ -32,7 +33,7 @@ def _inputs(batch, sq, snew, cache_len, hq, hk, d, dtype, seed):
     (1, 0, 16, 2, False, False, False),
     (6, 2, 8, 8, True, True, True),
 ])
-def test_against_the_reference(sq, snew, hq, hk, causal, rotary, leftpad, splits):
+def test_against_the_reference(sq, snew, hq, hk, causal, rotary, leftpad, splits, pack_gqa):
     d, dtype = compiled_config("fwd")
     batch, cache_len = 4, 3000
     q, k_cache, v_cache, k, v = _inputs(batch, sq, snew, cache_len, hq, hk, d, dtype, seed=sq + snew + splits)
@@ -55,7 +56,7 @@ def test_against_the_reference(sq, snew, hq, hk, causal, rotary, leftpad, splits
             q_ref = rotary_ref(q.cpu(), cos.cpu(), sin.cpu(), q_pos.cpu(), True).cuda()
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
                                        cache_seqlens=seqlens, cache_leftpad=pad, causal=causal,
-                                       num_splits=splits, return_softmax_lse=True)
+                                       num_splits=splits, pack_gqa=pack_gqa, return_softmax_lse=True)
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
     ends = torch.clamp(seqlens + snew, max=cache_len)
     lo = pad if pad is not None else torch.zeros_like(seqlens)
