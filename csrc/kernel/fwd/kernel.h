@@ -237,6 +237,11 @@ struct FwdKernel {
       auto consume_tile = [&](auto const& tile) {  // a tile id, or (kRingDecode) a decoded tile
         FwdTile const t = decoded(tile);
         Seq const seq(params, t.batch);
+        // Varlen: a tile past its sequence's last query row has nothing to compute or store (the
+        // producer loaded nothing for it either), so skip the epilogue's zero pass.
+        if constexpr (kVarlen) {
+          if (t.m_block * kBlockM >= seq.seqlen_q(params)) { return; }
+        }
         int const split = split_of(tile);
         mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq, split),
                      threadIdx.x - 128, wg, epilogue, split);
