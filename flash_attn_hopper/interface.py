@@ -52,19 +52,28 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
 
 
 def _pad_head_dim(q, k, v, softmax_scale):
-    """Head dims that are not a multiple of 8 (FA3's tests use 59 and 111) run on copies zero-padded
-    to the next multiple: TMA needs 16-byte rows, and zero columns change neither q kᵀ nor the
-    kept columns of the output. Returns (q, k, v, softmax_scale of the real head dim, the head dim
-    to cut the output back to, or None when nothing was padded). Anything else is left for
-    support.check to judge (mismatched head dims, head dims past 256, non-tensors)."""
+    """Head dims the kernels do not take as they are run on zero-padded copies: a head dim that is
+    not a multiple of 8 (FA3's tests use 59 and 111; TMA needs 16-byte rows), and v's head dim
+    differing from q / k's (dv != d: FA3's 192 / 128 and 64 / 256). q, k and v are padded to one
+    width, the larger head dim rounded up to 8; zero columns change neither q kᵀ nor the kept
+    columns of the output, so only the cost differs from kernels of their own (the padded
+    columns' share of the work and the copies). Returns (q, k, v, softmax_scale of q's real head
+    dim, the head dim to cut the output back to (v's), or None when nothing was padded). Anything
+    else is left for support.check to judge (q and k of different head dims, widths past 256,
+    non-tensors)."""
     if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in (q, k, v)):
         return q, k, v, softmax_scale, None
-    d = q.shape[-1]
-    if d % manifest.HEAD_DIM_MULTIPLE == 0 or d > manifest.MAX_HEAD_DIM or k.shape[-1] != d or v.shape[-1] != d:
+    d, dv = q.shape[-1], v.shape[-1]
+    multiple = manifest.HEAD_DIM_MULTIPLE
+    width = max(d + -d % multiple, dv + -dv % multiple)
+    if k.shape[-1] != d or width > manifest.MAX_HEAD_DIM or (d == dv and d % multiple == 0):
         return q, k, v, softmax_scale, None
-    pad = (0, -d % manifest.HEAD_DIM_MULTIPLE)
     scale = d ** (-0.5) if softmax_scale is None else softmax_scale
-    return F.pad(q, pad), F.pad(k, pad), F.pad(v, pad), scale, d
+
+    def pad(t):
+        return F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] != width else t
+
+    return pad(q), pad(k), pad(v), scale, dv
 
 
 def _chunk_segments(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
@@ -181,7 +190,9 @@ def flash_attn_func(
         k, v: (batch, seqlen_k, nheads_kv, headdim), same dtype; nheads must be
             a multiple of nheads_kv (grouped-query / multi-query attention:
             query head h uses kv head h // (nheads // nheads_kv)).
-            Only the last dimension must be contiguous.
+            Only the last dimension must be contiguous. v may have its own head dim
+            headdim_v (FA3's dv != d, e.g. 192 / 128), with both at most 256; such calls
+            run on zero-padded copies of q, k and v (correct, slower than kernels of their own).
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal: mask aligned to the bottom-right corner: query i sees key j
             when j <= i + seqlen_k - seqlen_q.  A query that sees no key
@@ -213,7 +224,7 @@ def flash_attn_func(
             argument); differentiable (flash_attn_hopper/sinks.py). softmax_lse then includes it.
 
     Returns:
-        out (batch, seqlen_q, nheads, headdim) in q's dtype, or
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or
         (out, softmax_lse) with softmax_lse float32 (batch, nheads, seqlen_q),
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """

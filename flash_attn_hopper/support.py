@@ -383,7 +383,8 @@ def check(
     if k.shape != v.shape:
         kv_dims = dims.replace("seqlen", "seqlen_k").replace("nheads", "nheads_kv")
         prefix = (
-            f"{nv}'s head dim ({v.size(d_dim)}) differs from {nq}'s ({head_dim}): "
+            f"{nv}'s head dim ({v.size(d_dim)}) differs from {nq}'s ({head_dim}), and such calls run zero-padded "
+            f"only up to head dim {manifest.MAX_HEAD_DIM}: "
             if v.size(d_dim) != head_dim and k.size(d_dim) == head_dim
             else ""
         )

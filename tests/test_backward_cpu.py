@@ -139,6 +139,24 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
     assert torch.equal(f[0][..., d:], torch.zeros_like(f[0][..., d:]))
 
 
+
+@pytest.mark.parametrize("d, dv", [(192, 128), (64, 256), (59, 100)])
+def test_value_head_dims_other_than_qs_run_zero_padded(kernels, d, dv):
+    """FA3's dv != d: the kernels see q, k, v padded to one width (the larger head dim rounded up to
+    8) and q's default scale; out and dv have v's head dim, dq and dk q's."""
+    fwd, bwd = kernels
+    q, k, _, _ = random_qkv(sq=37, sk=53, hq=4, hk=2, d=d, seed=d + dv)
+    _, _, v, dout = random_qkv(sq=37, sk=53, hq=4, hk=2, d=dv, seed=d * dv)
+    out, grads = grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=True), q, k, v, dout)
+    assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    check_emulated_grads(grads, q, k, v, dout, f"d={d} dv={dv}", causal=True)
+    (f,), (b,) = fwd.calls, bwd.calls
+    width = max(-(-d // 8) * 8, -(-dv // 8) * 8)
+    assert [t.shape[-1] for t in f[:3]] == [width] * 3
+    assert f[3] == pytest.approx(d**-0.5) and b["softmax_scale"] == pytest.approx(d**-0.5)
+    with pytest.raises(ValueError, match="same shape"):  # wider than the largest kernel: refused, not padded
+        flash_attn_hopper.flash_attn_func(q[..., :64], k[..., :64], torch.zeros(*v.shape[:-1], 512, dtype=v.dtype))
+
 def test_window_arguments_reach_the_backward_as_the_forward_got_them(kernels):
     fwd, bwd = kernels
     q, k, v, dout = random_qkv(sq=64, sk=80, seed=3)
