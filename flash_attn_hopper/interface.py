@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import manifest, ops, sinks, support
+from . import manifest, ops, packgqa, sinks, support
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -212,8 +212,10 @@ def flash_attn_func(
             query tiles leave SMs idle: decode), n > 1 at most n splits whose partial results
             the combine kernel merges (a learnable sink joins there). The result does not depend
             on it beyond rounding; calls with softcap run unsplit.
-        pack_gqa: a performance hint in FlashAttention-3; ignored here (the result does not
-            depend on it).
+        pack_gqa: None (default) choose, True / False: run the query heads of a KV head as query
+            rows of one head where that is exact (no causal/local mask, or one query per sequence
+            under a plain causal mask; not with learnable_sink), so each KV head is read once
+            (decode). None packs at decode (seqlen_q 1), True wherever exact (packgqa.py).
         deterministic: the backward computes bitwise reproducible gradients
             (dQ accumulated in a fixed order; slower).  Also on whenever
             torch.use_deterministic_algorithms(True) is in force at the
@@ -230,6 +232,7 @@ def flash_attn_func(
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, 0, sm_margin)
     _check_num_splits(num_splits)
+    packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if attention_chunk:
@@ -252,7 +255,16 @@ def flash_attn_func(
         else:
             fwd = torch.ops.flash_attn_hopper.fwd
         left, right = window if window is not None else (-1, -1)
-        out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_op_kwargs(softcap, num_splits))
+        group = q.shape[2] // k.shape[2]
+        if packgqa.packs(pack_gqa, group, q.shape[1], causal, (left, right)):
+            batch, seqlen_q, heads, d = q.shape
+            packed = packgqa.pack_rows(q.reshape(batch * seqlen_q, heads, d), k.shape[2])
+            out, softmax_lse = fwd(packed.view(batch, seqlen_q * group, k.shape[2], d), k, v, softmax_scale, False,
+                                   -1, -1, **_op_kwargs(softcap, num_splits))
+            out = packgqa.unpack_rows(out.reshape(batch * seqlen_q * group, k.shape[2], -1), group)
+            out, softmax_lse = out.view(batch, seqlen_q, heads, -1), packgqa.unpack_lse(softmax_lse, group)
+        else:
+            out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_op_kwargs(softcap, num_splits))
     if head_dim is not None:
         out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out
@@ -384,7 +396,7 @@ def flash_attn_varlen_func(
             FlashAttention-3 compatibility; values other than the defaults raise
             RuntimeError (no kernels for them yet).
         num_splits: as in :func:`flash_attn_func` (split-KV over each sequence's keys).
-        pack_gqa: ignored, as by :func:`flash_attn_func`.
+        pack_gqa: as in :func:`flash_attn_func` (per sequence, max_seqlen_q for the choice).
         return_attn_probs: also return softmax_lse.
         learnable_sink: None, or a (nheads,) tensor: one logit per head in every row's softmax
             denominator, as in flash_attn_func.
@@ -399,6 +411,7 @@ def flash_attn_varlen_func(
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
     _check_num_splits(num_splits)
+    packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if softmax_scale is not None and (
@@ -432,10 +445,19 @@ def flash_attn_varlen_func(
         fwd = getattr(torch.ops.flash_attn_hopper, ops.VARLEN_DETERMINISTIC_FWD_NAME)
     else:
         fwd = ops.varlen_fwd_op()
-    out, softmax_lse = fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
-        scale, answer.causal, left, right, **_op_kwargs(softcap, num_splits),
-    )
+    group = q.shape[1] // k.shape[1]
+    if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)):
+        out, softmax_lse = fwd(
+            packgqa.pack_rows(q, k.shape[1]), k, v, cu_seqlens_q * group, cu_seqlens_k,
+            None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
+            answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits),
+        )
+        out, softmax_lse = packgqa.unpack_rows(out, group), packgqa.unpack_lse(softmax_lse, group)
+    else:
+        out, softmax_lse = fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
+            scale, answer.causal, left, right, **_op_kwargs(softcap, num_splits),
+        )
     if head_dim is not None:
         out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out

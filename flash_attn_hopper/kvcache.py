@@ -12,13 +12,9 @@ Not in this version (refused, naming the argument): ``page_table`` (paged caches
 ``cache_batch_idx``, ``cu_seqlens_k_new``, ``qv``, FP8 descales, ``attention_chunk``,
 ``sm_margin``. No backward, as in FlashAttention-3.
 
-PackGQA: the query heads that share a KV head become query rows of one head (a copy of q, which is
-small at decode), so each KV head's cache is read once instead of once per query head, and a query
-tile holds the group's rows instead of one row. Exact only where those rows see the same keys:
-without a causal/local mask, or with one query per sequence and a plain causal mask (its single
-query, at the end of the keys, sees them all). ``pack_gqa`` None packs there when the unpacked rows
-of a sequence fill at most one 128-row tile, True packs there always, False never; elsewhere the
-heads run unpacked (the result is the same either way, up to the split plan).
+PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
+each KV head's cache is read once; ``pack_gqa`` None packs at decode (one query per sequence), True
+wherever exact, False never (the result is the same either way, up to the split plan).
 
 ``get_scheduler_metadata`` is FlashAttention-3's way to precompute a decode step's plan so that the
 step can be captured in a CUDA graph. Here the plan (the split count) follows from the shapes
@@ -31,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from . import support
+from . import packgqa, support
 
 
 def _refuse_extras(**extras) -> None:
@@ -84,18 +80,6 @@ def _append(cache: torch.Tensor, new: torch.Tensor, starts: torch.Tensor) -> Non
     values = torch.where((src >= 0)[..., None, None], values, cache[b, slot])
     cache[b, slot] = values
 
-
-#: Query rows per tile of the forward kernels the cache path runs (policy.h).
-_TILE_ROWS = 128
-
-
-def _packs(pack_gqa, group: int, seqlen_q: int, causal: bool, window_size) -> bool:
-    """Whether the ``group`` query heads per KV head run as rows of one head (module docstring)."""
-    if group == 1 or pack_gqa is False:
-        return False
-    left, right = window_size
-    same_keys = (not causal and (left, right) == (-1, -1)) or (seqlen_q <= 1 and (left, right) in ((-1, -1), (-1, 0)))
-    return same_keys and (pack_gqa or seqlen_q * group <= _TILE_ROWS)
 
 
 def flash_attn_with_kvcache(
@@ -167,8 +151,7 @@ def flash_attn_with_kvcache(
         attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
-    if pack_gqa is not None and not isinstance(pack_gqa, bool):
-        raise TypeError(f"pack_gqa must be None, True or False, got {pack_gqa!r}")
+    packgqa.check_pack_gqa(pack_gqa)
     from .interface import flash_attn_varlen_func  # the varlen path (interface imports this module's siblings)
 
     if scheduler_metadata is not None and not (isinstance(scheduler_metadata, torch.Tensor)
@@ -259,25 +242,11 @@ def flash_attn_with_kvcache(
     else:
         q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
         cu_q = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_q
-    group = q_rows.shape[1] // heads_k if heads_k and q_rows.shape[1] % heads_k == 0 else 1
-    if _packs(pack_gqa, group, seqlen_q, causal, window_size):
-        # Row t's query head hk * group + j becomes row t * group + j of KV head hk; every such row
-        # sees all of its sequence's keys, so the mask is none.
-        total_q, dq = q_rows.shape[0], q_rows.shape[-1]
-        packed = q_rows.reshape(total_q, heads_k, group, dq).transpose(1, 2).reshape(total_q * group, heads_k, dq)
-        out, lse = flash_attn_varlen_func(
-            packed, k_rows, v_rows, cu_q * group, cu_k, seqlen_q * group, seqlen_cache, seqused_k=used_k,
-            softmax_scale=softmax_scale, causal=False,
-            softcap=softcap, num_splits=num_splits, return_attn_probs=True,
-        )
-        out = out.view(total_q, group, heads_k, dq).transpose(1, 2).reshape(total_q, heads_k * group, dq)
-        lse = lse.view(heads_k, total_q, group).transpose(1, 2).reshape(heads_k * group, total_q)
-    else:
-        out, lse = flash_attn_varlen_func(
-            q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, seqused_k=used_k,
-            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-            num_splits=num_splits, return_attn_probs=True,
-        )
+    out, lse = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
+        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, seqused_k=used_k,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+        num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=True,
+    )
     if not varlen_q:
         out = out.view(batch, seqlen_q, *out.shape[1:])
         lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()

@@ -111,8 +111,9 @@ CASES = [
 def test_flash_attn_func_gradients(kernels, sq, sk, hq, hk, causal, window):
     _, bwd = kernels
     q, k, v, dout = random_qkv(sq=sq, sk=sk, hq=hq, hk=hk, seed=sq * sk + hq)
-    out, grads = grads_of(
-        lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window), q, k, v, dout
+    out, grads = grads_of(  # unpacked (decode shapes would pack: test_decode_shapes_pack_gqa_as_rows)
+        lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window, pack_gqa=False),
+        q, k, v, dout
     )
     check_emulated_grads(grads, q, k, v, dout, f"causal={causal} window={window}", causal=causal, window_size=window)
     assert [g.dtype for g in grads] == [DTYPE] * 3
@@ -123,6 +124,35 @@ def test_flash_attn_func_gradients(kernels, sq, sk, hq, hk, causal, window):
     assert torch.equal(call["out"], out)
     assert call["softmax_lse"].shape == (2, hq, sq) and call["softmax_lse"].dtype == torch.float32
 
+
+
+@pytest.mark.parametrize("sq, causal, window, packs", [
+    (1, True, (-1, -1), True),  # decode: one query sees every key, causal or not
+    (5, False, (-1, -1), True),  # no mask
+    (5, True, (-1, -1), False),  # causal with several queries: the rows see different keys
+    (1, False, (3, 0), False),  # a window
+])
+def test_decode_shapes_pack_gqa_as_rows(kernels, sq, causal, window, packs):
+    """The query heads of a KV head reach the op as rows of one head where that is exact (pack_gqa=None:
+    at decode; True: always); out, lse and the gradients match the unpacked call's reference."""
+    fwd, bwd = kernels
+    q, k, v, dout = random_qkv(sq=sq, sk=53, hq=8, hk=2, seed=sq + 7)
+    out, grads = grads_of(
+        lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window), q, k, v, dout
+    )
+    check_emulated_grads(grads, q, k, v, dout, f"sq={sq} causal={causal}", causal=causal, window_size=window)
+    (f,), (b,) = fwd.calls, bwd.calls
+    default_packs = packs and sq == 1  # None packs at decode; True wherever exact
+    assert f[0].shape == ((2, sq * 4, 2, 64) if default_packs else q.shape)
+    assert f[4] is (causal and not default_packs) and b["causal"] is f[4]
+    flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window, pack_gqa=True)
+    assert fwd.calls[-1][0].shape == ((2, sq * 4, 2, 64) if packs else q.shape)
+    _, lse = flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    _, lse_unpacked = flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window, pack_gqa=False,
+                                                        return_attn_probs=True)
+    assert lse.shape == (2, 8, sq) and torch.allclose(lse, lse_unpacked, atol=1e-5)
+    with pytest.raises(TypeError, match="pack_gqa must be None, True or False"):
+        flash_attn_hopper.flash_attn_func(q, k, v, pack_gqa=1)
 
 @pytest.mark.parametrize("d", [59, 111, 4])
 def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
