@@ -127,11 +127,6 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     return (out, lse) if return_attn_probs else out
 
 
-def _check_num_splits(num_splits) -> None:
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (1: no split, 0: choose), got {num_splits!r}")
-
-
 def _op_kwargs(softcap, num_splits=1) -> dict:
     """The ops' softcap and num_splits arguments, each left out at its default so that calls without
     them stay as they were (both validated before)."""
@@ -231,7 +226,7 @@ def flash_attn_func(
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, 0, sm_margin)
-    _check_num_splits(num_splits)
+    support.check_num_splits(num_splits)
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
@@ -410,7 +405,7 @@ def flash_attn_varlen_func(
         softmax_lse float32 (nheads, total_q), FlashAttention's varlen layout.
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
-    _check_num_splits(num_splits)
+    support.check_num_splits(num_splits)
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

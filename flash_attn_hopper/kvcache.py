@@ -286,8 +286,7 @@ def get_scheduler_metadata(
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
             or tuple(cache_seqlens.shape) != (batch_size,):
         raise ValueError(f"cache_seqlens must be an int32 tensor of shape ({batch_size},)")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (1: no split, 0: choose), got {num_splits!r}")
+    support.check_num_splits(num_splits)
     if num_heads_kv <= 0 or num_heads_q % num_heads_kv:
         raise ValueError(f"num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv ({num_heads_kv})")
     return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+
 def check_pack_gqa(pack_gqa) -> None:
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
         raise TypeError(f"pack_gqa must be None, True or False, got {pack_gqa!r}")

@@ -105,6 +105,12 @@ def feature_refusal(feature: str, asked: str, fix: str) -> Refusal:
     )
 
 
+def check_num_splits(num_splits) -> None:
+    """FlashAttention-3's num_splits: an int >= 0 (1 no split, 0 choose, n at most n)."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (1: no split, 0: choose), got {num_splits!r}")
+
+
 def softcap_refusal(softcap, softmax_scale: float | None, head_dim: int) -> Refusal | None:
     """None when ``softcap`` is one the kernels take: 0 (off) or a positive finite number with
     softmax_scale / softcap a finite float32 (FlashAttention-3 treats a negative softcap as off;
