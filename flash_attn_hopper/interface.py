@@ -447,7 +447,8 @@ def flash_attn_varlen_func(
             None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
             answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits),
         )
-        out, softmax_lse = packgqa.unpack_rows(out, group), packgqa.unpack_lse(softmax_lse, group)
+        out = packgqa.unpack_rows(out, group)
+        softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
     else:
         out, softmax_lse = fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,

@@ -36,15 +36,33 @@ def _refuse_extras(**extras) -> None:
             raise support.feature_refusal(name, f"{name}", why).exception()
 
 
-def _as_lengths(x, batch: int, default: int, device, name: str, cap: int) -> torch.Tensor:
-    """int32 (batch,) lengths on the device, clamped to [0, cap] (contents are never read on the host)."""
-    if x is None:
-        return torch.full((batch,), default, dtype=torch.int32, device=device)
-    if isinstance(x, int) and not isinstance(x, bool):
-        return torch.full((batch,), min(max(x, 0), cap), dtype=torch.int32, device=device)
+_CONSTANTS: dict = {}
+
+
+def _constant(kind: str, n: int, value: int, device) -> torch.Tensor:
+    """int32 (n,) filled with value ("full") or (n,) multiples of value ("steps"), made once per
+    (kind, n, value, device): a decode step then launches no small kernels for them. Never made or
+    kept while a CUDA graph captures (its tensors' contents exist only at replay)."""
+    key = (kind, n, value, device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = (torch.full((n,), value, dtype=torch.int32, device=device) if kind == "full"
+             else torch.arange(n, dtype=torch.int32, device=device) * value)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            if len(_CONSTANTS) >= 64:
+                _CONSTANTS.clear()
+            _CONSTANTS[key] = t
+    return t
+
+
+def _as_lengths(x, batch: int, default: int, device, name: str, cap: int, clamp: bool = True) -> torch.Tensor:
+    """int32 (batch,) lengths on the device (contents are never read on the host), clamped to
+    [0, cap] unless clamp=False (where the kernels clamp them: seqused_k)."""
+    if x is None or (isinstance(x, int) and not isinstance(x, bool)):
+        return _constant("full", batch, default if x is None else min(max(x, 0), cap), device)
     if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.shape != (batch,) or x.device != device:
         raise ValueError(f"{name} must be an int or an int32 tensor of shape ({batch},) on {device}")
-    return x.clamp(0, cap)
+    return x.clamp(0, cap) if clamp else x
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, interleaved: bool):
@@ -193,8 +211,12 @@ def flash_attn_with_kvcache(
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("pass both rotary_cos and rotary_sin, or neither")
     device = k_cache.device
-    seqlens = _as_lengths(cache_seqlens, batch, seqlen_cache, device, "cache_seqlens", seqlen_cache)
-    leftpad = _as_lengths(cache_leftpad, batch, 0, device, "cache_leftpad", seqlen_cache)
+    # Without appends or left padding the lengths go to the kernels as they are (seqused_k, which
+    # they clamp to the cache): a decode step launches nothing but the attention.
+    plain = k is None and cache_leftpad is None
+    seqlens = _as_lengths(cache_seqlens, batch, seqlen_cache, device, "cache_seqlens", seqlen_cache, clamp=not plain)
+    leftpad = None if cache_leftpad is None else \
+        _as_lengths(cache_leftpad, batch, 0, device, "cache_leftpad", seqlen_cache)
 
     if k is not None:
         if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) or v.shape != k.shape:
@@ -232,24 +254,29 @@ def flash_attn_with_kvcache(
         seqlens = torch.clamp(seqlens + seqlen_new, max=seqlen_cache)
 
     # The cache as packed rows: sequence b's valid keys start at row b * seqlen_cache + leftpad_b.
-    rows = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_cache
-    cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
-    used_k = torch.clamp(seqlens - leftpad, min=0)
+    rows = _constant("steps", batch + 1, seqlen_cache, device)
+    if leftpad is None:
+        cu_k, used_k = rows, seqlens
+    else:
+        cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
+        used_k = torch.clamp(seqlens - leftpad, min=0)
     k_rows = k_cache.view(batch * seqlen_cache, heads_k, d)
     v_rows = v_cache.view(batch * seqlen_cache, heads_k, d)
     if varlen_q:
         q_rows, cu_q = q, cu_seqlens_q
     else:
         q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
-        cu_q = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_q
-    out, lse = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
+        cu_q = _constant("steps", batch + 1, seqlen_q, device)
+    result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
         q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, seqused_k=used_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-        num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=True,
+        num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse,
     )
+    out, lse = result if return_softmax_lse else (result, None)
     if not varlen_q:
         out = out.view(batch, seqlen_q, *out.shape[1:])
-        lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
+        if lse is not None:
+            lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
     return (out, lse) if return_softmax_lse else out
 
 
