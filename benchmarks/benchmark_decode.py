@@ -7,7 +7,7 @@ Grid: batch 1 / 8 / 64 x cache 4k / 32k / 128k (points past --max-cache-gib of K
 32:8 and 8:1 x hdim 64 / 128 / 256, bf16, contiguous caches (paged ones once page_table exists).
 Providers: flash_attn_hopper (flash_attn_with_kvcache: split-KV chosen), flash_attn_hopper-nosplit
 (flash_attn_func on (batch, 1, heads, d) queries, one CTA per head), sdpa-cudnn, sdpa-flash
-(enable_gqa), fa3 (flash_attn_with_kvcache when importable).
+(enable_gqa), fa3 (flash_attn_with_kvcache when importable); flash_attn_hopper-sN (num_splits=N) on request.
 
     python benchmarks/benchmark_decode.py --rounds 3            # results/decode-<date>.{csv,md}
     python benchmarks/benchmark_decode.py --batches 8 --caches 32768 --hdims 128
@@ -40,15 +40,16 @@ def kv_bytes(batch: int, cache: int, heads_kv: int, hdim: int, elem: int = 2) ->
     return 2 * batch * cache * heads_kv * hdim * elem
 
 
-def _ours(split: bool = True):
-    """flash_attn_with_kvcache (split-KV chosen, its default), or flash_attn_func without splits."""
+def _ours(split: bool = True, num_splits: int = 0):
+    """flash_attn_with_kvcache (split-KV chosen, its default, or at most num_splits), or
+    flash_attn_func without splits."""
     import flash_attn_hopper
 
     reason = flash_attn_hopper.unavailable_reason()
     if reason is not None:
         raise ba.ProviderUnavailable(reason)
     if split:
-        return lambda q, k, v: flash_attn_hopper.flash_attn_with_kvcache(q, k, v)
+        return lambda q, k, v: flash_attn_hopper.flash_attn_with_kvcache(q, k, v, num_splits=num_splits)
     return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v)
 
 
@@ -161,7 +162,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return 1
-    runs = ba.load_providers(PROVIDERS, args.providers.split(","))
+    # flash_attn_hopper-sN: flash_attn_with_kvcache with num_splits=N (a sweep of the split plan).
+    table = dict(PROVIDERS)
+    for name in args.providers.split(","):
+        if name.startswith("flash_attn_hopper-s") and name[len("flash_attn_hopper-s"):].isdigit():
+            table[name] = (lambda n: lambda: _ours(num_splits=n))(int(name[len("flash_attn_hopper-s"):]))
+    runs = ba.load_providers(table, args.providers.split(","))
     rows = []
     for i, (batch, cache, gqa, hdim) in enumerate(points(args.batches, args.caches, args.gqa.split(","), args.hdims,
                                                         args.max_cache_gib)):
