@@ -336,9 +336,12 @@ def varlen_unavailable_message() -> str:
     )
 
 
+_CHECKED_OPS: dict = {}  # name -> the op object whose schema was checked (a new object is checked again)
+
+
 def _checked_op(name: str, expected: tuple[str, ...]):
     op = getattr(torch.ops.flash_attn_hopper, name).default
-    if torch.compiler.is_compiling():
+    if _CHECKED_OPS.get(name) is op or torch.compiler.is_compiling():
         return op  # the schema is C++ state dynamo cannot trace; eager calls check it, traced ones bind by it
     names = tuple(arg.name for arg in op._schema.arguments)
     if names != expected:
@@ -346,6 +349,7 @@ def _checked_op(name: str, expected: tuple[str, ...]):
             f"flash_attn_hopper: the compiled {name} op takes {names}, but flash_attn_hopper/ops.py "
             f"calls it with {expected}; the Python package and the extension are out of step"
         )
+    _CHECKED_OPS[name] = op
     return op
 
 
