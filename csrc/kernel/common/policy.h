@@ -183,9 +183,20 @@ struct FwdPolicy {
       (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap)));
 };
 
+// Varlen kernels without a mask take the table's tile, or (FLASH_FWD_DEV_VARLEN_ONE_CTA, a
+// measurement for ragged batches, default off) that tile one CTA per tile: the hardware then hands
+// out the unequal sequences' tiles as SMs free up, where the persistent static stride cannot.
+template <bool kVarlen, bool kLocal>
+constexpr FwdTileShape fwd_varlen_tile(FwdTileShape tile) {
+#ifdef FLASH_FWD_DEV_VARLEN_ONE_CTA
+  if (kVarlen && !kLocal) { return {tile.block_m, tile.block_n, tile.stages}; }
+#endif
+  return tile;
+}
+
 template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false>
-using FwdPolicyFor =
-    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_tile<kHeadDim, kLocal, kKeys>(), kVarlen, kSoftcap>;
+using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>,
+                               fwd_varlen_tile<kVarlen, kLocal>(fwd_tile<kHeadDim, kLocal, kKeys>()), kVarlen, kSoftcap>;
 
 template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
 using FwdSplitPolicyFor =
@@ -241,8 +252,13 @@ constexpr bool bwd_dv_after_ds() {
 
 // Persistent (one CTA per SM) at hdim <= 128 in the default mode; causal/local ones draw their
 // tiles from a counter, longest first [D:033, D:034].
-template <int kHeadDim, bool kLocal, bool kDeterministic>
+// FLASH_BWD_DEV_VARLEN_ONE_CTA (a measurement for ragged batches, default off): varlen kernels
+// without a mask one CTA per tile, as fwd_varlen_tile.
+template <int kHeadDim, bool kLocal, bool kDeterministic, bool kVarlen = false>
 constexpr bool bwd_persistent() {
+#ifdef FLASH_BWD_DEV_VARLEN_ONE_CTA
+  if (kVarlen && !kLocal) { return false; }
+#endif
   return kHeadDim <= 128 && !kDeterministic;
 }
 
@@ -312,6 +328,6 @@ struct BwdPolicy {
 template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic, bool kVarlen = false,
           bool kSoftcap = false>
 using BwdPolicyFor = BwdPolicy<kHeadDim, Element, MaskFor<kLocal>, bwd_dv_after_ds<kHeadDim, kLocal, kDeterministic>(),
-                               bwd_persistent<kHeadDim, kLocal, kDeterministic>(), kVarlen, kSoftcap>;
+                               bwd_persistent<kHeadDim, kLocal, kDeterministic, kVarlen>(), kVarlen, kSoftcap>;
 
 }  // namespace flash
