@@ -28,14 +28,17 @@
 #              FULL=1 sets FLASH_ATTN_HOPPER_FULL_TESTS=1
 #   bench      benchmarks/benchmark_attn.py: $PROVIDERS on $BENCH_HDIMS (default HDIMS), forward and
 #              backward (BENCH_FWD_ONLY=1: forward), $BENCH_ARGS (default --rounds 3), $OUT/bench/
-#   baseline   a same-run grid against an older commit (a refactor's bar when SASS differs): the
-#              carried $BASELINE (default .peers/baseline.tar.gz, made by `git archive --format=tar.gz
-#              -o .peers/baseline.tar.gz <commit>`) is built for BENCH_HDIMS (default HDIMS) x DTYPES
-#              into /tmp/baseline-site (BASELINE_BUILD_TIMEOUT 300); then each version's own
-#              benchmarks/benchmark_attn.py runs BASELINE_ROUNDS (3) times, old and new alternating,
-#              ours and sdpa-cudnn (the anchor for drift between runs) with $BASELINE_ARGS (default
-#              "--bwd"); tools/gpu/baseline_grid.py prints new / old per point, $OUT/baseline.{csv,md}.
-#              "new" is what later steps import (the checkout's build, or the wheel with WHEEL_SITE=1)
+#   baseline   our build against a baseline build, alternating runs of one benchmark in separate
+#              processes: $BASELINE (default .peers/baseline.tar.gz) is an older commit's source
+#              (`git archive --format=tar.gz -o .peers/baseline.tar.gz <commit>`, built here for
+#              BENCH_HDIMS (default HDIMS) x DTYPES, BASELINE_BUILD_TIMEOUT 300, and timed with its
+#              own scripts) or a wheel (a variant built on the CPU machine, timed with ours);
+#              BASELINE_ROUNDS (3) runs per version of $BASELINE_BENCH (default benchmark_attn.py
+#              with ours and sdpa-cudnn, $BASELINE_ARGS default "--bwd"; e.g. "benchmark_varlen.py
+#              --cases ragged --bwd --rounds 1" with BASELINE_TABLE="--ours varlen --anchor
+#              fa3-varlen"), then tools/gpu/baseline_grid.py $BASELINE_TABLE: new / old per point,
+#              $OUT/baseline.{csv,md}. "new" is what later steps import (the checkout's build, or
+#              the carried wheel with WHEEL_SITE=1)
 #   variants   tools/gpu/variants.py on each VARIANT SET given as an argument: "[@SECONDS] <variants.py
 #              arguments>", e.g. "@200 --bwd --hdim 128 --variant a --variant b:FLASH_BWD_DEV_X=1";
 #              $VARIANTS_COMMON is prepended to every set. The sets build side by side (beside the
@@ -264,12 +267,16 @@ fi
 
 if has baseline; then
   step baseline
-  tarball=${BASELINE:-.peers/baseline.tar.gz}
+  base=${BASELINE:-.peers/baseline.tar.gz}
   rc=1
-  if [ ! -f "$tarball" ]; then
-    echo "no $tarball: carry a git archive of the baseline commit"
+  rm -rf /tmp/baseline /tmp/baseline-site && mkdir -p /tmp/baseline
+  if [ ! -f "$base" ]; then
+    echo "no $base: carry a git archive of the baseline commit, or a wheel"
+  elif [[ "$base" == *.whl ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/baseline-site "$base"; rc=$?
+    base_scripts=$REPO
   else
-    rm -rf /tmp/baseline /tmp/baseline-site && mkdir -p /tmp/baseline && tar xzf "$tarball" -C /tmp/baseline
+    tar xzf "$base" -C /tmp/baseline
     start=$(date +%s)
     (cd /tmp/baseline && FLASH_ATTN_HOPPER_HDIMS=${BENCH_HDIMS:-$HDIMS} timeout "${BASELINE_BUILD_TIMEOUT:-300}" \
       python3 -m pip install -q --no-build-isolation --no-deps --no-index --no-compile --target /tmp/baseline-site . \
@@ -277,20 +284,25 @@ if has baseline; then
     rc=$?
     echo "baseline built in $(( $(date +%s) - start )) s (exit $rc)"
     [ $rc -eq 0 ] || tail -20 "$OUT/baseline_build.log"
+    base_scripts=/tmp/baseline
   fi
   if [ $rc -eq 0 ]; then
+    fa3_wait
+    bench=${BASELINE_BENCH:-benchmark_attn.py --hdims ${BENCH_HDIMS:-$HDIMS} --providers flash_attn_hopper,sdpa-cudnn --no-check ${BASELINE_ARGS:---bwd}}
     for i in $(seq "${BASELINE_ROUNDS:-3}"); do
       for v in old new; do
-        if [ $v = old ]; then path=/tmp/baseline-site:/tmp/site; script=/tmp/baseline/benchmarks/benchmark_attn.py
-        else path=$PYTHONPATH; script=$REPO/benchmarks/benchmark_attn.py; fi
+        if [ $v = old ]; then path=/tmp/baseline-site:$PYTHONPATH; scripts=$base_scripts/benchmarks
+        else path=$PYTHONPATH; scripts=$REPO/benchmarks; fi
+        dir=$OUT/baseline-$v-$i; mkdir -p "$dir"
+        case "$bench" in *benchmark_attn.py*) where="--out-dir $dir";; *) where="--out $dir/run";; esac
         # shellcheck disable=SC2086
-        (cd /tmp && PYTHONPATH=$path PYTHONSAFEPATH=1 timeout "${BENCH_TIMEOUT:-330}" python3 "$script" \
-          --hdims "${BENCH_HDIMS:-$HDIMS}" --providers flash_attn_hopper,sdpa-cudnn --no-check ${BASELINE_ARGS:---bwd} \
-          --out-dir "$OUT/baseline-$v-$i" > "$OUT/baseline-$v-$i.log" 2>&1)
+        (cd /tmp && PYTHONPATH=$path PYTHONSAFEPATH=1 timeout "${BENCH_TIMEOUT:-330}" python3 $scripts/$bench $where \
+          > "$dir.log" 2>&1)
         echo "$v round $i exit $?"
       done
     done
-    python3 tools/gpu/baseline_grid.py "$OUT"
+    # shellcheck disable=SC2086
+    python3 tools/gpu/baseline_grid.py "$OUT" ${BASELINE_TABLE:-}
     rc=$?
   fi
   result baseline $rc
