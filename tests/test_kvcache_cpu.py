@@ -194,6 +194,10 @@ def test_scheduler_metadata_is_checked_and_accepted(monkeypatch):
         flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, page_size=16)
     with pytest.raises(ValueError, match="cache_seqlens must be an int32 tensor of shape"):
         flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens.long())
+    cu_new = torch.tensor([0, 1, 3], dtype=torch.int32)
+    assert flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, cu_seqlens_k_new=cu_new).numel() == 0
+    with pytest.raises(ValueError, match="cu_seqlens_k_new must be None or an int32 tensor of shape"):
+        flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, cu_seqlens_k_new=cu_new[:2])
     with pytest.raises(TypeError, match="scheduler_metadata must be None"):
         flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, scheduler_metadata=[1])
 
