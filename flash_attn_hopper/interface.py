@@ -76,6 +76,29 @@ def _pad_head_dim(q, k, v, softmax_scale):
     return pad(q), pad(k), pad(v), scale, dv
 
 
+def _value_chunks(q, k, v):
+    """v's head dim in pieces when it is wider than the widest kernel (FA3's d 64 / dv 512): pieces
+    of q's head dim rounded up to 8 (the last one narrower), each its own call over the same q and k.
+    Every piece's softmax is the same one, so the pieces of out side by side are out, every piece's
+    LSE is the LSE, and autograd sums the pieces' dq and dk (both linear in dS, which is the sum of
+    the pieces' dS). Costs one more q kᵀ per piece. None where v fits, or where q / k are not for
+    this (the checks then say why)."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in (q, k, v)):
+        return None
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv <= manifest.MAX_HEAD_DIM or k.shape[-1] != d or d > manifest.MAX_HEAD_DIM:
+        return None
+    width = d + -d % manifest.HEAD_DIM_MULTIPLE
+    return [(a, min(a + width, dv)) for a in range(0, dv, width)]
+
+
+def _over_value_chunks(call, v, chunks, return_lse: bool):
+    """call(v_piece, return_lse) per piece of v's head dim, the outputs side by side (_value_chunks)."""
+    results = [call(v[..., a:b], return_lse and i == 0) for i, (a, b) in enumerate(chunks)]
+    out = torch.cat([r[0] if isinstance(r, tuple) else r for r in results], dim=-1)
+    return (out, results[0][1]) if return_lse else out
+
+
 def _chunk_segments(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
     """Chunked attention as variable-length segments: query i of a batch entry sits at key position
     i + seqlen_k - seqlen_q (bottom-right) and sees only the keys of its chunk of ``chunk`` keys
@@ -186,8 +209,9 @@ def flash_attn_func(
             a multiple of nheads_kv (grouped-query / multi-query attention:
             query head h uses kv head h // (nheads // nheads_kv)).
             Only the last dimension must be contiguous. v may have its own head dim
-            headdim_v (FA3's dv != d, e.g. 192 / 128), with both at most 256; such calls
-            run on zero-padded copies of q, k and v (correct, slower than kernels of their own).
+            headdim_v (FA3's dv != d, e.g. 192 / 128); such calls run on zero-padded copies of
+            q, k and v, and a headdim_v past 256 (64 / 512) in pieces of q's head dim, one call
+            each (correct, slower than kernels of their own).
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal: mask aligned to the bottom-right corner: query i sees key j
             when j <= i + seqlen_k - seqlen_q.  A query that sees no key
@@ -230,6 +254,14 @@ def flash_attn_func(
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    chunks = _value_chunks(q, k, v)
+    if chunks is not None:
+        return _over_value_chunks(
+            lambda v_piece, lse: flash_attn_func(
+                q, k, v_piece, softmax_scale, causal, window_size=window_size, attention_chunk=attention_chunk,
+                softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
+                return_attn_probs=lse, learnable_sink=learnable_sink),
+            v, chunks, return_attn_probs)
     if attention_chunk:
         return _chunked(q, k, v, attention_chunk, return_attn_probs, softmax_scale=softmax_scale, causal=causal,
                         window_size=window_size, softcap=softcap, deterministic=deterministic,
@@ -409,6 +441,15 @@ def flash_attn_varlen_func(
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    chunks = _value_chunks(q, k, v)
+    if chunks is not None:
+        return _over_value_chunks(
+            lambda v_piece, lse: flash_attn_varlen_func(
+                q, k, v_piece, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                softmax_scale, causal, window_size=window_size, softcap=softcap, num_splits=num_splits,
+                pack_gqa=pack_gqa, deterministic=deterministic, return_attn_probs=lse,
+                learnable_sink=learnable_sink),
+            v, chunks, return_attn_probs)
     if softmax_scale is not None and (
         isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
     ):

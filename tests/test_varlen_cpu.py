@@ -182,6 +182,16 @@ def test_a_value_head_dim_other_than_qs_runs_zero_padded(varlen_kernels):
     (f,), (b,) = fwd.calls, bwd.calls
     assert f["v"].shape[-1] == 192 and f["softmax_scale"] == pytest.approx(192**-0.5) == b["softmax_scale"]
 
+def test_a_value_head_dim_past_the_widest_kernel_runs_in_pieces(varlen_kernels):
+    fwd, bwd = varlen_kernels
+    q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=64, seed=64)
+    _, _, v, dout, *_ = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=512, seed=512)
+    out, grads = varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal=True)
+    assert out.shape == (*q.shape[:-1], 512) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    check_varlen_grads(grads, q, k, v, dout, cu_q, cu_k, causal=True)
+    assert len(fwd.calls) == 8 and all(c["v"].shape[-1] == 64 for c in fwd.calls)
+
+
 def test_effective_windows_reach_the_op(varlen_kernels):
     fwd, _ = varlen_kernels
     q, k, v, _, cu_q, cu_k, max_q, max_k = inputs([10, 30], [20, 12])  # max_q 30, max_k 20
