@@ -76,7 +76,8 @@ def _sources(enable: frozenset[str] = frozenset(), hdims=HDIMS) -> list[str]:
             kernels += [name("fwd", d, combo) for d in hdims]
             if set(combo) <= {"SOFTCAP"}:
                 kernels += [name("bwd", d, combo) for d in hdims]
-    return ["flash_api_stable.cpp", *kernels, "flash_prepare_scheduler.cu"]
+    combine = ["flash_fwd_combine.cu"] if "SPLIT" in enable else []  # the split kernels' merge
+    return ["flash_api_stable.cpp", *kernels, *combine, "flash_prepare_scheduler.cu"]
 
 
 def pack(fa_repo: Path, cutlass_repo: Path) -> None:
