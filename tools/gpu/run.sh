@@ -36,7 +36,9 @@
 #              BASELINE_ROUNDS (3) runs per version of $BASELINE_BENCH (default benchmark_attn.py
 #              with ours and sdpa-cudnn, $BASELINE_ARGS default "--bwd"; e.g. "benchmark_varlen.py
 #              --cases ragged --bwd --rounds 1" with BASELINE_TABLE="--ours varlen --anchor
-#              fa3-varlen"), then tools/gpu/baseline_grid.py $BASELINE_TABLE: new / old per point,
+#              fa3-varlen"; BASELINE_TESTS, e.g. "tests/test_varlen_gpu.py", first runs those tests
+#              against the baseline build and times nothing if they fail), then
+#              tools/gpu/baseline_grid.py $BASELINE_TABLE: new / old per point,
 #              $OUT/baseline.{csv,md}. "new" is what later steps import (the checkout's build, or
 #              the carried wheel with WHEEL_SITE=1)
 #   variants   tools/gpu/variants.py on each VARIANT SET given as an argument: "[@SECONDS] <variants.py
@@ -285,6 +287,14 @@ if has baseline; then
     echo "baseline built in $(( $(date +%s) - start )) s (exit $rc)"
     [ $rc -eq 0 ] || tail -20 "$OUT/baseline_build.log"
     base_scripts=/tmp/baseline
+  fi
+  if [ $rc -eq 0 ] && [ -n "${BASELINE_TESTS:-}" ]; then  # a variant is timed only once its results are right
+    workers=""; [ "${PYTEST_WORKERS:-4}" = 0 ] || workers="-n ${PYTEST_WORKERS:-4}"  # 0: no pytest-xdist
+    # shellcheck disable=SC2086
+    (cd "$REPO" && PYTHONPATH=/tmp/baseline-site:$PYTHONPATH PYTHONSAFEPATH=1 timeout "${TEST_TIMEOUT:-300}" \
+      python3 -m pytest -q -p no:cacheprovider $workers $BASELINE_TESTS > "$OUT/baseline_tests.log" 2>&1)
+    rc=$?
+    echo "baseline tests ($BASELINE_TESTS) exit $rc: $(tail -1 "$OUT/baseline_tests.log")"
   fi
   if [ $rc -eq 0 ]; then
     fa3_wait
