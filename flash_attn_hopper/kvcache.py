@@ -83,22 +83,22 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: to
     return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
-def _append(cache: torch.Tensor, rows: torch.Tensor, seq: torch.Tensor, idx: torch.Tensor,
-            first: torch.Tensor, starts: torch.Tensor) -> None:
-    """cache[seq_t, starts[seq_t] + idx_t] = rows[t] in place, for the new tokens that fit: rows
-    (T, nheads_k, d) are the new tokens, row t being number idx_t of sequence seq_t, whose tokens
-    start at row first[seq_t]. With S the cache's length, a token goes to min(starts + idx, S - 1),
-    and the ones that do not fit carry the value that lands there anyway (their sequence's last
-    fitting token, or the slot's own value when none fits), so every write to one slot writes the
-    same value. Slots and rows are clamped: whatever the index tensors hold, nothing lands or is
-    read outside the tensors."""
-    seqlen_cache, total = cache.shape[1], rows.shape[0]
+def _append(caches, rows, seq: torch.Tensor, idx: torch.Tensor, first: torch.Tensor, starts: torch.Tensor) -> None:
+    """cache[seq_t, starts[seq_t] + idx_t] = rows[t] in place for each (cache, rows) pair, for the new
+    tokens that fit: rows (T, nheads_k, d) are the new tokens, row t being number idx_t of sequence
+    seq_t, whose tokens start at row first[seq_t]. With S the cache's length, a token goes to
+    min(starts + idx, S - 1), and the ones that do not fit carry the value that lands there anyway
+    (their sequence's last fitting token, or the slot's own value when none fits), so every write to
+    one slot writes the same value. Slots and rows are clamped: whatever the index tensors hold,
+    nothing lands or is read outside the tensors. The indices are computed once for all pairs."""
+    seqlen_cache, total = caches[0].shape[1], rows[0].shape[0]
     start = starts.long()[seq]
     src = torch.minimum(idx, seqlen_cache - 1 - start)  # the number of the token whose value goes to the slot
     slot = torch.clamp(start + src, 0, seqlen_cache - 1)
     src_row = torch.clamp(first.long()[seq] + src, 0, max(total - 1, 0))
-    values = torch.where((src >= 0)[:, None, None], rows[src_row], cache[seq, slot])
-    cache[seq, slot] = values
+    fits = (src >= 0)[:, None, None]
+    for cache, new in zip(caches, rows):
+        cache[seq, slot] = torch.where(fits, new[src_row], cache[seq, slot])
 
 
 def _new_tokens(k, batch: int, cu_seqlens_k_new):
@@ -288,8 +288,7 @@ def flash_attn_with_kvcache(
             q_pos = offsets.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
     if k is not None:
-        _append(k_cache, k_rows, new_seq, new_idx, new_first, seqlens)
-        _append(v_cache, v_rows, new_seq, new_idx, new_first, seqlens)
+        _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens)
         seqlens = torch.clamp(seqlens + new_counts, max=seqlen_cache)
 
     # The cache as packed rows: sequence b's valid keys start at row b * seqlen_cache + leftpad_b.

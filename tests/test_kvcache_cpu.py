@@ -54,7 +54,7 @@ def test_append_writes_in_place_and_drops_what_does_not_fit():
     new = torch.arange(1, 3 * 4 * 2 + 1, dtype=torch.float32).view(3, 4, 1, 2)
     rows, seq, idx, first, counts = _new_tokens(new, 3, None)
     assert counts.tolist() == [4, 4, 4]
-    _append(cache, rows, seq, idx, first, torch.tensor([1, 4, 6], dtype=torch.int32))
+    _append((cache,), (rows,), seq, idx, first, torch.tensor([1, 4, 6], dtype=torch.int32))
     assert torch.equal(cache[0, 1:5], new[0]) and torch.equal(cache[0, 5], torch.zeros(1, 2))
     assert torch.equal(cache[1, 4:6], new[1, :2]) and torch.equal(cache[1, :4], torch.zeros(4, 1, 2))
     assert torch.equal(cache[2], torch.zeros(6, 1, 2))  # a full cache: nothing written
@@ -261,7 +261,7 @@ def test_packed_new_tokens_are_appended_per_sequence(cu, total):
     cu_t = torch.tensor(cu, dtype=torch.int32)
     want = _append_packed_ref(cache, new, cu, starts)
     rows, seq, idx, first, counts = _new_tokens(new, 3, cu_t)
-    _append(cache, rows, seq, idx, first, starts)
+    _append((cache,), (rows,), seq, idx, first, starts)
     assert torch.equal(cache, want)
     assert counts.tolist() == [max(b - a, 0) for a, b in zip(cu[:-1], cu[1:])]
 
