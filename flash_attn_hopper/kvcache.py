@@ -42,14 +42,16 @@ _CONSTANTS: dict = {}
 
 def _constant(kind: str, n: int, value: int, device) -> torch.Tensor:
     """int32 (n,) filled with value ("full") or (n,) multiples of value ("steps"), made once per
-    (kind, n, value, device): a decode step then launches no small kernels for them. Never made or
-    kept while a CUDA graph captures (its tensors' contents exist only at replay)."""
-    key = (kind, n, value, device)
+    (kind, n, value, device, stream): a decode step then launches no small kernels for them. Kept
+    per stream, so a later call reads it in the order of the stream whose kernel wrote it; never made
+    or kept while a CUDA graph captures (its tensors' contents exist only at replay)."""
+    cuda = device.type == "cuda"
+    key = (kind, n, value, device, torch.cuda.current_stream(device).stream_id if cuda else None)
     t = _CONSTANTS.get(key)
     if t is None:
         t = (torch.full((n,), value, dtype=torch.int32, device=device) if kind == "full"
              else torch.arange(n, dtype=torch.int32, device=device) * value)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        if not (cuda and torch.cuda.is_current_stream_capturing()):
             if len(_CONSTANTS) >= 64:
                 _CONSTANTS.clear()
             _CONSTANTS[key] = t
