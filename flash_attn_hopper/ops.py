@@ -341,7 +341,7 @@ _CHECKED_OPS: dict = {}  # name -> the op object whose schema was checked (a new
 
 def _checked_op(name: str, expected: tuple[str, ...]):
     op = getattr(torch.ops.flash_attn_hopper, name).default
-    if _CHECKED_OPS.get(name) is op or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _CHECKED_OPS.get(name) is op:
         return op  # the schema is C++ state dynamo cannot trace; eager calls check it, traced ones bind by it
     names = tuple(arg.name for arg in op._schema.arguments)
     if names != expected:
