@@ -170,39 +170,33 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
 
 
 
-@pytest.mark.parametrize("d, dv", [(192, 128), (64, 256), (59, 100)])
-def test_value_head_dims_other_than_qs_run_zero_padded(kernels, d, dv):
+@pytest.mark.parametrize("d, dv, calls, width", [
+    (192, 128, 1, 192), (64, 256, 1, 256), (59, 100, 1, 104),  # one call, q, k, v padded to one width
+    (64, 512, 8, 64), (128, 300, 3, 128),  # past the widest kernel: a call per piece of q's head dim
+])
+def test_value_head_dims_other_than_qs(kernels, d, dv, calls, width):
     """FA3's dv != d: the kernels see q, k, v padded to one width (the larger head dim rounded up to
-    8) and q's default scale; out and dv have v's head dim, dq and dk q's."""
+    8) and q's default scale, or past 256 (FA3's 64 / 512) one call per piece of v's head dim over
+    the same q and k; out and dv have v's head dim, dq and dk q's; out, the LSE and every gradient
+    against the emulation of the whole problem."""
     fwd, bwd = kernels
     q, k, _, _ = random_qkv(sq=37, sk=53, hq=4, hk=2, d=d, seed=d + dv)
     _, _, v, dout = random_qkv(sq=37, sk=53, hq=4, hk=2, d=dv, seed=d * dv)
     out, grads = grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=True), q, k, v, dout)
     assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     check_emulated_grads(grads, q, k, v, dout, f"d={d} dv={dv}", causal=True)
-    (f,), (b,) = fwd.calls, bwd.calls
-    width = max(-(-d // 8) * 8, -(-dv // 8) * 8)
-    assert [t.shape[-1] for t in f[:3]] == [width] * 3
-    assert f[3] == pytest.approx(d**-0.5) and b["softmax_scale"] == pytest.approx(d**-0.5)
-
-
-@pytest.mark.parametrize("d, dv, pieces", [(64, 512, 8), (128, 300, 3)])
-def test_value_head_dims_past_the_widest_kernel_run_in_pieces(kernels, d, dv, pieces):
-    """dv > 256 (FA3's 64 / 512): one call per piece of v's head dim (q's head dim wide), the same q
-    and k in each; out, the LSE and every gradient against the emulation of the whole problem."""
-    fwd, bwd = kernels
-    q, k, _, _ = random_qkv(sq=37, sk=53, hq=4, hk=2, d=d, seed=d + dv)
-    _, _, v, dout = random_qkv(sq=37, sk=53, hq=4, hk=2, d=dv, seed=d * dv)
-    out, grads = grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=True), q, k, v, dout)
-    assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
-    check_emulated_grads(grads, q, k, v, dout, f"d={d} dv={dv}", causal=True)
-    assert len(fwd.calls) == pieces and len(bwd.calls) == pieces
-    assert all(c[0].shape[-1] == d and c[2].shape[-1] == d for c in fwd.calls)  # q unpadded; the last piece padded
+    assert len(fwd.calls) == calls and len(bwd.calls) == calls
+    assert all([t.shape[-1] for t in f[:3]] == [width] * 3 for f in fwd.calls)
+    assert fwd.calls[0][3] == pytest.approx(d**-0.5) and bwd.calls[0]["softmax_scale"] == pytest.approx(d**-0.5)
     _, lse = flash_attn_hopper.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     _, lse_ref = emulate_fwd(q, k, v[..., :d], d**-0.5, True)
     assert torch.allclose(lse, lse_ref)
-    with pytest.raises(ValueError):  # q / k wider than the widest kernel: refused
+
+
+def test_q_head_dims_past_the_widest_kernel_are_refused(kernels):
+    with pytest.raises(ValueError):
         flash_attn_hopper.flash_attn_func(torch.zeros(1, 4, 2, 320), torch.zeros(1, 4, 2, 320), torch.zeros(1, 4, 2, 512))
+
 
 def test_window_arguments_reach_the_backward_as_the_forward_got_them(kernels):
     fwd, bwd = kernels

@@ -172,24 +172,17 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(varlen_kernels):
 
 
 
-def test_a_value_head_dim_other_than_qs_runs_zero_padded(varlen_kernels):
+@pytest.mark.parametrize("d, dv, calls, width", [(192, 128, 1, 192), (64, 512, 8, 64)])
+def test_a_value_head_dim_other_than_qs(varlen_kernels, d, dv, calls, width):
+    """dv != d: one call on q, k, v padded to one width, or past 256 a call per piece of v's head dim."""
     fwd, bwd = varlen_kernels
-    q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=192, seed=192)
-    _, _, v, dout, *_ = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=128, seed=128)
+    q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=d, seed=d)
+    _, _, v, dout, *_ = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=dv, seed=dv)
     out, grads = varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal=True)
-    assert out.shape == (*q.shape[:-1], 128) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     check_varlen_grads(grads, q, k, v, dout, cu_q, cu_k, causal=True)
-    (f,), (b,) = fwd.calls, bwd.calls
-    assert f["v"].shape[-1] == 192 and f["softmax_scale"] == pytest.approx(192**-0.5) == b["softmax_scale"]
-
-def test_a_value_head_dim_past_the_widest_kernel_runs_in_pieces(varlen_kernels):
-    fwd, bwd = varlen_kernels
-    q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=64, seed=64)
-    _, _, v, dout, *_ = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=512, seed=512)
-    out, grads = varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal=True)
-    assert out.shape == (*q.shape[:-1], 512) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
-    check_varlen_grads(grads, q, k, v, dout, cu_q, cu_k, causal=True)
-    assert len(fwd.calls) == 8 and all(c["v"].shape[-1] == 64 for c in fwd.calls)
+    assert len(fwd.calls) == calls == len(bwd.calls) and all(c["v"].shape[-1] == width for c in fwd.calls)
+    assert fwd.calls[0]["softmax_scale"] == pytest.approx(d**-0.5) == bwd.calls[0]["softmax_scale"]
 
 
 def test_effective_windows_reach_the_op(varlen_kernels):
