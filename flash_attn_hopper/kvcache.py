@@ -10,8 +10,8 @@ step can be captured in a CUDA graph). New keys and values are appended into the
 
 New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_k, d) with
 ``cu_seqlens_k_new``. Not in this version (refused, naming the argument): ``page_table`` (paged
-caches), ``cache_batch_idx``, ``qv``, FP8 descales, ``attention_chunk``,
-``sm_margin``. No backward, as in FlashAttention-3.
+caches), ``cache_batch_idx``, ``qv``, FP8 descales, ``sm_margin``. No backward, as in
+FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (``_chunk_segments``).
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
 each KV head's cache is read once; ``pack_gqa`` None packs at decode (one query per sequence), True
@@ -130,6 +130,32 @@ def _new_tokens(k, batch: int, cu_seqlens_k_new):
     return k, seq, idx, cu[:-1], counts
 
 
+def _chunk_segments(q_starts, q_lens, k_starts, k_lens, chunk: int, max_q: int, total_q: int, total_k: int):
+    """attention_chunk over the cache as variable-length segments made on the device (no host read,
+    so a captured step works): query i of sequence b sits at key position K_b - Q_b + i (bottom-right;
+    keys counted from the first valid one) and sees only the keys of its chunk of ``chunk`` keys
+    (FA3's mask). Per sequence: one segment for the queries before key 0 (no keys), then
+    ceil(max_q / chunk) + 1 chunk segments, enough for any sequence's queries; each segment's
+    queries and keys end at the same position, so its bottom-right diagonal is the problem's, and
+    segments past a sequence's queries are empty. Returns cu_q, cu_k, seqused_k of the segments."""
+    n = -(-max_q // chunk) + 1
+    q_len, k_len = q_lens.long(), k_lens.long()
+    first = k_len - q_len  # the position of query 0
+    blind = (-first).clamp(min=0).minimum(q_len)  # queries before key 0
+    c_start = (first.clamp(min=0) // chunk)[:, None] * chunk + torch.arange(n, device=q_len.device) * chunk
+    k_lo, k_hi = c_start.minimum(k_len[:, None]), (c_start + chunk).minimum(k_len[:, None])
+    q_hi = (k_hi - first[:, None]).clamp(min=0).minimum(q_len[:, None]).maximum(blind[:, None])
+    q_lo = torch.cat([blind[:, None], q_hi[:, :-1]], dim=1)
+    zeros = torch.zeros_like(blind)[:, None]
+    seg_q = q_starts.long()[:, None] + torch.cat([zeros, q_lo], dim=1)  # (batch, n + 1) segment starts
+    seg_k = k_starts.long()[:, None] + torch.cat([zeros, k_lo], dim=1)
+    used = torch.cat([zeros, k_hi - k_lo], dim=1)
+    end_q = seg_q.new_full((1,), total_q)
+    end_k = seg_k.new_full((1,), total_k)
+    return (torch.cat([seg_q.flatten(), end_q]).int(), torch.cat([seg_k.flatten(), end_k]).int(),
+            used.flatten().int())
+
+
 def flash_attn_with_kvcache(
     q,
     k_cache,
@@ -197,9 +223,10 @@ def flash_attn_with_kvcache(
         q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         v_descale=(v_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
-        attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
+    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
+        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
     packgqa.check_pack_gqa(pack_gqa)
     from .interface import flash_attn_varlen_func  # the varlen path (interface imports this module's siblings)
 
@@ -307,8 +334,16 @@ def flash_attn_with_kvcache(
     else:
         q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
         cu_q = _constant("steps", batch + 1, seqlen_q, device)
+    max_k = seqlen_cache
+    if attention_chunk:
+        # Each sequence's keys, kept inside its cache entry (the lengths may come unclamped).
+        k_len = used_k.clamp(0, seqlen_cache) if leftpad is None else used_k.clamp(min=0).minimum(seqlen_cache - leftpad)
+        q_lens = cu_q[1:] - cu_q[:-1]
+        cu_q, cu_k, used_k = _chunk_segments(cu_q[:-1], q_lens, cu_k[:-1], k_len, attention_chunk, seqlen_q,
+                                             q_rows.shape[0], batch * seqlen_cache)
+        max_k = min(attention_chunk, seqlen_cache)
     result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
-        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, seqused_k=used_k,
+        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse,
     )
@@ -343,9 +378,10 @@ def get_scheduler_metadata(
     only, needs no tensor: returns an empty int32 tensor on cache_seqlens' device."""
     _refuse_extras(
         page_size=(page_size, None, "Paged KV caches are not in this version: pass a contiguous cache."),
-        attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
+    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
+        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
     if cu_seqlens_k_new is not None and not (isinstance(cu_seqlens_k_new, torch.Tensor)
                                              and cu_seqlens_k_new.dtype == torch.int32
                                              and tuple(cu_seqlens_k_new.shape) == (batch_size + 1,)):

@@ -15,7 +15,7 @@ import flash_attn_hopper
 from flash_attn_hopper.kvcache import _append, _new_tokens, _rotate
 
 from op_emulator import emulated_varlen_ops
-from reference import assert_fa_close, attention_ref
+from reference import assert_fa_close, attention_ref, attention_ref_chunked
 
 DTYPE = torch.float16
 
@@ -305,3 +305,63 @@ def test_cu_seqlens_k_new_is_checked():
     with pytest.raises(ValueError, match="pass k and v with it"):
         flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(),
                                                   cu_seqlens_k_new=torch.tensor([0, 1, 3], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("sq, chunk, causal, window, leftpad, varlen_q", [
+    (1, 8, True, (-1, -1), False, False),  # decode: the query sees its chunk's keys
+    (5, 3, True, (-1, -1), False, False),  # queries straddling chunk boundaries
+    (6, 4, True, (2, 0), True, False),  # a window inside the chunk, left padding
+    (4, 16, False, (-1, -1), False, False),  # not causal: the whole chunk
+    (5, 3, True, (-1, -1), True, True),  # varlen q
+])
+def test_attention_chunk_against_the_reference(monkeypatch, sq, chunk, causal, window, leftpad, varlen_q):
+    g = torch.Generator().manual_seed(sq * 7 + chunk)
+    batch, cache_len, hq, hk, d = 4, 40, 4, 2, 64
+    q = torch.randn(batch, sq, hq, d, generator=g).to(DTYPE)
+    k_cache, v_cache = (torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE) for _ in range(2))
+    seqlens = torch.tensor([3, 17, 40, 9], dtype=torch.int32)  # sequence 0 has fewer keys than queries
+    pad = torch.tensor([0, 5, 11, 2], dtype=torch.int32) if leftpad else torch.zeros(batch, dtype=torch.int32)
+    q_lens = [sq, sq - 1, 1, sq] if varlen_q else [sq] * batch
+    kwargs = dict(cache_seqlens=seqlens, cache_leftpad=pad if leftpad else None, causal=causal, window_size=window,
+                  attention_chunk=chunk, return_softmax_lse=True)
+    with emulated_varlen_ops(monkeypatch):
+        if varlen_q:
+            cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+            rows = torch.cat([q[b, :n] for b, n in enumerate(q_lens)])
+            out, lse = flash_attn_hopper.flash_attn_with_kvcache(rows, k_cache, v_cache, cu_seqlens_q=cu,
+                                                               max_seqlen_q=sq, **kwargs)
+        else:
+            out, lse = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    start = 0
+    for b, n in enumerate(q_lens):
+        lo, hi = int(pad[b]), int(seqlens[b])
+        ref, lse_ref = attention_ref_chunked(q[b:b + 1, :n], k_cache[b:b + 1, lo:hi], v_cache[b:b + 1, lo:hi],
+                                             chunk=chunk, causal=causal, window_size=window)
+        low, _ = attention_ref_chunked(q[b:b + 1, :n], k_cache[b:b + 1, lo:hi], v_cache[b:b + 1, lo:hi],
+                                       chunk=chunk, causal=causal, window_size=window, upcast=False)
+        got = out[start:start + n][None] if varlen_q else out[b:b + 1, :n]
+        got_lse = lse[:, start:start + n][None] if varlen_q else lse[b:b + 1, :, :n]
+        assert_fa_close(got, ref, low, name=f"out {b}")
+        finite = torch.isfinite(lse_ref)
+        assert torch.equal(torch.isfinite(got_lse), finite), b
+        assert torch.allclose(got_lse[finite], lse_ref[finite], atol=1e-3), b
+        start += n
+
+
+def test_attention_chunk_must_be_a_non_negative_int():
+    q, cache = torch.zeros(2, 1, 4, 64, dtype=DTYPE), torch.zeros(2, 16, 2, 64, dtype=DTYPE)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="attention_chunk must be a non-negative int"):
+            flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(), attention_chunk=bad)
+
+
+def test_attention_chunk_segments_cover_each_sequence_in_order():
+    from flash_attn_hopper.kvcache import _chunk_segments
+    # 2 sequences: 5 queries over 7 keys with chunks of 3 (queries at positions 2..6: chunks 0, 1, 2),
+    # and 4 queries over 2 keys (2 queries before key 0).
+    cu_q, cu_k, used = _chunk_segments(torch.tensor([0, 5]), torch.tensor([5, 4]), torch.tensor([0, 100]),
+                                       torch.tensor([7, 2]), 3, 5, 9, 200)
+    # Per sequence: the queries before key 0, then ceil(5 / 3) + 1 = 3 chunk segments.
+    assert cu_q.tolist() == [0, 0, 1, 4, 5, 7, 9, 9, 9]
+    assert cu_k.tolist() == [0, 0, 3, 6, 100, 100, 102, 102, 200]
+    assert used.tolist() == [0, 3, 3, 1, 0, 2, 0, 0]

@@ -133,3 +133,21 @@ def test_packed_new_tokens_with_cu_seqlens_k_new():
     ref, _ = reference(q, k_ref, v_ref, ends.cpu(), zeros, causal=True)
     low, _ = reference(q, k_ref, v_ref, ends.cpu(), zeros, causal=True, upcast=False)
     assert_fa_close(out, ref, low, name="out")
+
+
+@pytest.mark.parametrize("sq, chunk", [(1, 256), (7, 100)])
+def test_attention_chunk(sq, chunk):
+    from reference import attention_ref_chunked
+    d, dtype = compiled_config("fwd")
+    batch, cache_len, hq, hk = 3, 1000, 8, 2
+    q, k_cache, v_cache, _, _ = _inputs(batch, sq, 0, cache_len, hq, hk, d, dtype, seed=chunk + sq)
+    seqlens = torch.tensor([5, 300, 999], dtype=torch.int32, device="cuda")
+    for splits in (1, 0):
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True,
+                                      attention_chunk=chunk, num_splits=splits)
+        for b in range(batch):
+            n = int(seqlens[b])
+            ref, _ = attention_ref_chunked(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], chunk=chunk, causal=True)
+            low, _ = attention_ref_chunked(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], chunk=chunk,
+                                           causal=True, upcast=False)
+            assert_fa_close(out[b:b + 1], ref, low, name=f"out {b} splits {splits}")
