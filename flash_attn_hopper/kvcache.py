@@ -2,15 +2,15 @@
 variable-length kernels.
 
 A contiguous cache (batch_cache, seqlen_cache, nheads_k, d) is read in place as the packed rows
-of the varlen kernels: sequence b's keys are rows [b * seqlen_cache + leftpad_b, ...) with
-``seqused_k`` = its valid length, so nothing is copied and nothing is read on the host (a decode
-step can be captured in a CUDA graph). New keys and values are appended into the cache first
+of the varlen kernels: sequence b's keys are ``seqused_k`` = its valid length of rows from
+e * seqlen_cache + leftpad_b, e = cache_batch_idx[b] (default b), so nothing is copied and nothing
+is read on the host (a decode step can be captured in a CUDA graph). New keys and values are appended into the cache first
 (in place, with rotary embedding applied to the new keys and to q), then the attention runs with
 ``num_splits`` (split-KV; 0 = choose) as ``flash_attn_varlen_func`` does.
 
 New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_k, d) with
 ``cu_seqlens_k_new``. Not in this version (refused, naming the argument): ``page_table`` (paged
-caches), ``cache_batch_idx``, ``qv``, FP8 descales, ``sm_margin``. No backward, as in
+caches), ``qv``, FP8 descales, ``sm_margin``. No backward, as in
 FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (``_chunk_segments``).
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
@@ -85,22 +85,25 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: to
     return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
-def _append(caches, rows, seq: torch.Tensor, idx: torch.Tensor, first: torch.Tensor, starts: torch.Tensor) -> None:
+def _append(caches, rows, seq: torch.Tensor, idx: torch.Tensor, first: torch.Tensor, starts: torch.Tensor,
+            entry: torch.Tensor | None = None) -> None:
     """cache[seq_t, starts[seq_t] + idx_t] = rows[t] in place for each (cache, rows) pair, for the new
     tokens that fit: rows (T, nheads_k, d) are the new tokens, row t being number idx_t of sequence
     seq_t, whose tokens start at row first[seq_t]. With S the cache's length, a token goes to
     min(starts + idx, S - 1), and the ones that do not fit carry the value that lands there anyway
     (their sequence's last fitting token, or the slot's own value when none fits), so every write to
     one slot writes the same value. Slots and rows are clamped: whatever the index tensors hold,
-    nothing lands or is read outside the tensors. The indices are computed once for all pairs."""
+    nothing lands or is read outside the tensors. The indices are computed once for all pairs.
+    entry (cache_batch_idx, clamped): sequence b's cache entry, else b."""
     seqlen_cache, total = caches[0].shape[1], rows[0].shape[0]
     start = starts.long()[seq]
     src = torch.minimum(idx, seqlen_cache - 1 - start)  # the number of the token whose value goes to the slot
     slot = torch.clamp(start + src, 0, seqlen_cache - 1)
     src_row = torch.clamp(first.long()[seq] + src, 0, max(total - 1, 0))
     fits = (src >= 0)[:, None, None]
+    where = seq if entry is None else entry.long()[seq]
     for cache, new in zip(caches, rows):
-        cache[seq, slot] = torch.where(fits, new[src_row], cache[seq, slot])
+        cache[where, slot] = torch.where(fits, new[src_row], cache[where, slot])
 
 
 def _new_tokens(k, batch: int, cu_seqlens_k_new):
@@ -206,6 +209,9 @@ def flash_attn_with_kvcache(
             pairs (2i, 2i + 1) or (i, i + rotary_dim / 2).
         cache_seqlens: int or int32 (batch,): the cache's filled length per sequence (default: full).
         cache_leftpad: int32 (batch,): the first valid cache row per sequence (default 0).
+        cache_batch_idx: int32 (batch,): the cache entry each sequence reads (and appends to),
+            clamped to the cache; default b. Entries may repeat when nothing is appended (with
+            new keys, two sequences appending to one entry race, as in FlashAttention-3).
         softmax_scale, causal, window_size, softcap: as flash_attn_func, with the diagonal at the end
             of each sequence's valid keys.
         num_splits: split-KV: 0 (default) choose, 1 none, n at most n.
@@ -218,7 +224,6 @@ def flash_attn_with_kvcache(
     """
     _refuse_extras(
         page_table=(page_table, None, "Paged KV caches are not in this version: pass a contiguous cache."),
-        cache_batch_idx=(cache_batch_idx, None, "Index the cache yourself (k_cache[idx]) or pass None."),
         qv=(qv, None, "Pass qv=None."),
         q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
@@ -258,8 +263,15 @@ def flash_attn_with_kvcache(
         if q.dim() != 4:
             raise ValueError(f"q must be (batch, seqlen_q, nheads, d), got shape {tuple(q.shape)}")
         batch, seqlen_q = q.shape[:2]
-    if batch != batch_cache:
-        raise ValueError(f"q has {batch} sequences but the cache {batch_cache} (cache_batch_idx is not in this version)")
+    if cache_batch_idx is None:
+        if batch != batch_cache:
+            raise ValueError(f"q has {batch} sequences but the cache {batch_cache}: pass cache_batch_idx to pick entries")
+        entry = None
+    else:
+        if not isinstance(cache_batch_idx, torch.Tensor) or cache_batch_idx.dtype != torch.int32 \
+                or cache_batch_idx.shape != (batch,) or cache_batch_idx.device != k_cache.device:
+            raise ValueError(f"cache_batch_idx must be an int32 tensor of shape ({batch},) on {k_cache.device}")
+        entry = cache_batch_idx.clamp(0, batch_cache - 1)  # contents are never read on the host
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (q, k_cache, v_cache, k, v)):
         raise RuntimeError("flash_attn_with_kvcache has no backward (as FlashAttention-3): call it under "
@@ -317,18 +329,23 @@ def flash_attn_with_kvcache(
             q_pos = offsets.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
     if k is not None:
-        _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens)
+        _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, entry)
         seqlens = torch.clamp(seqlens + new_counts, max=seqlen_cache)
 
-    # The cache as packed rows: sequence b's valid keys start at row b * seqlen_cache + leftpad_b.
-    rows = _constant("steps", batch + 1, seqlen_cache, device)
+    # The cache as packed rows: sequence b's valid keys are seqused_k[b] rows from row
+    # entry_b * seqlen_cache + leftpad_b (the kernels read seqused_k as the length from that offset,
+    # at most max_seqlen_k = seqlen_cache, so an entry is never read past its end).
+    if entry is None:
+        rows = _constant("steps", batch + 1, seqlen_cache, device)
+    else:
+        rows = torch.cat([entry * seqlen_cache, _constant("full", 1, batch_cache * seqlen_cache, device)])
     if leftpad is None:
         cu_k, used_k = rows, seqlens
     else:
         cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
         used_k = torch.clamp(seqlens - leftpad, min=0)
-    k_rows = k_cache.view(batch * seqlen_cache, heads_k, d)
-    v_rows = v_cache.view(batch * seqlen_cache, heads_k, d)
+    k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
+    v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, d)
     if varlen_q:
         q_rows, cu_q = q, cu_seqlens_q
     else:
@@ -340,7 +357,7 @@ def flash_attn_with_kvcache(
         k_len = used_k.clamp(0, seqlen_cache) if leftpad is None else used_k.clamp(min=0).minimum(seqlen_cache - leftpad)
         q_lens = cu_q[1:] - cu_q[:-1]
         cu_q, cu_k, used_k = _chunk_segments(cu_q[:-1], q_lens, cu_k[:-1], k_len, attention_chunk, seqlen_q,
-                                             q_rows.shape[0], batch * seqlen_cache)
+                                             q_rows.shape[0], batch_cache * seqlen_cache)
         max_k = min(attention_chunk, seqlen_cache)
     result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
         q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k,

@@ -218,7 +218,9 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
 
     Strict where the kernels clamp: a malformed call (offsets out of order or out of range,
     lengths over max_seqlen, cu_seqlens_q[-1] != total_q without seqused_q) raises
-    AssertionError, so a Python layer that builds such a call fails its CPU test.
+    AssertionError, so a Python layer that builds such a call fails its CPU test. seqused_k is
+    the keys' length from cu_seqlens_k[b] (FA3's rule; those offsets may then come in any order),
+    seqused_q a length within the query segment.
     """
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     uq = None if seqused_q is None else seqused_q.tolist()
@@ -228,10 +230,15 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
         assert cq[-1] == total_q, f"cu_seqlens_q[-1] = {cq[-1]} but total_q = {total_q} (no seqused_q)"
     segments = []
     for b in range(len(cq) - 1):
-        assert 0 <= cq[b] <= cq[b + 1] <= total_q and 0 <= ck[b] <= ck[b + 1] <= total_k, (b, cq, ck)
+        assert 0 <= cq[b] <= cq[b + 1] <= total_q, (b, cq)
         len_q = cq[b + 1] - cq[b] if uq is None else uq[b]
-        len_k = ck[b + 1] - ck[b] if uk is None else uk[b]
-        assert 0 <= len_q <= cq[b + 1] - cq[b] and 0 <= len_k <= ck[b + 1] - ck[b], (b, len_q, len_k)
+        assert 0 <= len_q <= cq[b + 1] - cq[b], (b, len_q)
+        if uk is None:
+            assert 0 <= ck[b] <= ck[b + 1] <= total_k, (b, ck)
+            len_k = ck[b + 1] - ck[b]
+        else:  # FA3's rule: seqused_k rows from cu_seqlens_k[b], offsets in any order (a batch index's picks)
+            len_k = uk[b]
+            assert 0 <= ck[b] and 0 <= len_k and ck[b] + len_k <= total_k, (b, ck[b], len_k, total_k)
         assert len_q <= max_seqlen_q and len_k <= max_seqlen_k, (b, len_q, len_k, max_seqlen_q, max_seqlen_k)
         segments.append((cq[b], len_q, ck[b], len_k))
     return segments

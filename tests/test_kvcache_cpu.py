@@ -153,7 +153,6 @@ def test_varlen_q_softcap_and_an_int_cache_seqlens(monkeypatch):
 
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(page_table=torch.zeros(2, 3, dtype=torch.int32)), "page_table"),
-    (dict(cache_batch_idx=torch.zeros(2, dtype=torch.int32)), "cache_batch_idx"),
     (dict(qv=torch.zeros(1)), "qv"),
     (dict(sm_margin=2), "sm_margin"),
 ])
@@ -365,3 +364,34 @@ def test_attention_chunk_segments_cover_each_sequence_in_order():
     assert cu_q.tolist() == [0, 0, 1, 4, 5, 7, 9, 9, 9]
     assert cu_k.tolist() == [0, 0, 3, 6, 100, 100, 102, 102, 200]
     assert used.tolist() == [0, 3, 3, 1, 0, 2, 0, 0]
+
+
+@pytest.mark.parametrize("new_tokens, leftpad", [(0, False), (2, True)])
+def test_cache_batch_idx_picks_the_entries(monkeypatch, new_tokens, leftpad):
+    g = torch.Generator().manual_seed(21 + new_tokens)
+    batch, batch_cache, cache_len, hq, hk, d = 3, 5, 24, 4, 2, 64
+    idx = torch.tensor([4, 0, 2] if new_tokens else [4, 4, 1], dtype=torch.int32)  # repeats only without appends
+    q = torch.randn(batch, 2, hq, d, generator=g).to(DTYPE)
+    k_cache, v_cache = (torch.randn(batch_cache, cache_len, hk, d, generator=g).to(DTYPE) for _ in range(2))
+    k, v = ((torch.randn(batch, new_tokens, hk, d, generator=g).to(DTYPE) for _ in range(2)) if new_tokens
+            else (None, None))
+    seqlens = torch.tensor([7, 20, 13], dtype=torch.int32)
+    pad = torch.tensor([2, 0, 5], dtype=torch.int32) if leftpad else None
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    for b in range(batch):
+        e, s0 = int(idx[b]), int(seqlens[b])
+        if new_tokens:
+            k_ref[e, s0:s0 + new_tokens], v_ref[e, s0:s0 + new_tokens] = k[b], v[b]
+    with emulated_varlen_ops(monkeypatch):
+        out = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                                       cache_batch_idx=idx, cache_leftpad=pad, causal=True)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), "the append missed the picked entries"
+    for b in range(batch):
+        e, lo, hi = int(idx[b]), int(pad[b]) if leftpad else 0, int(seqlens[b]) + new_tokens
+        ref, _ = attention_ref(q[b:b + 1], k_ref[e:e + 1, lo:hi], v_ref[e:e + 1, lo:hi], causal=True)
+        low, _ = attention_ref(q[b:b + 1], k_ref[e:e + 1, lo:hi], v_ref[e:e + 1, lo:hi], causal=True, upcast=False)
+        assert_fa_close(out[b:b + 1], ref, low, name=f"out {b}")
+    with pytest.raises(ValueError, match="cache_batch_idx must be an int32 tensor"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, cache_batch_idx=idx.long())
+    with pytest.raises(ValueError, match="pass cache_batch_idx"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache)

@@ -151,3 +151,27 @@ def test_attention_chunk(sq, chunk):
             low, _ = attention_ref_chunked(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], chunk=chunk,
                                            causal=True, upcast=False)
             assert_fa_close(out[b:b + 1], ref, low, name=f"out {b} splits {splits}")
+
+
+@pytest.mark.parametrize("splits", [1, 0])
+def test_cache_batch_idx(splits):
+    d, dtype = compiled_config("fwd")
+    g = torch.Generator(device="cuda").manual_seed(31)
+    batch, batch_cache, cache_len, hq, hk = 3, 6, 2000, 8, 2
+    q = torch.randn(batch, 1, hq, d, device="cuda", generator=g).to(dtype)
+    k_cache, v_cache = (torch.randn(batch_cache, cache_len, hk, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(batch, 1, hk, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    idx = torch.tensor([5, 0, 3], dtype=torch.int32, device="cuda")
+    seqlens = torch.tensor([1999, 17, 700], dtype=torch.int32, device="cuda")
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    for b in range(batch):
+        k_ref[int(idx[b]), int(seqlens[b])] = k[b, 0]
+        v_ref[int(idx[b]), int(seqlens[b])] = v[b, 0]
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                  causal=True, num_splits=splits)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    ends = (seqlens + 1).clamp(max=cache_len).cpu()
+    picked_k, picked_v = k_ref[idx.long()], v_ref[idx.long()]
+    ref, _ = reference(q, picked_k, picked_v, ends, torch.zeros(batch, dtype=torch.int32), causal=True)
+    low, _ = reference(q, picked_k, picked_v, ends, torch.zeros(batch, dtype=torch.int32), causal=True, upcast=False)
+    assert_fa_close(out, ref, low, name="out")
