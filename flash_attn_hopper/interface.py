@@ -411,7 +411,9 @@ def flash_attn_varlen_func(
         seqused_q, seqused_k: None or int32 (batch,) on q's device: only the first
             seqused[b] rows of sequence b's segment take part (a KV cache filled up to
             seqused_k, a batch padded per sequence).  With seqused_q, rows outside every
-            used part get out 0 and lse -inf; their gradients are 0.
+            used part get out 0 and lse -inf; their gradients are 0.  seqused_k is read as
+            FlashAttention-3 reads it, the keys' length from cu_seqlens_k[b] (at most
+            max_seqlen_k), so with it cu_seqlens_k[:-1] may be offsets in any order.
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal, window_size: per sequence, aligned to the bottom-right corner of that
             sequence's attention matrix, as :func:`flash_attn_func` does per batch entry;
