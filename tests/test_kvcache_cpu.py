@@ -395,3 +395,54 @@ def test_cache_batch_idx_picks_the_entries(monkeypatch, new_tokens, leftpad):
         flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, cache_batch_idx=idx.long())
     with pytest.raises(ValueError, match="pass cache_batch_idx"):
         flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_everything_together_as_fa3s_kvcache_test_combines_it(monkeypatch, seed):
+    """varlen q with packed new keys (cu_seqlens_k_new), rotary, cache_batch_idx, leftpad and
+    attention_chunk at once, each on or off by the seed, against a per-sequence reference written
+    from FA3's docstring: the append into the picked entry, then q (rotated where the new keys are)
+    over that entry's keys [leftpad, cache_seqlens + new)."""
+    g = torch.Generator().manual_seed(100 + seed)
+    use_idx, use_pad, use_chunk = (bool(seed >> i & 1) for i in range(3))
+    batch, batch_cache, cache_len, hq, hk, d, sq = 3, 5, 48, 4, 2, 64, 4
+    q_lens, new_lens = [4, 1, 3], [2, 0, 3]
+    idx = torch.tensor([3, 0, 4], dtype=torch.int32) if use_idx else None
+    entries = idx.tolist() if use_idx else list(range(batch))
+    caches = batch_cache if use_idx else batch
+    k_cache, v_cache = (torch.randn(caches, cache_len, hk, d, generator=g).to(DTYPE) for _ in range(2))
+    q_rows = torch.randn(sum(q_lens), hq, d, generator=g).to(DTYPE)
+    k_new, v_new = (torch.randn(sum(new_lens), hk, d, generator=g).to(DTYPE) for _ in range(2))
+    seqlens = torch.tensor([9, 30, 40], dtype=torch.int32)
+    pad = torch.tensor([3, 0, 7], dtype=torch.int32) if use_pad else None
+    chunk = 8 if use_chunk else 0
+    angle = torch.rand(cache_len + 8, 16, generator=g) * 2 * math.pi
+    cos, sin = angle.cos().to(DTYPE), angle.sin().to(DTYPE)
+    cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    cu_new = torch.tensor([0, *torch.tensor(new_lens).cumsum(0).tolist()], dtype=torch.int32)
+    # The reference: the append, then each sequence alone.
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    new_pos = torch.cat([seqlens[b].long() + torch.arange(n) for b, n in enumerate(new_lens)])
+    k_rot = rotary_ref(k_new, cos, sin, new_pos, True)
+    for b, n in enumerate(new_lens):
+        e, s0, a = entries[b], int(seqlens[b]), int(cu_new[b])
+        k_ref[e, s0:s0 + n], v_ref[e, s0:s0 + n] = k_rot[a:a + n], v_new[a:a + n]
+    with emulated_varlen_ops(monkeypatch):
+        out = flash_attn_hopper.flash_attn_with_kvcache(
+            q_rows, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+            cache_batch_idx=idx, cache_leftpad=pad, cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_new, max_seqlen_q=sq,
+            causal=True, attention_chunk=chunk)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), "the append differs"
+    for b, n in enumerate(q_lens):
+        e, lo, hi = entries[b], int(pad[b]) if use_pad else 0, int(seqlens[b]) + new_lens[b]
+        start = int(cu_q[b])
+        q_pos = seqlens[b].long() + torch.arange(n)  # causal: each query at its own position
+        qb = rotary_ref(q_rows[start:start + n][None], cos, sin, q_pos[None], True)
+        kb, vb = k_ref[e:e + 1, lo:hi], v_ref[e:e + 1, lo:hi]
+        if chunk:
+            ref, _ = attention_ref_chunked(qb, kb, vb, chunk=chunk, causal=True)
+            low, _ = attention_ref_chunked(qb, kb, vb, chunk=chunk, causal=True, upcast=False)
+        else:
+            ref, _ = attention_ref(qb, kb, vb, causal=True)
+            low, _ = attention_ref(qb, kb, vb, causal=True, upcast=False)
+        assert_fa_close(out[start:start + n][None], ref, low, name=f"seed {seed} out {b}")
