@@ -62,6 +62,10 @@
 #              the planted-overrun probe (must be caught), then each of $SANITIZE_TOOLS (default
 #              memcheck,synccheck,racecheck,varlen; all but memcheck on the --quick cases)
 #   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, clock_probe.py, ...)
+#   readme     the README's "fresh Hopper machine" commands ($README_CMDS, default 1,2), taken from
+#              README.md and run verbatim from the repository root, pip pointed at the carried
+#              .whl/ (PIP_NO_INDEX=1, PIP_FIND_LINKS; no network here), each under /usr/bin/time -v
+#              (wall time, peak memory) and README_TIMEOUT (560); $OUT/readme_N.log
 # Default STEPS: build,check,pytest.
 #
 # WHEEL_SITE=1: the steps after wheeltest (check, bench, sanitize, cmd, ...) import the carried wheel
@@ -88,7 +92,7 @@ export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-build,check,pytest}
 HDIMS=${HDIMS:-64,128,256}
 DTYPES=${DTYPES:-bf16}
-known=",fa3,build,wheel,check,pytest,wheeltest,bench,baseline,variants,breakdown,power,ncu,sanitize,cmd,"
+known=",fa3,build,wheel,check,pytest,wheeltest,bench,baseline,variants,readme,breakdown,power,ncu,sanitize,cmd,"
 for s in ${STEPS//,/ }; do
   case "$known" in *",$s,"*) ;; *) echo "run.sh: unknown step '$s' (known: ${known:1:-1})"; exit 2;; esac
 done
@@ -418,6 +422,26 @@ if has sanitize; then
       *) echo "unknown sanitizer tool $tool"; failed="$failed sanitize";;
     esac
   done
+fi
+
+if has readme; then
+  step readme
+  # The numbered `pip install ...` lines of the README's first bash block under "On a fresh Hopper machine".
+  mapfile -t readme_cmds < <(awk '/^## On a fresh Hopper machine/ {s = 1} s && /^```bash/ {b = 1; next}
+                                  b && /^```/ {exit} b && /^pip install/' README.md)
+  rc=0
+  readme_list=${README_CMDS:-1,2}
+  for i in ${readme_list//,/ }; do
+    c=${readme_cmds[$((i - 1))]:-}
+    if [ -z "$c" ]; then echo "README command $i: not found"; rc=1; continue; fi
+    echo "README command $i: $c"
+    (cd "$REPO" && PIP_NO_INDEX=1 PIP_FIND_LINKS=$REPO/.whl timeout "${README_TIMEOUT:-560}" \
+      /usr/bin/time -v bash -c "$c") > "$OUT/readme_$i.log" 2>&1
+    r=$?; [ $r -eq 0 ] || rc=$r
+    grep -E "Elapsed \(wall|Maximum resident|passed|failed|Self-check|built in|largest nvcc" "$OUT/readme_$i.log" | tail -8
+    echo "README command $i exit $r"
+  done
+  result readme $rc
 fi
 
 if has cmd; then
