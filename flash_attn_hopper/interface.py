@@ -126,8 +126,7 @@ def _chunk_segments(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
 def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     """flash_attn_func with attention_chunk: the varlen kernels over the chunk segments of the
     packed rows (views where the batch and sequence dims merge), out and lse back in q's layout."""
-    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
-        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
+    support.check_attention_chunk(attention_chunk)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (batch, seqlen, nheads, headdim) with attention_chunk")

@@ -230,8 +230,7 @@ def flash_attn_with_kvcache(
         v_descale=(v_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
-    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
-        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
+    support.check_attention_chunk(attention_chunk)
     packgqa.check_pack_gqa(pack_gqa)
     from .interface import flash_attn_varlen_func  # the varlen path (interface imports this module's siblings)
 
@@ -397,8 +396,7 @@ def get_scheduler_metadata(
         page_size=(page_size, None, "Paged KV caches are not in this version: pass a contiguous cache."),
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
-    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
-        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
+    support.check_attention_chunk(attention_chunk)
     if cu_seqlens_k_new is not None and not (isinstance(cu_seqlens_k_new, torch.Tensor)
                                              and cu_seqlens_k_new.dtype == torch.int32
                                              and tuple(cu_seqlens_k_new.shape) == (batch_size + 1,)):

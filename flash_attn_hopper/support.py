@@ -105,6 +105,12 @@ def feature_refusal(feature: str, asked: str, fix: str) -> Refusal:
     )
 
 
+def check_attention_chunk(attention_chunk) -> None:
+    """FlashAttention-3's attention_chunk: an int >= 0 (0: no chunking)."""
+    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
+        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
+
+
 def check_num_splits(num_splits) -> None:
     """FlashAttention-3's num_splits: an int >= 0 (1 no split, 0 choose, n at most n)."""
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
