@@ -288,7 +288,8 @@ def flash_attn_func(
             out, softmax_lse = fwd(packed.view(batch, seqlen_q * group, k.shape[2], d), k, v, softmax_scale, False,
                                    -1, -1, **_op_kwargs(softcap, num_splits))
             out = packgqa.unpack_rows(out.reshape(batch * seqlen_q * group, k.shape[2], -1), group)
-            out, softmax_lse = out.view(batch, seqlen_q, heads, -1), packgqa.unpack_lse(softmax_lse, group)
+            out = out.view(batch, seqlen_q, heads, -1)
+            softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
         else:
             out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_op_kwargs(softcap, num_splits))
     if head_dim is not None:
