@@ -38,6 +38,9 @@
 #ifndef FLASH_ATTN_HOPPER_REGISTRY_PROVIDED  // developer variant builds define their own list
 #include "generated/fwd_registry.h"
 #endif
+#ifndef FLASH_ATTN_HOPPER_FOR_EACH_PAGED  // a registry without paged-KV kernels
+#define FLASH_ATTN_HOPPER_FOR_EACH_PAGED(X)
+#endif
 
 #if defined(FLASH_ATTN_HOPPER_HAS_BWD) && FLASH_ATTN_HOPPER_HAS_BWD
 #include "params/bwd_params.h"
@@ -49,6 +52,8 @@
 namespace flash {
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& params, cudaStream_t stream);
+template <int kHeadDim, typename Element>
+void run_flash_fwd_paged(FwdParams& params, cudaStream_t stream);
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 template <int kHeadDim, typename Element>
 void run_flash_bwd(BwdParams& params, cudaStream_t stream);
@@ -183,6 +188,8 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   run_fwd(fwd, params, pb.head_dim_rounded, q, pb.device);
   return {out, lse};
 }
+
+#include "api/paged.h"  // paged_fwd (after fill_empty_lse)
 
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 using BwdFn = void (*)(flash::BwdParams&, cudaStream_t);
@@ -390,6 +397,13 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
         "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
         "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
+  // q (total_q, nheads, d); k_cache and v_cache (num_pages, page_size, nheads_kv, d) read through
+  // page_table (batch, max_pages): sequence b's keys are seqused_k[b] positions from cu_seqlens_k[b]
+  // of its pages. The LSE is (nheads, total_q). No backward.
+  m.def("paged_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+        "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
+        "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).
@@ -410,6 +424,7 @@ FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&mha_fwd));
   m.impl("varlen_fwd", TORCH_BOX(&mha_varlen_fwd));
   m.impl("fwd_combine", TORCH_BOX(&mha_combine));
+  m.impl("paged_fwd", TORCH_BOX(&mha_paged_fwd));
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.impl("bwd", TORCH_BOX(&mha_bwd));
   m.impl("varlen_bwd", TORCH_BOX(&mha_varlen_bwd));

@@ -95,11 +95,15 @@ DIRECTIONS: Mapping[str, Direction] = {
         "bwd", "flash::run_flash_bwd", "FLASH_ATTN_HOPPER_FOR_EACH_BWD", "backward",
         "launch/bwd_launch.cuh", "flash::BwdParams",
     ),
+    "paged": Direction(
+        "paged", "flash::run_flash_fwd_paged", "FLASH_ATTN_HOPPER_FOR_EACH_PAGED", "paged-KV forward",
+        "launch/paged_launch.cuh", "flash::FwdParams",
+    ),
 }
 
 #: Directions whose kernels exist in csrc/ and are verified on a GPU in this
 #: version: built by default (for the selected head dims and dtypes).
-AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd")
+AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "paged")
 
 #: Attention features and whether this version has kernels for them.  The
 #: Python layer refuses an unavailable feature before any launch, naming it.
@@ -111,7 +115,7 @@ FEATURES: Mapping[str, bool] = {
     "local_window": True,  # window_size other than (-1, -1) / causal
     "softcap": True,  # scores softcap * tanh(s / softcap), forward and backward (a build may leave it out)
     "varlen": True,  # flash_attn_varlen_func: packed sequences (cu_seqlens, seqused), forward and backward
-    "paged_kv": False,
+    "paged_kv": True,  # flash_attn_with_kvcache / flash_attn_varlen_func with page_table (forward)
     "fp8": False,
     # Verified backward kernels in this version (a build may still leave them out):
     # build_info()["features"]["backward"] says what the installed build can do.

@@ -65,8 +65,11 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   constexpr bool kVarlen = Kernel::kVarlen;
   ShapeQKV const shape_q =
       make_shape(kVarlen ? p.varlen.total_q : p.seqlen_q, p.head_dim, p.heads_q, kVarlen ? 1 : p.batch);
-  ShapeQKV const shape_k =
-      make_shape(kVarlen ? p.varlen.total_k : p.seqlen_k, p.head_dim, p.heads_kv, kVarlen ? 1 : p.batch);
+  // Paged: the cache's (page_size, d, heads, pages) for the unused K/V TMA descriptors (paged_kv.h loads).
+  ShapeQKV const shape_k = Kernel::Policy::kPaged
+                               ? make_shape(p.page_size, p.head_dim, p.heads_kv, p.num_pages)
+                               : make_shape(kVarlen ? p.varlen.total_k : p.seqlen_k, p.head_dim, p.heads_kv,
+                                            kVarlen ? 1 : p.batch);
   auto tensor = [](void const* ptr, ShapeQKV const& shape, int64_t row, int64_t head, int64_t batch) {
     return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), shape,
                        make_stride(row, _1{}, head, batch));
@@ -110,11 +113,18 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       p.softcap_prescale,
       Kernel::Policy::kSplit ? nullptr : p.sink_ptr,  // split kernels: the combine adds the sink
       {},  // split, set below
+      {},  // paged, set below
   };
   if constexpr (Kernel::kDirectO) {
     params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
   }
   if constexpr (kVarlen) { params.varlen = p.varlen; }
+  if constexpr (Kernel::Policy::kPaged) {
+    params.paged = {p.k_ptr,           p.v_ptr,           p.k_batch_stride,      p.k_row_stride,
+                    p.k_head_stride,   p.v_batch_stride,  p.v_row_stride,        p.v_head_stride,
+                    p.page_table,      p.page_table_stride, cutlass::FastDivmod(p.page_size), p.num_pages,
+                    p.head_dim};
+  }
   int grid_batches = p.batch;
   if constexpr (Kernel::Policy::kSplit) {
     params.split = {p.oaccum_ptr,           p.lseaccum_ptr,         p.num_splits,

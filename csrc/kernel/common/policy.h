@@ -136,7 +136,7 @@ inline FwdKeys fwd_keys_class_for(int seqlen_k) {
 // What the forward kernel of (head dim, dtype, mask, tile, varlen, softcap, split) does beyond its
 // tile.
 template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_, bool kVarlen_ = false,
-          bool kSoftcap_ = false, bool kSplit_ = false>
+          bool kSoftcap_ = false, bool kSplit_ = false, bool kPaged_ = false>
 struct FwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
@@ -155,6 +155,10 @@ struct FwdPolicy {
   // partial O (float32, from registers) and LSE for the combine kernel.
   static constexpr bool kSplit = kSplit_;
   static_assert(!kSplit || !kTile_.persistent, "split-KV kernels are one CTA per tile and split");
+  // Paged KV cache (varlen): the producer warpgroup gathers K/V rows page by page with cp.async
+  // (paged_kv.h), one CTA per tile.
+  static constexpr bool kPaged = kPaged_;
+  static_assert(!kPaged || (kVarlen_ && !kTile_.persistent), "paged kernels are varlen, one CTA per tile");
 
   // Persistent with its own O buffer: O is staged there and a second Q buffer alternates with the
   // first, so the next tile's Q loads while this tile still reads its own [D:012]; the O
@@ -177,10 +181,11 @@ struct FwdPolicy {
   // warpgroup needs [D:017].
   static constexpr bool kHalfSoftmax = kHeadDim == 64 && kLocal && kBlockN == 128;
   // Key blocks after the first full unmasked one skip the row-max search [D:010].
-  // Not with softcap at hdim 256, where the second S(n) spills [D:056].
+  // Not at hdim 256 with softcap [D:056] or paged (232 consumer registers [D:063]), where the
+  // second S(n) spills.
   static constexpr bool kMaxFree =
       kHeadDim == 96 || (kHeadDim == 64 && (!kLocal || kBlockM == 192)) ||
-      (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap)));
+      (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap && !kPaged)));
 };
 
 // Varlen kernels without a mask take the table's tile, or (FLASH_FWD_DEV_VARLEN_ONE_CTA, a
@@ -201,6 +206,11 @@ using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>,
 template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
 using FwdSplitPolicyFor =
     FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_split_tile<kHeadDim>(), kVarlen, false, true>;
+
+// Paged KV kernels take the split tile (decode and chunked prefill over a cache), split or not.
+template <int kHeadDim, typename Element, bool kLocal, bool kSoftcap, bool kSplit>
+using FwdPagedPolicyFor =
+    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_split_tile<kHeadDim>(), true, kSoftcap, kSplit, true>;
 
 // For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
 // to needs a tile counter. A class that does not differ from the one below has the same tile, so

@@ -25,6 +25,7 @@
 #include "kernel/common/utils.h"
 #include "kernel/fwd/epilogue.h"
 #include "kernel/fwd/mainloop.h"
+#include "kernel/fwd/paged_kv.h"
 #include "kernel/fwd/shared_storage.h"
 
 namespace flash {
@@ -43,6 +44,7 @@ struct FwdKernel {
   static constexpr bool kDirectO = Policy::kDirectO;
   static constexpr bool kRingDecode = Policy::kRingDecode;
   static constexpr bool kVarlen = Policy::kVarlen;
+  static constexpr bool kPaged = Policy::kPaged;
 
   using Mainloop = FwdMainloop<Policy>;
   using Epilogue = FwdEpilogue<Policy, typename Mainloop::TiledMmaPV>;
@@ -60,15 +62,18 @@ struct FwdKernel {
   static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
   static constexpr int kNumThreads = kNumMmaThreads + 128;
 
+  static_assert(!kPaged || (!kDynamic && !Policy::kPersistent), "all producer threads walk the same static tiles");
+
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
 
   // setmaxnreg budgets: the producer keeps the minimum, the consumers share the rest of the CTA's
   // launch pool (launch_register_pool: 168 x 384 with two consumer warpgroups, 64K with three). A
   // consumer's count must not be below what the kernel starts with, since setmaxnreg.inc may
-  // only raise it.
-  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : 24;
-  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : 240;
+  // only raise it. Paged kernels' producers compute row addresses: 40 registers, as FA3's.
+  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : kPaged ? 40 : 24;
+  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : kPaged ? 232 : 240;
+  static_assert(!kPaged || kNumMmaWarpGroups == 2, "paged kernels have two consumer warpgroups");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= launch_register_pool(kNumThreads, 1),
                 "setmaxnreg.inc would wait forever for registers the CTA does not hold");
   static_assert(kConsumerRegs >= 64 * 1024 / kNumThreads, "consumers would start above their setmaxnreg count");
@@ -100,6 +105,7 @@ struct FwdKernel {
     float softcap_prescale;  // kSoftcap: FwdParams
     float const* sink;       // FwdParams
     [[no_unique_address]] std::conditional_t<Policy::kSplit, SplitArgs, NoSplit> split;
+    [[no_unique_address]] std::conditional_t<kPaged, PagedKVParams, NoPagedKV> paged;
   };
   using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
 
@@ -176,7 +182,8 @@ struct FwdKernel {
 
     if (warp_group_idx == int(WarpGroupRole::kProducer)) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && lane_predicate) {
+      // One thread issues the TMA loads; paged kernels' K/V copies take the whole warpgroup.
+      if (kPaged || (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && lane_predicate)) {
         PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
         PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
         // Which release of the Q buffer to wait for before loading Q (-1: none). Without

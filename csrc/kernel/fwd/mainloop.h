@@ -22,6 +22,7 @@
 #include "kernel/common/softmax.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
+#include "kernel/fwd/paged_kv.h"
 #include "kernel/fwd/shared_storage.h"
 
 namespace flash {
@@ -101,12 +102,17 @@ struct FwdMainloop {
   }
 
   // Producer: K(n_max-1), then Q once (after the previous tile released the Q buffer: persistent
-  // mode), then K(n-1) ahead of V(n), matching the consumers' order.
+  // mode), then K(n-1) ahead of V(n), matching the consumers' order. One thread issues the TMA
+  // loads; in paged kernels the producer warpgroup gathers K/V (load_paged).
   template <typename Params, typename Seq>
   CUTLASS_DEVICE void load(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                            Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
                            FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
                            int q_empty_phase, int q_slot) const {
+    if constexpr (Policy::kPaged) {
+      load_paged(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, q_empty_phase, q_slot);
+      return;
+    }
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     int const head_kv = head / params.q_heads_per_kv_head;
     Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch_coord(batch)), seq.offset_q(params));  // (sq, d)
@@ -147,6 +153,44 @@ struct FwdMainloop {
       load_v(n);
     }
     load_v(range.n_block_min);
+  }
+
+  // load() of paged kernels, by every thread of the producer warpgroup: K/V rows gathered page by
+  // page with cp.async (paged_kv.h), each thread arriving on the stage when its copies land; Q by
+  // TMA from the first thread. One tile per CTA, so Q's buffer is never waited for.
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void load_paged(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
+                                 Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
+                                 FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
+                                 int q_empty_phase, int q_slot) const {
+    int const head_kv = t.head / params.q_heads_per_kv_head;
+    int const tid = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});  // (N, D, stages)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});
+    PagedKVLoader<Element, kBlockN, kHeadDim> const paged(params.paged, t.batch, seq.offset_k(params),
+                                                          seq.seqlen_k(params), tid);
+    auto load_kv = [&](auto keys, Pipeline& pipeline, PipelineState& state, auto& s, int n) {
+      pipeline.producer_acquire(state);
+      paged.template load<decltype(keys)::value>(n, head_kv, s(_, _, state.index()));
+      pipeline.producer_commit(state, cutlass::arch::cpasync_barrier_arrive);
+      ++state;
+    };
+    int n = range.n_block_max - 1;
+    load_kv(std::true_type{}, pipeline_k, state_k, sK, n);
+    if (tid == 0) {
+      Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, batch_coord(t.batch)), seq.offset_q(params));
+      Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));  // (M, D)
+      Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
+      smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+    }
+    for (; n > range.n_block_min; --n) {
+      load_kv(std::true_type{}, pipeline_k, state_k, sK, n - 1);
+      load_kv(std::false_type{}, pipeline_v, state_v, sV, n);
+    }
+    load_kv(std::false_type{}, pipeline_v, state_v, sV, range.n_block_min);
   }
 
   // Inter-warpgroup ping-pong: the consumer warpgroups take turns issuing GEMMs, so one

@@ -17,6 +17,28 @@ namespace flash {
 
 using namespace cute;
 
+// cutlass::PipelineAsync for K/V stages filled with cp.async (paged kernels): each of the producer
+// warpgroup's 128 threads arrives once its copies of the stage land. Built like PipelineTmaAsync
+// (same Params fields, a cluster shape), so the kernel constructs either the same way.
+template <int kStages>
+struct CpAsyncPipeline : cutlass::PipelineAsync<kStages> {
+  using Base = cutlass::PipelineAsync<kStages>;
+  struct Params : Base::Params {
+    uint32_t transaction_bytes = 0;  // unused: a stage completes by arrivals
+    uint32_t is_leader = 0;          // unused
+    uint32_t num_consumers = 0;      // consumer threads
+  };
+  template <typename ClusterShape>
+  CUTLASS_DEVICE CpAsyncPipeline(typename Base::SharedStorage& storage, Params const& params, ClusterShape)
+      : Base(storage, counts(params)) {}
+  CUTLASS_DEVICE static typename Base::Params counts(Params const& params) {
+    typename Base::Params base = params;
+    base.producer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    base.consumer_arv_count = params.num_consumers;
+    return base;
+  }
+};
+
 template <typename Policy>
 struct FwdSmemLayouts {
   using Element = typename Policy::Element;
@@ -34,7 +56,9 @@ struct FwdSmemLayouts {
   // (head_dim, block_n, stages) view of V: the B operand of P.V.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
-  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  // K/V stages filled by TMA (one transaction per stage), or (paged) by the producer warpgroup's
+  // cp.async, each thread arriving when its copies land.
+  using Pipeline = std::conditional_t<Policy::kPaged, CpAsyncPipeline<kStages>, cutlass::PipelineTmaAsync<kStages>>;
 };
 
 template <typename Policy>
