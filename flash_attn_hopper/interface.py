@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import manifest, ops, packgqa, sinks, support
+from . import manifest, ops, packgqa, paged, sinks, support
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -394,6 +394,7 @@ def flash_attn_varlen_func(
     sm_margin=0,
     return_attn_probs=False,
     learnable_sink=None,
+    page_table=None,
 ):
     """Attention over a batch of sequences of different lengths, packed along one dimension.
 
@@ -429,6 +430,10 @@ def flash_attn_varlen_func(
         return_attn_probs: also return softmax_lse.
         learnable_sink: None, or a (nheads,) tensor: one logit per head in every row's softmax
             denominator, as in flash_attn_func.
+        page_table: None, or int32 (batch, max_pages) (vLLM's block_table): k and v are then a
+            paged cache (num_pages, page_size, nheads_kv, headdim) read in place, sequence b's
+            keys seqused_k[b] positions of its pages from cu_seqlens_k[b] (cu_seqlens_k may be
+            None: from 0); see flash_attn_hopper/paged.py. Forward only; no seqused_q.
 
     Contents of cu_seqlens / seqused are not checked on the host (that would need a
     device sync); the kernels clamp them so that no memory outside the tensors is
@@ -443,6 +448,19 @@ def flash_attn_varlen_func(
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if page_table is not None:
+        if seqused_q is not None:
+            raise ValueError("seqused_q is not taken with a page table: pass cu_seqlens_q of the used queries")
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+            raise RuntimeError("flash_attn_varlen_func with a page table has no backward (as FlashAttention-3): call "
+                               "it under torch.no_grad() / torch.inference_mode()")
+        if softmax_scale is not None and (
+            isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
+        ):
+            raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
+        return paged.varlen_paged(q, k, v, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  seqused_k, softmax_scale, causal, window_size, softcap, num_splits, pack_gqa,
+                                  return_attn_probs, learnable_sink)
     chunks = _value_chunks(q, k, v)
     if chunks is not None:
         return _over_value_chunks(

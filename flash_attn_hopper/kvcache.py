@@ -9,9 +9,10 @@ is read on the host (a decode step can be captured in a CUDA graph). New keys an
 ``num_splits`` (split-KV; 0 = choose) as ``flash_attn_varlen_func`` does.
 
 New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_k, d) with
-``cu_seqlens_k_new``. Not in this version (refused, naming the argument): ``page_table`` (paged
-caches), ``qv``, FP8 descales, ``sm_margin``. No backward, as in
-FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (``_chunk_segments``).
+``cu_seqlens_k_new``. A paged cache (``page_table``; paged.py) is read in place the same way, the
+new tokens written to their pages. Not in this version (refused, naming the argument): ``qv``,
+FP8 descales, ``sm_margin``; with a page table also ``cache_batch_idx`` and ``cache_leftpad`` (as
+FlashAttention-3). No backward, as in FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (``_chunk_segments``).
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
 each KV head's cache is read once; ``pack_gqa`` None packs at decode (one query per sequence), True
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from . import packgqa, support
+from . import packgqa, paged, support
 
 
 def _refuse_extras(**extras) -> None:
@@ -190,6 +191,7 @@ def flash_attn_with_kvcache(
     pack_gqa=None,
     sm_margin=0,
     return_softmax_lse=False,
+    learnable_sink=None,
 ):
     """Attention of q over a KV cache, after appending k / v to it in place (FlashAttention-3's
     signature and semantics; see the module docstring for what this version refuses).
@@ -218,12 +220,13 @@ def flash_attn_with_kvcache(
         pack_gqa: None (default) choose, True / False: see the module docstring.
         return_softmax_lse: also return the LSE, (batch, nheads, seqlen_q) float32
             ((nheads, total_q) with cu_seqlens_q).
+        learnable_sink: None, or a (nheads,) logit per head in every row's softmax denominator, as in
+            flash_attn_func (gpt-oss; FlashAttention-4's argument, not FlashAttention-3's).
 
     Returns:
         out like q, and softmax_lse when return_softmax_lse.
     """
     _refuse_extras(
-        page_table=(page_table, None, "Paged KV caches are not in this version: pass a contiguous cache."),
         qv=(qv, None, "Pass qv=None."),
         q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
@@ -241,11 +244,20 @@ def flash_attn_with_kvcache(
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+    if page_table is not None:
+        refusal = paged.cache_refusal(k_cache, v_cache, page_table, q)
+        if refusal is not None:
+            raise refusal.exception()
+        if cache_batch_idx is not None or cache_leftpad is not None:
+            raise ValueError("cache_batch_idx and cache_leftpad are not taken with a page table (as FlashAttention-3): "
+                             "a sequence's pages are its page_table row")
+    elif k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache and v_cache must be (batch, seqlen_cache, nheads_k, d) of one shape, got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     batch_cache, seqlen_cache, heads_k, d = k_cache.shape
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+    if page_table is not None:  # a sequence's capacity: its row of pages
+        batch_cache, seqlen_cache = page_table.shape[0], page_table.shape[1] * k_cache.shape[1]
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)) if page_table is None else ():
         if cache.stride(-1) != 1 or (batch_cache > 1 and cache.stride(0) != seqlen_cache * cache.stride(1)):
             raise ValueError(
                 f"{name} must keep each batch entry's rows consecutive (batch stride = seqlen_cache x row stride, "
@@ -328,8 +340,16 @@ def flash_attn_with_kvcache(
             q_pos = offsets.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
     if k is not None:
-        _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, entry)
+        if page_table is None:
+            _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, entry)
+        else:
+            paged.append_paged((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, page_table,
+                               seqlen_cache)
         seqlens = torch.clamp(seqlens + new_counts, max=seqlen_cache)
+    if page_table is not None:
+        return _paged_attention(q, k_cache, v_cache, page_table, seqlens, cu_seqlens_q, batch, seqlen_q, seqlen_cache,
+                                softmax_scale, causal, window_size, attention_chunk, softcap, num_splits, pack_gqa,
+                                return_softmax_lse, learnable_sink)
 
     # The cache as packed rows: sequence b's valid keys are seqused_k[b] rows from row
     # entry_b * seqlen_cache + leftpad_b (the kernels read seqused_k as the length from that offset,
@@ -361,7 +381,7 @@ def flash_attn_with_kvcache(
     result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
         q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-        num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse,
+        num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse, learnable_sink=learnable_sink,
     )
     out, lse = result if return_softmax_lse else (result, None)
     if not varlen_q:
@@ -369,6 +389,38 @@ def flash_attn_with_kvcache(
         if lse is not None:
             lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
     return (out, lse) if return_softmax_lse else out
+
+
+def _paged_attention(q, k_cache, v_cache, page_table, seqlens, cu_seqlens_q, batch, seqlen_q, capacity,
+                     softmax_scale, causal, window_size, attention_chunk, softcap, num_splits, pack_gqa, return_lse,
+                     learnable_sink=None):
+    """The attention of flash_attn_with_kvcache over a paged cache (after any append): sequence b's
+    keys are its first seqlens[b] positions (clamped by the kernels to the page-table row)."""
+    device = q.device
+    varlen_q = cu_seqlens_q is not None
+    if varlen_q:
+        q_rows, cu_q = q, cu_seqlens_q
+    else:
+        q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
+        cu_q = _constant("steps", batch + 1, seqlen_q, device)
+    cu_k, max_k = None, capacity
+    if attention_chunk:
+        # Chunk segments as in the contiguous path, each with its sequence's row of pages.
+        q_lens = cu_q[1:] - cu_q[:-1]
+        starts = _constant("full", batch, 0, device)
+        cu_q, cu_k, seqlens = _chunk_segments(cu_q[:-1], q_lens, starts, seqlens.clamp(0, capacity),
+                                              attention_chunk, seqlen_q, q_rows.shape[0], capacity)
+        page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
+        max_k = min(attention_chunk, capacity)
+    result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, seqlens,
+                                softmax_scale, causal, window_size, softcap, num_splits, pack_gqa, return_lse,
+                                learnable_sink)
+    out, lse = result if return_lse else (result, None)
+    if not varlen_q:
+        out = out.view(batch, seqlen_q, *out.shape[1:])
+        if lse is not None:
+            lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
+    return (out, lse) if return_lse else out
 
 
 def get_scheduler_metadata(
@@ -392,10 +444,9 @@ def get_scheduler_metadata(
     """FlashAttention-3's plan precomputation for flash_attn_with_kvcache (see the module docstring):
     the arguments are checked as that call would check them, and the plan, which depends on shapes
     only, needs no tensor: returns an empty int32 tensor on cache_seqlens' device."""
-    _refuse_extras(
-        page_size=(page_size, None, "Paged KV caches are not in this version: pass a contiguous cache."),
-        sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
-    )
+    _refuse_extras(sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."))
+    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+        raise ValueError(f"page_size must be None or an int >= 1, got {page_size!r}")
     support.check_attention_chunk(attention_chunk)
     if cu_seqlens_k_new is not None and not (isinstance(cu_seqlens_k_new, torch.Tensor)
                                              and cu_seqlens_k_new.dtype == torch.int32

@@ -356,3 +356,47 @@ def emulated_varlen_ops(monkeypatch: pytest.MonkeyPatch, device_type: str = "cpu
     finally:
         for library in reversed(libraries):
             library._destroy()
+
+
+# --------------------------------------------------------------------------
+# The paged-KV op (paged.PAGED_FWD_SCHEMA)
+# --------------------------------------------------------------------------
+
+
+def emulate_paged_fwd(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                      max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
+                      top_left=False, softcap=0.0, sink=None, num_splits=1):
+    """What paged_fwd returns: sequence b's keys gathered from its pages (logical positions
+    cu_seqlens_k[b] + j, j < seqused_k[b]) into a packed varlen call. Strict where the kernels clamp:
+    a position past the page-table row or a page number outside the cache raises AssertionError."""
+    num_pages, page_size = k_cache.shape[:2]
+    batch, max_pages = page_table.shape
+    capacity = max_pages * page_size
+    starts, used = cu_seqlens_k.tolist(), seqused_k.tolist()
+    assert len(starts) == batch + 1 and len(used) == batch, (len(starts), len(used), batch)
+    rows_k, rows_v, cu_k = [], [], [0]
+    for b in range(batch):
+        assert 0 <= starts[b] and 0 <= used[b] <= max_seqlen_k and starts[b] + used[b] <= capacity, (b, starts, used)
+        pos = torch.arange(starts[b], starts[b] + used[b])
+        pages = page_table[b].long()[pos // page_size] if used[b] else torch.zeros(0, dtype=torch.long)
+        assert bool(((pages >= 0) & (pages < num_pages)).all()), (b, pages)
+        rows_k.append(k_cache[pages, pos % page_size])
+        rows_v.append(v_cache[pages, pos % page_size])
+        cu_k.append(cu_k[-1] + used[b])
+    cu_k = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
+    return emulate_varlen_fwd(q, torch.cat(rows_k), torch.cat(rows_v), cu_seqlens_q, cu_k, None, None, max_seqlen_q,
+                              max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, top_left,
+                              softcap, sink)
+
+
+@contextlib.contextmanager
+def emulated_paged_op(monkeypatch: pytest.MonkeyPatch):
+    """paged.paged_fwd_op returns the emulation (a recorder of its calls), with the varlen ops
+    emulated too (the paged path runs the varlen checks); yields the recorder."""
+    from flash_attn_hopper import paged
+
+    rec = EmulatedVarlen(paged.PAGED_FWD_SCHEMA, emulate_paged_fwd)
+    with emulated_varlen_ops(monkeypatch):
+        monkeypatch.setattr(paged, "paged_fwd_op", lambda: rec)
+        monkeypatch.setattr(paged, "has_paged_op", lambda: True)
+        yield rec

@@ -152,7 +152,6 @@ def test_varlen_q_softcap_and_an_int_cache_seqlens(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    (dict(page_table=torch.zeros(2, 3, dtype=torch.int32)), "page_table"),
     (dict(qv=torch.zeros(1)), "qv"),
     (dict(sm_margin=2), "sm_margin"),
 ])
@@ -189,8 +188,6 @@ def test_scheduler_metadata_is_checked_and_accepted(monkeypatch):
                                                      scheduler_metadata=md)
         b = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
     assert torch.equal(a, b)
-    with pytest.raises(RuntimeError, match="page_size"):
-        flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, page_size=16)
     with pytest.raises(ValueError, match="cache_seqlens must be an int32 tensor of shape"):
         flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens.long())
     cu_new = torch.tensor([0, 1, 3], dtype=torch.int32)
