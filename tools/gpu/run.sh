@@ -60,7 +60,7 @@
 #              samples (tools/profile/ncu_source_top.py). Reports: $OUT/ncu_*.ncu-rep
 #   sanitize   compute-sanitizer over tools/check/sanitize_check.py (HDIMS, first dtype): first
 #              the planted-overrun probe (must be caught), then each of $SANITIZE_TOOLS (default
-#              memcheck,synccheck,racecheck,varlen; all but memcheck on the --quick cases)
+#              memcheck,synccheck,racecheck,varlen,paged; all but memcheck on the --quick cases)
 #   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, clock_probe.py, ...)
 #   readme     the README's "fresh Hopper machine" commands ($README_CMDS, default 1,2), taken from
 #              README.md and run verbatim from the repository root, pip pointed at the carried
@@ -216,6 +216,10 @@ if has check; then
     $vl_bwd > "$OUT/varlen_check.log" 2>&1
   rc=$?; grep -v "^ok\|^ran" "$OUT/varlen_check.log" | tail -20; echo "$(grep -c '^ok' "$OUT/varlen_check.log") varlen cases ok"
   result varlen_check $rc
+  timeout "${CHECK_TIMEOUT:-200}" python3 tools/check/paged_check.py --hdims "$HDIMS" --dtype "${DTYPES%%,*}" \
+    > "$OUT/paged_check.log" 2>&1
+  rc=$?; grep -v "^ok\|^ran" "$OUT/paged_check.log" | tail -20; echo "$(grep -c '^ok' "$OUT/paged_check.log") paged cases ok"
+  result paged_check $rc
 fi
 
 if has pytest; then
@@ -412,13 +416,15 @@ if has sanitize; then
   # kernel filter instruments nothing and the clean reports below mean nothing.
   cs memcheck 60 probe --probe
   [ $? -eq 9 ] || { echo "the probe's overrun was not reported"; failed="$failed sanitize_probe"; }
-  for tool in $(tr ',' ' ' <<< "${SANITIZE_TOOLS:-memcheck,synccheck,racecheck,varlen}"); do
+  for tool in $(tr ',' ' ' <<< "${SANITIZE_TOOLS:-memcheck,synccheck,racecheck,varlen,paged}"); do
     case $tool in
       memcheck) cs memcheck "${MEMCHECK_SECS:-200}" memcheck || failed="$failed memcheck";;
       synccheck) cs synccheck "${SYNCCHECK_SECS:-80}" synccheck --quick || failed="$failed synccheck";;
       racecheck) cs racecheck "${RACECHECK_SECS:-120}" racecheck --quick || failed="$failed racecheck";;
       varlen) CS_SCRIPT=varlen_check.py cs memcheck "${VARLEN_MEMCHECK_SECS:-200}" varlen_memcheck \
                 || failed="$failed varlen_memcheck";;  # malformed cu_seqlens / seqused
+      paged) CS_SCRIPT=paged_check.py cs memcheck "${PAGED_MEMCHECK_SECS:-200}" paged_memcheck \
+               || failed="$failed paged_memcheck";;  # malformed page tables
       *) echo "unknown sanitizer tool $tool"; failed="$failed sanitize";;
     esac
   done
