@@ -90,9 +90,14 @@ constexpr FwdTileShape fwd_tile() {
 // split), each split a contiguous share of the tile's key blocks, partial O and LSE in float32
 // for the combine kernel. Non-persistent 128-row tiles with the key block of the head dim's
 // non-persistent tile.
+// FLASH_FWD_DEV_SPLIT_STAGES (a decode measurement, default 2): K/V stages of these tiles (3 fit
+// in shared memory at hdim <= 128 only).
+#ifndef FLASH_FWD_DEV_SPLIT_STAGES
+#define FLASH_FWD_DEV_SPLIT_STAGES 2
+#endif
 template <int kHeadDim>
 constexpr FwdTileShape fwd_split_tile() {
-  return {128, kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 112 : 80, 2};
+  return {128, kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 112 : 80, FLASH_FWD_DEV_SPLIT_STAGES};
 }
 
 // Persistent causal/local kernels take their tiles from a zeroed counter (FwdParams::tile_counter).
