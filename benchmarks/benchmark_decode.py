@@ -169,15 +169,22 @@ def markdown(rows: list[Row], env: dict, graph: bool = False, seqlen_q: int = 1)
            + "median of the rounds, providers rotated; "
            + ("each call captured in a CUDA graph and replayed (GPU work only)." if graph
               else "eager calls (host work per call included)."), "",
-           "| batch | cache | GQA | hdim | " + " | ".join(providers) + " | ours / best peer |",
-           "|" + "---|" * (len(providers) + 5)]
+           "| batch | cache | GQA | hdim | " + " | ".join(providers) + " | ours / best peer | ours paged / best peer |",
+           "|" + "---|" * (len(providers) + 6)]
     for key in keys:
         vals = [table.get((p, *key), math.nan) for p in providers]
-        # Ours: the best of our providers (unsplit, split); peers: everyone else.
-        mine = [x for p, x in zip(providers, vals) if p.startswith("flash_attn_hopper") and not math.isnan(x)]
-        peers = [x for p, x in zip(providers, vals) if not p.startswith("flash_attn_hopper") and not math.isnan(x)]
-        ratio = f"{max(mine) / max(peers):.2f}" if peers and mine else ""
-        out.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(f"{x:.0f}" for x in vals) + f" | {ratio} |")
+        # Ours: the best of our contiguous providers (unsplit, split) and of our paged ones; peers:
+        # everyone else's contiguous providers (torch SDPA has no paged cache; FA3's paged ones are
+        # in their own columns).
+        def best(pick):
+            xs = [x for p, x in zip(providers, vals) if pick(p) and not math.isnan(x)]
+            return max(xs) if xs else math.nan
+        mine = best(lambda p: p.startswith("flash_attn_hopper") and "-paged" not in p)
+        mine_paged = best(lambda p: p.startswith("flash_attn_hopper-paged"))
+        peer = best(lambda p: not p.startswith("flash_attn_hopper") and "-paged" not in p)
+        ratio = lambda x: "" if math.isnan(x) or math.isnan(peer) else f"{x / peer:.2f}"  # noqa: E731
+        out.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(f"{x:.0f}" for x in vals)
+                   + f" | {ratio(mine)} | {ratio(mine_paged)} |")
     return "\n".join(out) + "\n"
 
 
