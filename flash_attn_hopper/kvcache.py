@@ -365,11 +365,7 @@ def flash_attn_with_kvcache(
         used_k = torch.clamp(seqlens - leftpad, min=0)
     k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
     v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, d)
-    if varlen_q:
-        q_rows, cu_q = q, cu_seqlens_q
-    else:
-        q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
-        cu_q = _constant("steps", batch + 1, seqlen_q, device)
+    q_rows, cu_q = _query_rows(q, cu_seqlens_q, batch, seqlen_q)
     max_k = seqlen_cache
     if attention_chunk:
         # Each sequence's keys, kept inside its cache entry (the lengths may come unclamped).
@@ -383,12 +379,26 @@ def flash_attn_with_kvcache(
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse, learnable_sink=learnable_sink,
     )
-    out, lse = result if return_softmax_lse else (result, None)
+    return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
+
+
+def _query_rows(q, cu_seqlens_q, batch: int, seqlen_q: int):
+    """q as the varlen kernels' packed rows and their offsets: (total_q, nheads, d) with cu_seqlens_q
+    as given, or (batch, seqlen_q, nheads, d) flattened with constant offsets."""
+    if cu_seqlens_q is not None:
+        return q, cu_seqlens_q
+    return q.reshape(batch * seqlen_q, *q.shape[2:]), _constant("steps", batch + 1, seqlen_q, q.device)
+
+
+def _caller_layout(result, return_lse: bool, varlen_q: bool, batch: int, seqlen_q: int):
+    """The varlen call's out (and LSE) in the caller's layout: (batch, seqlen_q, ...) and (batch,
+    nheads, seqlen_q) for a (batch, seqlen_q, ...) q, as they are for a packed one."""
+    out, lse = result if return_lse else (result, None)
     if not varlen_q:
         out = out.view(batch, seqlen_q, *out.shape[1:])
         if lse is not None:
             lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
-    return (out, lse) if return_softmax_lse else out
+    return (out, lse) if return_lse else out
 
 
 def _paged_attention(q, k_cache, v_cache, page_table, seqlens, cu_seqlens_q, batch, seqlen_q, capacity,
@@ -397,12 +407,7 @@ def _paged_attention(q, k_cache, v_cache, page_table, seqlens, cu_seqlens_q, bat
     """The attention of flash_attn_with_kvcache over a paged cache (after any append): sequence b's
     keys are its first seqlens[b] positions (clamped by the kernels to the page-table row)."""
     device = q.device
-    varlen_q = cu_seqlens_q is not None
-    if varlen_q:
-        q_rows, cu_q = q, cu_seqlens_q
-    else:
-        q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
-        cu_q = _constant("steps", batch + 1, seqlen_q, device)
+    q_rows, cu_q = _query_rows(q, cu_seqlens_q, batch, seqlen_q)
     cu_k, max_k = None, capacity
     if attention_chunk:
         # Chunk segments as in the contiguous path, each with its sequence's row of pages.
@@ -415,12 +420,7 @@ def _paged_attention(q, k_cache, v_cache, page_table, seqlens, cu_seqlens_q, bat
     result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, seqlens,
                                 softmax_scale, causal, window_size, softcap, num_splits, pack_gqa, return_lse,
                                 learnable_sink)
-    out, lse = result if return_lse else (result, None)
-    if not varlen_q:
-        out = out.view(batch, seqlen_q, *out.shape[1:])
-        if lse is not None:
-            lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
-    return (out, lse) if return_lse else out
+    return _caller_layout(result, return_lse, cu_seqlens_q is not None, batch, seqlen_q)
 
 
 def get_scheduler_metadata(

@@ -262,23 +262,25 @@ def _run_paged_forward(q, k_pages, v_pages, block_table, cum_seq_q, cum_seq_k, s
     return out, lse.masked_fill(lse == float("-inf"), float("inf"))
 
 
+def _run_any_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, scale, window_left,
+                     window_right, seqused_k, block_table, num_splits):
+    """(out, lse) of an aten flash forward call: paged, variable-length or dense."""
+    if block_table is not None:
+        return _run_paged_forward(query, key, value, block_table, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k,
+                                  scale, is_causal, window_left, window_right, num_splits)
+    if cum_seq_q is not None:
+        return _run_varlen_forward(query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale,
+                                   is_causal, window_left, window_right, num_splits)
+    return _run_forward(query, key, value, scale, is_causal, window_left, window_right, num_splits)
+
+
 def _flash_attention_forward(
     query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
     scale=None, window_size_left=None, window_size_right=None, seqused_k=None, block_table=None, num_splits=None,
     **_,
 ):
-    if block_table is not None:
-        out, lse = _run_paged_forward(
-            query, key, value, block_table, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-            window_size_left, window_size_right, num_splits,
-        )
-    elif cum_seq_q is not None:
-        out, lse = _run_varlen_forward(
-            query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-            window_size_left, window_size_right, num_splits,
-        )
-    else:
-        out, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right, num_splits)
+    out, lse = _run_any_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, scale,
+                                window_size_left, window_size_right, seqused_k, block_table, num_splits)
     rng_state, unused, debug_mask = _aux_outputs(query)
     return _with_strides_of(out, query), lse, rng_state, unused, debug_mask
 
@@ -288,19 +290,8 @@ def _flash_attention_forward_inplace(
     scale=None, window_size_left=None, window_size_right=None, seqused_k=None, block_table=None, num_splits=None,
     **_,
 ):
-    if block_table is not None:
-        result, lse = _run_paged_forward(
-            query, key, value, block_table, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-            window_size_left, window_size_right, num_splits,
-        )
-    elif cum_seq_q is not None:
-        result, lse = _run_varlen_forward(
-            query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-            window_size_left, window_size_right, num_splits,
-        )
-    else:
-        result, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right,
-                                   num_splits)
+    result, lse = _run_any_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, scale,
+                                   window_size_left, window_size_right, seqused_k, block_table, num_splits)
     out.copy_(result)
     return lse
 
