@@ -89,6 +89,34 @@ void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor c
   fwd(params, stream);
 }
 
+// A varlen (or paged) forward whose params hold the problem: out / LSE pointers (out (total_q,
+// heads, d), LSE (heads, total_q)), the split plan, and the kernels, with the combine when split
+// (the partial buffers hold the packed rows as one batch entry) and the tile counter where asked.
+void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Problem const& pb, Tensor const& q,
+                   Tensor const& out, Tensor& lse, float const* sink_ptr, bool softcap, int64_t num_splits,
+                   bool tile_counter) {
+  Tensor const o4 = torch::stable::unsqueeze(out, 0);
+  params.o_ptr = out.data_ptr();
+  params.lse_ptr = lse.mutable_data_ptr<float>();
+  params.sink_ptr = sink_ptr;
+  params.o_batch_stride = o4.stride(0);
+  params.o_row_stride = o4.stride(1);
+  params.o_head_stride = o4.stride(2);
+  int const splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
+                                   pb.head_dim_rounded, softcap, params.num_sms);
+  cudaStream_t const stream = current_stream(pb.device);
+  if (splits > 1) {
+    SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim, out,
+                       out.stride(0), out.stride(1), 0);
+    fwd(params, stream);
+    run.finish(pb.is_bf16, stream);
+  } else if (tile_counter) {
+    run_fwd(fwd, params, pb.head_dim_rounded, q, pb.device);
+  } else {
+    fwd(params, stream);
+  }
+}
+
 std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left, double softcap,
@@ -165,27 +193,11 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   if (gaps) { fill_empty_lse(lse, sink, {pb.heads_q, 1}); }
 
   Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
-  Tensor const o4 = torch::stable::unsqueeze(out, 0);
   flash::FwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
-  params.o_ptr = out.data_ptr();
-  params.lse_ptr = lse.mutable_data_ptr<float>();
-  params.sink_ptr = sink_ptr;
-  params.o_batch_stride = o4.stride(0);
-  params.o_row_stride = o4.stride(1);
-  params.o_head_stride = o4.stride(2);
-  int const splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
-                                   pb.head_dim_rounded, softcap > 0, params.num_sms);
-  if (splits > 1) {  // the buffers hold the packed rows as one batch entry
-    SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim, out,
-                       out.stride(0), out.stride(1), 0);
-    fwd(params, current_stream(pb.device));
-    run.finish(pb.is_bf16, current_stream(pb.device));
-    return {out, lse};
-  }
-  run_fwd(fwd, params, pb.head_dim_rounded, q, pb.device);
+  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/true);
   return {out, lse};
 }
 

@@ -4,9 +4,7 @@
 
 namespace {
 
-using PagedFn = void (*)(flash::FwdParams&, cudaStream_t);
-
-PagedFn find_paged(int head_dim_rounded, bool is_bf16) {
+FwdFn find_paged(int head_dim_rounded, bool is_bf16) {
 #define FLASH_ATTN_HOPPER_MATCH_PAGED(D, T)                                          \
   if (head_dim_rounded == D && std::is_same_v<T, cutlass::bfloat16_t> == is_bf16) { \
     return &flash::run_flash_fwd_paged<D, T>;                                        \
@@ -64,7 +62,7 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  PagedFn const fwd = find_paged(pb.head_dim_rounded, pb.is_bf16);
+  FwdFn const fwd = find_paged(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("paged-KV forward", pb, q.scalar_type()));
 
   Tensor out = empty_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim});
@@ -77,7 +75,6 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   }
 
   Tensor const qt = tma_ready(q4);
-  Tensor const o4 = torch::stable::unsqueeze(out, 0);
   flash::FwdParams params{};
   fill_common(params, pb, qt, k4, v4, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
@@ -86,22 +83,8 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   params.page_table_stride = page_table.stride(0);
   params.page_size = int(page_size);
   params.num_pages = int(std::min<int64_t>(num_pages, std::numeric_limits<int>::max()));
-  params.o_ptr = out.data_ptr();
-  params.lse_ptr = lse.mutable_data_ptr<float>();
-  params.sink_ptr = sink_ptr;
-  params.o_batch_stride = o4.stride(0);
-  params.o_row_stride = o4.stride(1);
-  params.o_head_stride = o4.stride(2);
-  int const splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
-                                   pb.head_dim_rounded, softcap > 0, params.num_sms);
-  if (splits > 1) {
-    SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim, out,
-                       out.stride(0), out.stride(1), 0);
-    fwd(params, current_stream(pb.device));
-    run.finish(pb.is_bf16, current_stream(pb.device));
-    return {out, lse};
-  }
-  fwd(params, current_stream(pb.device));
+  // The paged kernels are one CTA per tile: no tile counter.
+  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/false);
   return {out, lse};
 }
 
