@@ -251,10 +251,11 @@ def flash_attn_with_kvcache(
         if cache_batch_idx is not None or cache_leftpad is not None:
             raise ValueError("cache_batch_idx and cache_leftpad are not taken with a page table (as FlashAttention-3): "
                              "a sequence's pages are its page_table row")
-    elif k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache and v_cache must be (batch, seqlen_cache, nheads_k, d) of one shape, got "
+    elif k_cache.dim() != 4 or v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"k_cache and v_cache must be (batch, seqlen_cache, nheads_k, d) and (..., dv), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     batch_cache, seqlen_cache, heads_k, d = k_cache.shape
+    dv = v_cache.shape[-1]  # v's head dim: d, or (FA3's dv != d) its own
     if page_table is not None:  # a sequence's capacity: its row of pages
         batch_cache, seqlen_cache = page_table.shape[0], page_table.shape[1] * k_cache.shape[1]
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)) if page_table is None else ():
@@ -301,11 +302,12 @@ def flash_attn_with_kvcache(
 
     if k is not None:
         if cu_seqlens_k_new is None:
-            if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) or v.shape != k.shape:
+            if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) \
+                    or v.shape != (*k.shape[:3], dv):
                 raise ValueError(f"k and v must be (batch, seqlen_new, nheads_k, d) = ({batch}, seqlen_new, {heads_k}, "
-                                 f"{d}), or (total_new, nheads_k, d) with cu_seqlens_k_new")
+                                 f"{d}) and (..., {dv}), or (total_new, nheads_k, d) with cu_seqlens_k_new")
         else:
-            if k.dim() != 3 or k.shape[1:] != (heads_k, d) or v.shape != k.shape:
+            if k.dim() != 3 or k.shape[1:] != (heads_k, d) or v.shape != (*k.shape[:2], dv):
                 raise ValueError(f"with cu_seqlens_k_new, k and v must be (total_new, nheads_k, d) = (total_new, "
                                  f"{heads_k}, {d})")
             if not isinstance(cu_seqlens_k_new, torch.Tensor) or cu_seqlens_k_new.dtype != torch.int32 \
@@ -314,7 +316,7 @@ def flash_attn_with_kvcache(
         if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
             raise ValueError("k and v must have the cache's dtype")
         k_rows, new_seq, new_idx, new_first, new_counts = _new_tokens(k, batch, cu_seqlens_k_new)
-        v_rows = v.reshape(k_rows.shape)
+        v_rows = v.reshape(*k_rows.shape[:2], dv)
     elif cu_seqlens_k_new is not None:
         raise ValueError("cu_seqlens_k_new describes new keys: pass k and v with it")
     if rotary_cos is not None:
@@ -364,7 +366,7 @@ def flash_attn_with_kvcache(
         cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
         used_k = torch.clamp(seqlens - leftpad, min=0)
     k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
-    v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, d)
+    v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, dv)
     q_rows, cu_q = _query_rows(q, cu_seqlens_q, batch, seqlen_q)
     max_k = seqlen_cache
     if attention_chunk:

@@ -73,11 +73,10 @@ def cache_refusal(k_cache, v_cache, page_table, q) -> Refusal | None:
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table)):
         if not isinstance(t, torch.Tensor):
             return Refusal(f"{name} must be a torch.Tensor, got {type(t).__name__}", error=TypeError)
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+    if k_cache.dim() != 4 or v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
         return Refusal(
-            f"with a page table, k_cache and v_cache must be (num_pages, page_size, nheads_k, headdim) of one shape, "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}",
-            "pass v with the head dim of k (dv != d is not in the paged path)" if k_cache.dim() == 4 else "",
+            f"with a page table, k_cache and v_cache must be (num_pages, page_size, nheads_k, headdim) and (..., "
+            f"headdim_v), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}",
         )
     if k_cache.shape[0] < 1 or k_cache.shape[1] < 1:
         return Refusal(f"the paged cache needs at least one page of at least one row, got {tuple(k_cache.shape)}")
@@ -97,9 +96,11 @@ def cache_refusal(k_cache, v_cache, page_table, q) -> Refusal | None:
     if q.dim() == 3 and k_cache.shape[-1] != q.shape[-1]:
         return Refusal(f"q's head dim ({q.shape[-1]}) and the cache's ({k_cache.shape[-1]}) must agree with a "
                        "page table")
-    if q.dim() == 3 and k_cache.shape[-1] % manifest.HEAD_DIM_MULTIPLE:
-        return Refusal(f"with a page table the head dim must be a multiple of {manifest.HEAD_DIM_MULTIPLE} (the "
-                       f"cache is not copied to pad it), got {k_cache.shape[-1]}")
+    widths = (k_cache.shape[-1], v_cache.shape[-1])
+    if any(w % manifest.HEAD_DIM_MULTIPLE for w in widths) or max(widths) > manifest.MAX_HEAD_DIM:
+        return Refusal(f"with a page table the head dims must be multiples of {manifest.HEAD_DIM_MULTIPLE} up to "
+                       f"{manifest.MAX_HEAD_DIM} (the cache is read in place, not padded), got k {widths[0]} and "
+                       f"v {widths[1]}")
     return None
 
 
@@ -121,6 +122,16 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
     batch = cu_seqlens_q.numel() - 1
     if cu_seqlens_k is None:
         cu_seqlens_k = _zeros(batch + 1, q.device)
+    dv = v_cache.shape[-1]
+    if dv != k_cache.shape[-1]:
+        # FA3's dv != d: the paged kernels take one head dim, so q and both caches run on copies
+        # zero-padded to the wider one (the whole cache, per call: correct, not fast; zero columns
+        # change neither q kᵀ nor out's first dv columns), with q's own default scale.
+        if softmax_scale is None:
+            softmax_scale = q.shape[-1] ** (-0.5)
+        width = max(dv, k_cache.shape[-1])
+        widen = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[-1]))  # noqa: E731
+        q, k_cache, v_cache = widen(q), widen(k_cache), widen(v_cache)
     # The varlen checks, with one page as the keys (dtypes, heads, head dims, sequences, window, softcap).
     answer = support.check_varlen(
         q, k_cache[0], v_cache[0], cu_seqlens_q, cu_seqlens_k, None, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -138,6 +149,7 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
                          f"{manifest.MAX_SEQLEN_SUM}")
     scale = answer.head_dim ** (-0.5) if answer.softmax_scale is None else answer.softmax_scale
     left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
+
     max_k = min(answer.max_seqlen_k, capacity)
     kwargs = {"softcap": float(softcap)} if softcap else {}
     if num_splits != 1:
@@ -155,6 +167,7 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
     else:
         out, lse = fwd(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, answer.max_seqlen_q,
                        max_k, scale, answer.causal, left, right, **kwargs)
+    out = out[..., :dv] if out.shape[-1] != dv else out
     return (out, lse) if return_lse else out
 
 

@@ -178,8 +178,11 @@ def test_refusals():
         flash_attn_varlen_func(qv, pages, pages.clone(), cu, None, 1, 48, page_table=table)
     with pytest.raises(ValueError, match="seqused_q is not taken"):
         flash_attn_varlen_func(qv, pages, pages.clone(), cu, None, 1, 48, seqused_q=cu[1:], page_table=table)
-    with pytest.raises(ValueError, match="one shape"):
-        flash_attn_varlen_func(qv, pages, pages[..., :32].clone(), cu, None, 1, 48, seqused_k=cu[1:], page_table=table)
+    with pytest.raises(ValueError, match="headdim_v"):  # v's heads differ from k's
+        flash_attn_varlen_func(qv, pages, pages[:, :, :1].clone(), cu, None, 1, 48, seqused_k=cu[1:], page_table=table)
+    with pytest.raises(ValueError, match="multiples of 8 up to 256"):
+        flash_attn_varlen_func(qv, pages, torch.zeros(6, 16, 2, 512, dtype=DTYPE), cu, None, 1, 48, seqused_k=cu[1:],
+                               page_table=table)
 
 
 def test_hnd_caches_are_read_in_place(monkeypatch):
@@ -285,3 +288,31 @@ def test_the_compiled_op_has_the_schema_and_a_fake_kernel():
         out, lse = torch.ops.flash_attn_hopper.paged_fwd(q, pages, pages, table, cu, cu, used, 5, 80, 0.1, True)
     assert out.shape == (7, 8, 128) and out.dtype == torch.bfloat16
     assert lse.shape == (8, 7) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("d, dv", [(64, 32), (32, 64)])
+def test_kvcache_with_a_value_head_dim_of_its_own(monkeypatch, d, dv):
+    """FA3's dv != d caches: appends write k (d) and v (dv) to their caches; the attention, paged or
+    contiguous, is the reference's with q's scale, out (…, dv)."""
+    g = torch.Generator().manual_seed(d + 2 * dv)
+    cache_k = torch.randn(2, 32, 2, d, generator=g).to(DTYPE)
+    cache_v = torch.randn(2, 32, 2, dv, generator=g).to(DTYPE)
+    k_pages, table = to_pages(cache_k, 8, g)
+    v_pages = through(table, cache_v, torch.empty(k_pages.shape[:3] + (dv,)), g)
+    q = torch.randn(2, 2, 4, d, generator=g).to(DTYPE)
+    k_new = torch.randn(2, 2, 2, d, generator=g).to(DTYPE)
+    v_new = torch.randn(2, 2, 2, dv, generator=g).to(DTYPE)
+    seqlens = torch.tensor([9, 20], dtype=torch.int32)
+    with emulated_paged_op(monkeypatch):
+        got = flash_attn_hopper.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, cache_seqlens=seqlens,
+                                                        page_table=table, causal=True)
+        want = flash_attn_hopper.flash_attn_with_kvcache(q, cache_k, cache_v, k_new, v_new, cache_seqlens=seqlens,
+                                                         causal=True)
+    assert got.shape == want.shape == (2, 2, 4, dv)
+    assert torch.equal(gather(k_pages, table, 32), cache_k) and torch.equal(gather(v_pages, table, 32), cache_v)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    from reference import attention_ref
+
+    for b, n in enumerate((11, 22)):
+        ref, _ = attention_ref(q[b:b + 1], cache_k[b:b + 1, :n], cache_v[b:b + 1, :n], causal=True)
+        torch.testing.assert_close(want[b:b + 1].float(), ref.float(), atol=2e-2, rtol=0)

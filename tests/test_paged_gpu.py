@@ -195,3 +195,23 @@ def test_malformed_page_tables_and_lengths_are_clamped():
                                                                                    device="cuda"),
                                    page_table=clamped, num_splits=1)
     torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("d, dv", [(128, 64), (64, 128)])
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_with_a_value_head_dim_of_its_own(d, dv, paged):
+    """FA3's kvcache test has dv != d caches: k (…, d) and v (…, dv), out (…, dv), q's scale."""
+    skip_unless_compiled(max(d, dv), torch.bfloat16, ("paged",) if paged else ("fwd",))
+    g = torch.Generator(device="cuda").manual_seed(d + dv + paged)
+    batch, capacity = 3, 640
+    k_pages, _, table = paged_cache(batch, capacity, 16, 2, d, torch.bfloat16, g)
+    v_pages = torch.randn(*k_pages.shape[:3], dv, device="cuda", generator=g).to(torch.bfloat16)
+    k, v = gathered(k_pages, table, capacity), gathered(v_pages, table, capacity)
+    q = torch.randn(batch, 2, 8, d, device="cuda", generator=g).to(torch.bfloat16)
+    seqlens = torch.tensor([5, 300, 640], dtype=torch.int32, device="cuda")
+    caches = (k_pages, v_pages, dict(page_table=table)) if paged else (k.contiguous(), v.contiguous(), {})
+    out = flash_attn_with_kvcache(q, caches[0], caches[1], cache_seqlens=seqlens, causal=True, **caches[2])
+    ref, _ = reference(q, k, v, seqlens.cpu(), causal=True)
+    low, _ = reference(q, k, v, seqlens.cpu(), causal=True, upcast=False)
+    assert out.shape == (batch, 2, 8, dv)
+    assert_fa_close(out, ref, low, name="out")
