@@ -89,19 +89,23 @@ void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor c
   fwd(params, stream);
 }
 
+// The forward's outputs in its params: out viewed as (batch, rows, heads, d), the LSE, the sink.
+void set_outputs(flash::FwdParams& params, Tensor const& out4, Tensor& lse, float const* sink_ptr) {
+  params.o_ptr = out4.data_ptr();
+  params.lse_ptr = lse.mutable_data_ptr<float>();
+  params.sink_ptr = sink_ptr;
+  params.o_batch_stride = out4.stride(0);
+  params.o_row_stride = out4.stride(1);
+  params.o_head_stride = out4.stride(2);
+}
+
 // A varlen (or paged) forward whose params hold the problem: out / LSE pointers (out (total_q,
 // heads, d), LSE (heads, total_q)), the split plan, and the kernels, with the combine when split
 // (the partial buffers hold the packed rows as one batch entry) and the tile counter where asked.
 void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Problem const& pb, Tensor const& q,
                    Tensor const& out, Tensor& lse, float const* sink_ptr, bool softcap, int64_t num_splits,
                    bool tile_counter) {
-  Tensor const o4 = torch::stable::unsqueeze(out, 0);
-  params.o_ptr = out.data_ptr();
-  params.lse_ptr = lse.mutable_data_ptr<float>();
-  params.sink_ptr = sink_ptr;
-  params.o_batch_stride = o4.stride(0);
-  params.o_row_stride = o4.stride(1);
-  params.o_head_stride = o4.stride(2);
+  set_outputs(params, torch::stable::unsqueeze(out, 0), lse, sink_ptr);
   int const splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
                                    pb.head_dim_rounded, softcap, params.num_sms);
   cudaStream_t const stream = current_stream(pb.device);
@@ -142,12 +146,7 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
   flash::FwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
-  params.o_ptr = out.data_ptr();
-  params.lse_ptr = lse.mutable_data_ptr<float>();
-  params.sink_ptr = sink_ptr;
-  params.o_batch_stride = out.stride(0);
-  params.o_row_stride = out.stride(1);
-  params.o_head_stride = out.stride(2);
+  set_outputs(params, out, lse, sink_ptr);
   int const splits = choose_splits(num_splits, batch, seqlen_q, seqlen_k, heads_q, head_dim_rounded, softcap > 0,
                                    params.num_sms);
   if (splits > 1) {
