@@ -43,6 +43,8 @@ struct PagedKVLoader {
   static constexpr int kThreadsPerRow = kLineBytes / 16;
   static constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
   static_assert(kBlockN % kRowsPerPass == 0, "each thread loads the same number of rows");
+  static constexpr int kRows = kBlockN / kRowsPerPass;  // rows per thread and block
+  static_assert(kRows <= kThreadsPerRow, "a row's threads look up one of their rows' pages each");
   using TiledCopy = decltype(make_tiled_copy(
       Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
       Layout<Shape<Int<kRowsPerPass>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>{},
@@ -66,17 +68,28 @@ struct PagedKVLoader {
     auto thr_copy = tiled_copy.get_thread_slice(tid);
     Tensor coords = thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
     Tensor dst = thr_copy.partition_D(tile);  // (CPY, rows, column chunks)
+    static_assert(decltype(size<1>(dst))::value == kRows);
     Element const* const base = static_cast<Element const*>(kKeys ? p.k : p.v) +
                                 head_kv * (kKeys ? p.k_head_stride : p.v_head_stride);
     int64_t const page_stride = kKeys ? p.k_page_stride : p.v_page_stride;
     int64_t const row_stride = kKeys ? p.k_row_stride : p.v_row_stride;
+    // The threads of a row group (consecutive lanes) share their rows: thread c of the group looks
+    // up the page of the group's c-th row (one page-table read and division per thread and block,
+    // as FA3's PagedKVManager), the others take it with a shuffle.
+    int const c = tid % kThreadsPerRow;
+    int const group_lane = threadIdx.x % cutlass::NumThreadsPerWarp - c;
+    int my_page = 0, my_in_page = 0;
+    if (c < kRows) {
+      int const key = n * kBlockN + get<0>(coords(_0{}, c, _0{}));
+      int const slot = p.page_size.divmod(my_in_page, first + key);
+      my_page = key < seqlen_k ? min(max(pages[slot], 0), p.num_pages - 1) : 0;
+    }
     CUTLASS_PRAGMA_UNROLL
-    for (int m = 0; m < size<1>(dst); ++m) {
+    for (int m = 0; m < kRows; ++m) {
       int const key = n * kBlockN + get<0>(coords(_0{}, m, _0{}));
       bool const valid = key < seqlen_k;
-      int in_page;
-      int const slot = p.page_size.divmod(in_page, first + key);
-      int const page = valid ? min(max(pages[slot], 0), p.num_pages - 1) : 0;
+      int const page = __shfl_sync(0xffffffff, my_page, group_lane + m);
+      int const in_page = __shfl_sync(0xffffffff, my_in_page, group_lane + m);
       Element const* const row = base + (valid ? int64_t(page) * page_stride + int64_t(in_page) * row_stride : 0);
       Tensor src = tiled_divide(make_tensor(make_gmem_ptr(row), Shape<Int<kHeadDim>>{}), Shape<Int<kElems>>{});
       CUTLASS_PRAGMA_UNROLL
