@@ -10,9 +10,10 @@ is read on the host (a decode step can be captured in a CUDA graph). New keys an
 
 New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_k, d) with
 ``cu_seqlens_k_new``. A paged cache (``page_table``; paged.py) is read in place the same way, the
-new tokens written to their pages. Not in this version (refused, naming the argument): ``qv``,
-FP8 descales, ``sm_margin``; with a page table also ``cache_batch_idx`` and ``cache_leftpad`` (as
-FlashAttention-3). No backward, as in FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (``_chunk_segments``).
+new tokens written to their pages; ``cache_batch_idx`` then picks page-table rows, and
+``cache_leftpad`` moves each sequence's first key as in a contiguous cache. Not in this version
+(refused, naming the argument): ``qv``, FP8 descales, ``sm_margin``. No backward, as in
+FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (``_chunk_segments``).
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
 each KV head's cache is read once; ``pack_gqa`` None packs at decode (one query per sequence), True
@@ -248,9 +249,6 @@ def flash_attn_with_kvcache(
         refusal = paged.cache_refusal(k_cache, v_cache, page_table, q)
         if refusal is not None:
             raise refusal.exception()
-        if cache_batch_idx is not None or cache_leftpad is not None:
-            raise ValueError("cache_batch_idx and cache_leftpad are not taken with a page table (as FlashAttention-3): "
-                             "a sequence's pages are its page_table row")
     elif k_cache.dim() != 4 or v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
         raise ValueError(f"k_cache and v_cache must be (batch, seqlen_cache, nheads_k, d) and (..., dv), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
@@ -284,6 +282,8 @@ def flash_attn_with_kvcache(
                 or cache_batch_idx.shape != (batch,) or cache_batch_idx.device != k_cache.device:
             raise ValueError(f"cache_batch_idx must be an int32 tensor of shape ({batch},) on {k_cache.device}")
         entry = cache_batch_idx.clamp(0, batch_cache - 1)  # contents are never read on the host
+        if page_table is not None:  # a paged cache's entry is its page-table row (FA3's test: page_table[idx])
+            page_table, entry = page_table.index_select(0, entry), None
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (q, k_cache, v_cache, k, v)):
         raise RuntimeError("flash_attn_with_kvcache has no backward (as FlashAttention-3): call it under "
@@ -349,9 +349,9 @@ def flash_attn_with_kvcache(
                                seqlen_cache)
         seqlens = torch.clamp(seqlens + new_counts, max=seqlen_cache)
     if page_table is not None:
-        return _paged_attention(q, k_cache, v_cache, page_table, seqlens, cu_seqlens_q, batch, seqlen_q, seqlen_cache,
-                                softmax_scale, causal, window_size, attention_chunk, softcap, num_splits, pack_gqa,
-                                return_softmax_lse, learnable_sink)
+        return _paged_attention(q, k_cache, v_cache, page_table, seqlens, leftpad, cu_seqlens_q, batch, seqlen_q,
+                                seqlen_cache, softmax_scale, causal, window_size, attention_chunk, softcap, num_splits,
+                                pack_gqa, return_softmax_lse, learnable_sink)
 
     # The cache as packed rows: sequence b's valid keys are seqused_k[b] rows from row
     # entry_b * seqlen_cache + leftpad_b (the kernels read seqused_k as the length from that offset,
@@ -403,23 +403,31 @@ def _caller_layout(result, return_lse: bool, varlen_q: bool, batch: int, seqlen_
     return (out, lse) if return_lse else out
 
 
-def _paged_attention(q, k_cache, v_cache, page_table, seqlens, cu_seqlens_q, batch, seqlen_q, capacity,
+def _paged_attention(q, k_cache, v_cache, page_table, seqlens, leftpad, cu_seqlens_q, batch, seqlen_q, capacity,
                      softmax_scale, causal, window_size, attention_chunk, softcap, num_splits, pack_gqa, return_lse,
                      learnable_sink=None):
     """The attention of flash_attn_with_kvcache over a paged cache (after any append): sequence b's
-    keys are its first seqlens[b] positions (clamped by the kernels to the page-table row)."""
+    keys are positions [leftpad_b, seqlens_b) of its page-table row (the kernels clamp them to
+    the row's capacity)."""
     device = q.device
     q_rows, cu_q = _query_rows(q, cu_seqlens_q, batch, seqlen_q)
-    cu_k, max_k = None, capacity
+    if leftpad is None:
+        cu_k, used_k = None, seqlens  # keys from position 0
+    else:
+        first = torch.minimum(leftpad, seqlens)
+        cu_k = torch.cat([first, _constant("full", 1, capacity, device)])
+        used_k = torch.clamp(seqlens - leftpad, min=0)
+    max_k = capacity
     if attention_chunk:
         # Chunk segments as in the contiguous path, each with its sequence's row of pages.
         q_lens = cu_q[1:] - cu_q[:-1]
-        starts = _constant("full", batch, 0, device)
-        cu_q, cu_k, seqlens = _chunk_segments(cu_q[:-1], q_lens, starts, seqlens.clamp(0, capacity),
-                                              attention_chunk, seqlen_q, q_rows.shape[0], capacity)
+        starts = _constant("full", batch, 0, device) if cu_k is None else cu_k[:-1]
+        k_len = used_k.clamp(0, capacity) if leftpad is None else used_k.clamp(min=0).minimum(capacity - leftpad)
+        cu_q, cu_k, used_k = _chunk_segments(cu_q[:-1], q_lens, starts, k_len, attention_chunk, seqlen_q,
+                                             q_rows.shape[0], capacity)
         page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
         max_k = min(attention_chunk, capacity)
-    result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, seqlens,
+    result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
                                 softmax_scale, causal, window_size, softcap, num_splits, pack_gqa, return_lse,
                                 learnable_sink)
     return _caller_layout(result, return_lse, cu_seqlens_q is not None, batch, seqlen_q)

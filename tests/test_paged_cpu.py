@@ -159,10 +159,6 @@ def test_refusals():
     pages = torch.zeros(6, 16, 2, 64, dtype=DTYPE)
     table = torch.zeros(2, 3, dtype=torch.int32)
     kv = flash_attn_hopper.flash_attn_with_kvcache
-    with pytest.raises(ValueError, match="cache_batch_idx and cache_leftpad"):
-        kv(q, pages, pages.clone(), page_table=table, cache_leftpad=torch.zeros(2, dtype=torch.int32))
-    with pytest.raises(ValueError, match="cache_batch_idx and cache_leftpad"):
-        kv(q, pages, pages.clone(), page_table=table, cache_batch_idx=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="page_table must be an int32"):
         kv(q, pages, pages.clone(), page_table=table.long())
     with pytest.raises(ValueError, match="16-byte copies"):
@@ -316,3 +312,28 @@ def test_kvcache_with_a_value_head_dim_of_its_own(monkeypatch, d, dv):
     for b, n in enumerate((11, 22)):
         ref, _ = attention_ref(q[b:b + 1], cache_k[b:b + 1, :n], cache_v[b:b + 1, :n], causal=True)
         torch.testing.assert_close(want[b:b + 1].float(), ref.float(), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [0, 6])
+def test_batch_idx_and_leftpad_with_a_page_table(monkeypatch, chunk):
+    """FA3's test: cache_batch_idx picks page-table rows (page_table[cache_batch_idx]) and
+    cache_leftpad moves each sequence's first key, with appends and rotary, as in a contiguous
+    cache of the same rows."""
+    g = torch.Generator().manual_seed(30 + chunk)
+    cache_k, cache_v = (torch.randn(4, 32, 2, 32, generator=g).to(DTYPE) for _ in range(2))
+    k_pages, table = to_pages(cache_k, 8, g)
+    v_pages = through(table, cache_v, k_pages, g)
+    q = torch.randn(2, 3, 4, 32, generator=g).to(DTYPE)
+    k_new, v_new = (torch.randn(2, 2, 2, 32, generator=g).to(DTYPE) for _ in range(2))
+    angle = torch.rand(48, 8, generator=g) * 6.28
+    cos, sin = angle.cos().to(DTYPE), angle.sin().to(DTYPE)
+    idx, pad = torch.tensor([2, 0], dtype=torch.int32), torch.tensor([3, 0], dtype=torch.int32)
+    seqlens = torch.tensor([10, 25], dtype=torch.int32)
+    kwargs = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, cache_batch_idx=idx, cache_leftpad=pad,
+                  causal=True, attention_chunk=chunk, return_softmax_lse=True)
+    with emulated_paged_op(monkeypatch):
+        got = flash_attn_hopper.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, page_table=table, **kwargs)
+        want = flash_attn_hopper.flash_attn_with_kvcache(q, cache_k, cache_v, k_new, v_new, **kwargs)
+    assert torch.equal(gather(k_pages, table, 32), cache_k) and torch.equal(gather(v_pages, table, 32), cache_v)
+    torch.testing.assert_close(got[0], want[0], atol=2e-3, rtol=0)
+    torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=0)

@@ -215,3 +215,39 @@ def test_kvcache_with_a_value_head_dim_of_its_own(d, dv, paged):
     low, _ = reference(q, k, v, seqlens.cpu(), causal=True, upcast=False)
     assert out.shape == (batch, 2, 8, dv)
     assert_fa_close(out, ref, low, name="out")
+
+
+@pytest.mark.parametrize("splits", [1, 0])
+def test_batch_idx_and_leftpad_with_a_page_table(splits):
+    """FA3's kvcache test with a page table: cache_batch_idx picks page-table rows, cache_leftpad
+    moves each sequence's first key; new k / v (rotary) land on the picked rows' pages."""
+    d, dtype = compiled_config("paged")
+    g = torch.Generator(device="cuda").manual_seed(21 + splits)
+    rows, capacity, hq, hk, snew = 6, 384, 8, 2, 2
+    k_pages, v_pages, table = paged_cache(rows, capacity, 16, hk, d, dtype, g)
+    idx = torch.tensor([4, 0, 3], dtype=torch.int32, device="cuda")
+    pad = torch.tensor([7, 0, 100], dtype=torch.int32, device="cuda")
+    seqlens = torch.tensor([20, 300, 150], dtype=torch.int32, device="cuda")
+    q = torch.randn(3, snew, hq, d, device="cuda", generator=g).to(dtype)
+    k_new, v_new = (torch.randn(3, snew, hk, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    angle = torch.rand(capacity + 16, d // 4, device="cuda") * 2 * math.pi
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    k_ref = gathered(k_pages, table, capacity)[idx.long()].clone()
+    v_ref = gathered(v_pages, table, capacity)[idx.long()].clone()
+    pos = seqlens.long()[:, None] + torch.arange(snew, device="cuda")
+    k_rot = rotary_ref(k_new.cpu(), cos.cpu(), sin.cpu(), pos.cpu(), True).cuda()
+    q_ref = rotary_ref(q.cpu(), cos.cpu(), sin.cpu(), pos.cpu(), True).cuda()
+    for b in range(3):
+        s = int(seqlens[b])
+        k_ref[b, s:s + snew], v_ref[b, s:s + snew] = k_rot[b], v_new[b]
+    out = flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                  cache_seqlens=seqlens, cache_batch_idx=idx, cache_leftpad=pad, page_table=table,
+                                  causal=True, num_splits=splits)
+    assert torch.equal(gathered(k_pages, table, capacity)[idx.long()], k_ref)
+    assert torch.equal(gathered(v_pages, table, capacity)[idx.long()], v_ref)
+    for b in range(3):
+        lo, hi = int(pad[b]), int(seqlens[b]) + snew
+        ref, _ = attention_ref(q_ref[b:b + 1], k_ref[b:b + 1, lo:hi], v_ref[b:b + 1, lo:hi], causal=True)
+        low, _ = attention_ref(q_ref[b:b + 1], k_ref[b:b + 1, lo:hi], v_ref[b:b + 1, lo:hi], causal=True,
+                               upcast=False)
+        assert_fa_close(out[b:b + 1], ref, low, name=f"out {b}")
