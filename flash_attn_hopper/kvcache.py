@@ -462,9 +462,8 @@ def get_scheduler_metadata(
                                              and cu_seqlens_k_new.dtype == torch.int32
                                              and tuple(cu_seqlens_k_new.shape) == (batch_size + 1,)):
         raise ValueError(f"cu_seqlens_k_new must be None or an int32 tensor of shape ({batch_size + 1},)")
-    if headdim_v not in (None, headdim):
-        raise support.feature_refusal("dv", f"headdim_v={headdim_v} != headdim={headdim}",
-                                      "Pass headdim_v=None.").exception()
+    if headdim_v is not None and (isinstance(headdim_v, bool) or not isinstance(headdim_v, int) or headdim_v <= 0):
+        raise ValueError(f"headdim_v must be None or a positive int, got {headdim_v!r}")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
             or tuple(cache_seqlens.shape) != (batch_size,):
         raise ValueError(f"cache_seqlens must be an int32 tensor of shape ({batch_size},)")

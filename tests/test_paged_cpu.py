@@ -201,6 +201,12 @@ def test_hnd_caches_are_read_in_place(monkeypatch):
 def test_scheduler_metadata_takes_a_page_size():
     seqlens = torch.tensor([5, 30], dtype=torch.int32)
     assert flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, page_size=16).numel() == 0
+    # FA3's kvcache test passes headdim_v (its dv, which may differ from d) and max_seqlen_k_new.
+    md = flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 192, seqlens, headdim_v=128, page_size=16,
+                                                  max_seqlen_k_new=1)
+    assert md.numel() == 0
+    with pytest.raises(ValueError, match="headdim_v"):
+        flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, headdim_v=0)
     with pytest.raises(ValueError, match="page_size"):
         flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, page_size=0)
 
