@@ -88,7 +88,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: to
 
 
 def _append(caches, rows, seq: torch.Tensor, idx: torch.Tensor, first: torch.Tensor, starts: torch.Tensor,
-            entry: torch.Tensor | None = None) -> None:
+            entry: torch.Tensor | None = None, page_table: torch.Tensor | None = None) -> None:
     """cache[seq_t, starts[seq_t] + idx_t] = rows[t] in place for each (cache, rows) pair, for the new
     tokens that fit: rows (T, nheads_k, d) are the new tokens, row t being number idx_t of sequence
     seq_t, whose tokens start at row first[seq_t]. With S the cache's length, a token goes to
@@ -96,14 +96,22 @@ def _append(caches, rows, seq: torch.Tensor, idx: torch.Tensor, first: torch.Ten
     (their sequence's last fitting token, or the slot's own value when none fits), so every write to
     one slot writes the same value. Slots and rows are clamped: whatever the index tensors hold,
     nothing lands or is read outside the tensors. The indices are computed once for all pairs.
-    entry (cache_batch_idx, clamped): sequence b's cache entry, else b."""
-    seqlen_cache, total = caches[0].shape[1], rows[0].shape[0]
+    entry (cache_batch_idx, clamped): sequence b's cache entry, else b. page_table: a paged cache
+    (num_pages, page_size, ...), position p of sequence b at row p % page_size of page
+    page_table[b, p // page_size] (clamped to the cache); S is then the table's capacity."""
+    page_size = caches[0].shape[1]
+    seqlen_cache = page_size if page_table is None else page_table.shape[1] * page_size
+    total = rows[0].shape[0]
     start = starts.long()[seq]
     src = torch.minimum(idx, seqlen_cache - 1 - start)  # the number of the token whose value goes to the slot
     slot = torch.clamp(start + src, 0, seqlen_cache - 1)
     src_row = torch.clamp(first.long()[seq] + src, 0, max(total - 1, 0))
     fits = (src >= 0)[:, None, None]
-    where = seq if entry is None else entry.long()[seq]
+    if page_table is None:
+        where = seq if entry is None else entry.long()[seq]
+    else:
+        where = page_table.long()[seq, slot // page_size].clamp(0, caches[0].shape[0] - 1)
+        slot = slot % page_size
     for cache, new in zip(caches, rows):
         cache[where, slot] = torch.where(fits, new[src_row], cache[where, slot])
 
@@ -342,31 +350,25 @@ def flash_attn_with_kvcache(
             q_pos = offsets.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
     if k is not None:
-        if page_table is None:
-            _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, entry)
-        else:
-            paged.append_paged((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, page_table,
-                               seqlen_cache)
+        _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, entry, page_table)
         seqlens = torch.clamp(seqlens + new_counts, max=seqlen_cache)
-    if page_table is not None:
-        return _paged_attention(q, k_cache, v_cache, page_table, seqlens, leftpad, cu_seqlens_q, batch, seqlen_q,
-                                seqlen_cache, softmax_scale, causal, window_size, attention_chunk, softcap, num_splits,
-                                pack_gqa, return_softmax_lse, learnable_sink)
 
-    # The cache as packed rows: sequence b's valid keys are seqused_k[b] rows from row
-    # entry_b * seqlen_cache + leftpad_b (the kernels read seqused_k as the length from that offset,
-    # at most max_seqlen_k = seqlen_cache, so an entry is never read past its end).
-    if entry is None:
-        rows = _constant("steps", batch + 1, seqlen_cache, device)
+    # Sequence b's valid keys are seqused_k[b] from cu_k[b]: rows of the cache as one packed tensor,
+    # from entry_b * seqlen_cache + leftpad_b, or (paged) positions of its page-table row from
+    # leftpad_b. The kernels read seqused_k as the length from that offset, at most max_seqlen_k =
+    # seqlen_cache, so an entry (a row of pages) is never read past its end.
+    if page_table is not None:
+        total_k = seqlen_cache
+        rows = _constant("full", batch + 1, 0, device)
     else:
-        rows = torch.cat([entry * seqlen_cache, _constant("full", 1, batch_cache * seqlen_cache, device)])
+        total_k = batch_cache * seqlen_cache
+        rows = _constant("steps", batch + 1, seqlen_cache, device) if entry is None else \
+            torch.cat([entry * seqlen_cache, _constant("full", 1, total_k, device)])
     if leftpad is None:
         cu_k, used_k = rows, seqlens
     else:
         cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
         used_k = torch.clamp(seqlens - leftpad, min=0)
-    k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
-    v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, dv)
     q_rows, cu_q = _query_rows(q, cu_seqlens_q, batch, seqlen_q)
     max_k = seqlen_cache
     if attention_chunk:
@@ -374,8 +376,17 @@ def flash_attn_with_kvcache(
         k_len = used_k.clamp(0, seqlen_cache) if leftpad is None else used_k.clamp(min=0).minimum(seqlen_cache - leftpad)
         q_lens = cu_q[1:] - cu_q[:-1]
         cu_q, cu_k, used_k = _chunk_segments(cu_q[:-1], q_lens, cu_k[:-1], k_len, attention_chunk, seqlen_q,
-                                             q_rows.shape[0], batch_cache * seqlen_cache)
+                                             q_rows.shape[0], total_k)
         max_k = min(attention_chunk, seqlen_cache)
+        if page_table is not None:  # each chunk segment reads its sequence's row of pages
+            page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
+    if page_table is not None:
+        result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
+                                    softmax_scale, causal, window_size, softcap, num_splits, pack_gqa,
+                                    return_softmax_lse, learnable_sink)
+        return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
+    k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
+    v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, dv)
     result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
         q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
@@ -401,36 +412,6 @@ def _caller_layout(result, return_lse: bool, varlen_q: bool, batch: int, seqlen_
         if lse is not None:
             lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
     return (out, lse) if return_lse else out
-
-
-def _paged_attention(q, k_cache, v_cache, page_table, seqlens, leftpad, cu_seqlens_q, batch, seqlen_q, capacity,
-                     softmax_scale, causal, window_size, attention_chunk, softcap, num_splits, pack_gqa, return_lse,
-                     learnable_sink=None):
-    """The attention of flash_attn_with_kvcache over a paged cache (after any append): sequence b's
-    keys are positions [leftpad_b, seqlens_b) of its page-table row (the kernels clamp them to
-    the row's capacity)."""
-    device = q.device
-    q_rows, cu_q = _query_rows(q, cu_seqlens_q, batch, seqlen_q)
-    if leftpad is None:
-        cu_k, used_k = None, seqlens  # keys from position 0
-    else:
-        first = torch.minimum(leftpad, seqlens)
-        cu_k = torch.cat([first, _constant("full", 1, capacity, device)])
-        used_k = torch.clamp(seqlens - leftpad, min=0)
-    max_k = capacity
-    if attention_chunk:
-        # Chunk segments as in the contiguous path, each with its sequence's row of pages.
-        q_lens = cu_q[1:] - cu_q[:-1]
-        starts = _constant("full", batch, 0, device) if cu_k is None else cu_k[:-1]
-        k_len = used_k.clamp(0, capacity) if leftpad is None else used_k.clamp(min=0).minimum(capacity - leftpad)
-        cu_q, cu_k, used_k = _chunk_segments(cu_q[:-1], q_lens, starts, k_len, attention_chunk, seqlen_q,
-                                             q_rows.shape[0], capacity)
-        page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
-        max_k = min(attention_chunk, capacity)
-    result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
-                                softmax_scale, causal, window_size, softcap, num_splits, pack_gqa, return_lse,
-                                learnable_sink)
-    return _caller_layout(result, return_lse, cu_seqlens_q is not None, batch, seqlen_q)
 
 
 def get_scheduler_metadata(

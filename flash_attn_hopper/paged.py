@@ -9,7 +9,7 @@ and clamp page numbers to the cache and lengths to the table's capacity; nothing
 contents on the host, so a decode step can be captured in a CUDA graph.
 
 Used by ``flash_attn_varlen_func(..., page_table=...)`` and ``flash_attn_with_kvcache(...,
-page_table=...)``. No backward, as in FlashAttention-3.
+page_table=...)`` (kvcache.py appends new tokens to the pages). No backward, as in FlashAttention-3.
 """
 
 from __future__ import annotations
@@ -170,20 +170,3 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
     out = out[..., :dv] if out.shape[-1] != dv else out
     return (out, lse) if return_lse else out
 
-
-def append_paged(caches, rows, seq, idx, first, starts, page_table, seqused_cap: int) -> None:
-    """kvcache._append for a paged cache: new token number idx_t of sequence seq_t (rows[t]) goes to
-    logical position starts[seq_t] + idx_t of that sequence's pages, for the tokens that fit below
-    seqused_cap (= max_pages x page_size), with the same every-write-agrees rule as _append. Page
-    numbers are clamped to the cache."""
-    num_pages, page_size = caches[0].shape[:2]
-    total = rows[0].shape[0]
-    start = starts.long()[seq]
-    src = torch.minimum(idx, seqused_cap - 1 - start)
-    pos = torch.clamp(start + src, 0, seqused_cap - 1)
-    src_row = torch.clamp(first.long()[seq] + src, 0, max(total - 1, 0))
-    fits = (src >= 0)[:, None, None]
-    page = page_table.long()[seq, pos // page_size].clamp(0, num_pages - 1)
-    slot = pos % page_size
-    for cache, new in zip(caches, rows):
-        cache[page, slot] = torch.where(fits, new[src_row], cache[page, slot])
