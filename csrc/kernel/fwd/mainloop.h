@@ -101,9 +101,9 @@ struct FwdMainloop {
     }
   }
 
-  // Producer: K(n_max-1), then Q once (after the previous tile released the Q buffer: persistent
-  // mode), then K(n-1) ahead of V(n), matching the consumers' order. One thread issues the TMA
-  // loads; in paged kernels the producer warpgroup gathers K/V (load_paged).
+  // Producer: one thread issues the TMA loads of a tile in walk()'s order, Q once the previous
+  // tile released its buffer (persistent mode); in paged kernels the producer warpgroup gathers K/V
+  // (load_paged).
   template <typename Params, typename Seq>
   CUTLASS_DEVICE void load(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                            Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
@@ -129,7 +129,6 @@ struct FwdMainloop {
     auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
@@ -140,14 +139,24 @@ struct FwdMainloop {
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
       ++state_v;
     };
-    int n = range.n_block_max - 1;
-    load_k(n);  // may stream in while the previous tile still holds the Q buffer
     // The Q buffer is free once the previous tile that used it released it (its epilogue's O
     // store has read it, or with kEarlyQ its last Q.K^T GEMM is done; with kQ2 that tile is
     // the one before the previous).
-    if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
-    smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
-    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+    walk(range, load_k, load_v, [&] {
+      if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
+      smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+    });
+  }
+
+  // The producer's order: K(n_max-1) (it may stream in while the previous tile still holds the Q
+  // buffer), then Q, then K(n-1) ahead of V(n), matching the consumers' order.
+  template <typename LoadK, typename LoadV, typename LoadQ>
+  CUTLASS_DEVICE static void walk(BlockRange<kBlockM, kBlockN, kLocal> const& range, LoadK&& load_k, LoadV&& load_v,
+                                  LoadQ&& load_q) {
+    int n = range.n_block_max - 1;
+    load_k(n);
+    load_q();
     for (; n > range.n_block_min; --n) {
       load_k(n - 1);
       load_v(n);
@@ -175,9 +184,8 @@ struct FwdMainloop {
       pipeline.producer_commit(state, cutlass::arch::cpasync_barrier_arrive);
       ++state;
     };
-    int n = range.n_block_max - 1;
-    load_kv(std::true_type{}, pipeline_k, state_k, sK, n);
-    if (tid == 0) {
+    auto load_q = [&] {
+      if (tid != 0) { return; }
       Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, batch_coord(t.batch)), seq.offset_q(params));
       Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));  // (M, D)
       Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});
@@ -185,12 +193,9 @@ struct FwdMainloop {
       if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
       smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
       copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
-    }
-    for (; n > range.n_block_min; --n) {
-      load_kv(std::true_type{}, pipeline_k, state_k, sK, n - 1);
-      load_kv(std::false_type{}, pipeline_v, state_v, sV, n);
-    }
-    load_kv(std::false_type{}, pipeline_v, state_v, sV, range.n_block_min);
+    };
+    walk(range, [&](int n) { load_kv(std::true_type{}, pipeline_k, state_k, sK, n); },
+         [&](int n) { load_kv(std::false_type{}, pipeline_v, state_v, sV, n); }, load_q);
   }
 
   // Inter-warpgroup ping-pong: the consumer warpgroups take turns issuing GEMMs, so one
