@@ -26,6 +26,16 @@ from . import manifest, ops, packgqa, paged, sinks, support
 # --------------------------------------------------------------------------
 
 
+def _check_scale_and_causal(softmax_scale, causal) -> None:
+    """softmax_scale a Python number or None, causal a bool."""
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
+    ):
+        raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+
+
 def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
     """Validate a forward call; return (softmax_scale, causal, window) for the op.
 
@@ -35,12 +45,7 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
     compiled set, the device, in that order) by :func:`support.check`, whose
     refusal is raised as it is.
     """
-    if softmax_scale is not None and (
-        isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
-    ):
-        raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _check_scale_and_causal(softmax_scale, causal)
     answer = support.check(
         q, k, v, causal=causal, window_size=window_size,
         softmax_scale=None if softmax_scale is None else float(softmax_scale), softcap=softcap,
@@ -448,16 +453,13 @@ def flash_attn_varlen_func(
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    _check_scale_and_causal(softmax_scale, causal)
     if page_table is not None:
         if seqused_q is not None:
             raise ValueError("seqused_q is not taken with a page table: pass cu_seqlens_q of the used queries")
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
             raise RuntimeError("flash_attn_varlen_func with a page table has no backward (as FlashAttention-3): call "
                                "it under torch.no_grad() / torch.inference_mode()")
-        if softmax_scale is not None and (
-            isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
-        ):
-            raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
         return paged.varlen_paged(q, k, v, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   seqused_k, softmax_scale, causal, window_size, softcap, num_splits, pack_gqa,
                                   return_attn_probs, learnable_sink)
@@ -470,12 +472,6 @@ def flash_attn_varlen_func(
                 pack_gqa=pack_gqa, deterministic=deterministic, return_attn_probs=lse,
                 learnable_sink=learnable_sink),
             v, chunks, return_attn_probs)
-    if softmax_scale is not None and (
-        isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
-    ):
-        raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     q, k, v, softmax_scale, head_dim = _pad_head_dim(q, k, v, softmax_scale)
     answer = support.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
