@@ -253,10 +253,9 @@ def _run_paged_forward(q, k_pages, v_pages, block_table, cum_seq_q, cum_seq_k, s
     softmax_scale = _softmax_scale(q, scale)
     left, right = support.fa2_window(window_left, window_right, is_causal, max_k)
     if cum_seq_k is None:
-        cum_seq_k = torch.zeros_like(cum_seq_q)
-    capacity = block_table.shape[1] * k_pages.shape[1]
-    out, lse = paged.paged_fwd_op()(
-        q, k_pages, v_pages, block_table, cum_seq_q, cum_seq_k, seqused_k, max_q, min(max_k, capacity),
+        cum_seq_k = paged._zeros(cum_seq_q.numel(), q.device)
+    out, lse = paged.paged_fwd_op()(  # the binding bounds max_k by the table's capacity
+        q, k_pages, v_pages, block_table, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k,
         softmax_scale, bool(is_causal), left, right, False, **_splits(num_splits),
     )
     return out, lse.masked_fill(lse == float("-inf"), float("inf"))
