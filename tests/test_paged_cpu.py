@@ -54,6 +54,13 @@ def through(table: torch.Tensor, cache: torch.Tensor, like: torch.Tensor, g: tor
     return pages
 
 
+def paged_pair(cache_k: torch.Tensor, cache_v: torch.Tensor, page_size: int, g: torch.Generator):
+    """(k_pages, v_pages, table): both caches through one random page table."""
+    k_pages, table = to_pages(cache_k, page_size, g)
+    like = k_pages if cache_v.shape[-1] == cache_k.shape[-1] else torch.empty(k_pages.shape[:3] + cache_v.shape[-1:])
+    return k_pages, through(table, cache_v, like, g), table
+
+
 def gather(pages: torch.Tensor, table: torch.Tensor, seqlen: int) -> torch.Tensor:
     page_size = pages.shape[1]
     pos = torch.arange(seqlen)
@@ -67,8 +74,7 @@ def test_varlen_with_a_page_table_matches_the_contiguous_cache(monkeypatch, page
     g = torch.Generator().manual_seed(page_size * 10 + hq + causal)
     batch, seqlen, d = 3, 20, 32
     cache_k, cache_v = (torch.randn(batch, seqlen, hk, d, generator=g).to(DTYPE) for _ in range(2))
-    k_pages, table = to_pages(cache_k, page_size, g)
-    v_pages = through(table, cache_v, k_pages, g)
+    k_pages, v_pages, table = paged_pair(cache_k, cache_v, page_size, g)
     used = torch.tensor([5, 20, 0], dtype=torch.int32)
     cu_q = torch.tensor([0, 1, 5, 7], dtype=torch.int32)
     q = torch.randn(7, hq, d, generator=g).to(DTYPE)
@@ -87,8 +93,7 @@ def test_varlen_with_a_page_table_matches_the_contiguous_cache(monkeypatch, page
 def test_pack_gqa_at_decode_reads_each_kv_head_once(monkeypatch):
     g = torch.Generator().manual_seed(1)
     cache_k, cache_v = (torch.randn(2, 24, 2, 64, generator=g).to(DTYPE) for _ in range(2))
-    pages_k, table = to_pages(cache_k, 8, g)
-    pages_v = through(table, cache_v, pages_k, g)
+    pages_k, pages_v, table = paged_pair(cache_k, cache_v, 8, g)
     q = torch.randn(2, 8, 64, generator=g).to(DTYPE)
     cu_q, used = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([24, 9], dtype=torch.int32)
     with emulated_paged_op(monkeypatch) as rec:
@@ -111,8 +116,7 @@ def test_kvcache_with_a_page_table_matches_the_contiguous_cache(monkeypatch, pag
     batch, hq, hk, d, snew = 2, 4, 2, 32, 3
     cap = 32 // page_size * page_size  # whole pages: the page table's capacity is the cache's
     cache_k, cache_v = (torch.randn(batch, cap, hk, d, generator=g).to(DTYPE) for _ in range(2))
-    k_pages, table = to_pages(cache_k, page_size, g)
-    v_pages = through(table, cache_v, k_pages, g)
+    k_pages, v_pages, table = paged_pair(cache_k, cache_v, page_size, g)
     k_new, v_new = (torch.randn(batch, snew, hk, d, generator=g).to(DTYPE) for _ in range(2))
     seqlens = torch.tensor([7, cap - 2], dtype=torch.int32)  # the second fills up past the cache
     cos = sin = None
@@ -142,8 +146,7 @@ def test_kvcache_with_a_page_table_matches_the_contiguous_cache(monkeypatch, pag
 def test_attention_chunk_over_pages(monkeypatch, chunk):
     g = torch.Generator().manual_seed(chunk)
     cache_k, cache_v = (torch.randn(2, 40, 2, 32, generator=g).to(DTYPE) for _ in range(2))
-    k_pages, table = to_pages(cache_k, 4, g)
-    v_pages = through(table, cache_v, k_pages, g)
+    k_pages, v_pages, table = paged_pair(cache_k, cache_v, 4, g)
     q = torch.randn(2, 5, 4, 32, generator=g).to(DTYPE)
     seqlens = torch.tensor([13, 40], dtype=torch.int32)
     with emulated_paged_op(monkeypatch):
@@ -233,8 +236,7 @@ def test_torch_varlen_attn_with_a_block_table_runs_our_paged_op(monkeypatch):
         pytest.skip(f"torch {torch.__version__}'s varlen_attn has no block_table")
     g = torch.Generator().manual_seed(8)
     cache_k, cache_v = (torch.randn(2, 32, 2, 64, generator=g).to(DTYPE) for _ in range(2))
-    k_pages, table = to_pages(cache_k, 16, g)
-    v_pages = through(table, cache_v, k_pages, g)
+    k_pages, v_pages, table = paged_pair(cache_k, cache_v, 16, g)
     q = torch.randn(3, 4, 64, generator=g).to(DTYPE)
     cu_q, used = torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([30, 7], dtype=torch.int32)
     with emulated_paged_op(monkeypatch) as rec, torch.no_grad(), \
@@ -259,8 +261,7 @@ def test_torch_varlen_attn_with_a_block_table_runs_our_paged_op(monkeypatch):
 def test_kvcache_with_a_sink_paged_and_contiguous(monkeypatch):
     g = torch.Generator().manual_seed(12)
     cache_k, cache_v = (torch.randn(2, 32, 2, 32, generator=g).to(DTYPE) for _ in range(2))
-    k_pages, table = to_pages(cache_k, 8, g)
-    v_pages = through(table, cache_v, k_pages, g)
+    k_pages, v_pages, table = paged_pair(cache_k, cache_v, 8, g)
     q = torch.randn(2, 1, 4, 32, generator=g).to(DTYPE)
     sink = torch.randn(4, generator=g)
     seqlens = torch.tensor([9, 32], dtype=torch.int32)
@@ -299,8 +300,7 @@ def test_kvcache_with_a_value_head_dim_of_its_own(monkeypatch, d, dv):
     g = torch.Generator().manual_seed(d + 2 * dv)
     cache_k = torch.randn(2, 32, 2, d, generator=g).to(DTYPE)
     cache_v = torch.randn(2, 32, 2, dv, generator=g).to(DTYPE)
-    k_pages, table = to_pages(cache_k, 8, g)
-    v_pages = through(table, cache_v, torch.empty(k_pages.shape[:3] + (dv,)), g)
+    k_pages, v_pages, table = paged_pair(cache_k, cache_v, 8, g)
     q = torch.randn(2, 2, 4, d, generator=g).to(DTYPE)
     k_new = torch.randn(2, 2, 2, d, generator=g).to(DTYPE)
     v_new = torch.randn(2, 2, 2, dv, generator=g).to(DTYPE)
@@ -327,8 +327,7 @@ def test_batch_idx_and_leftpad_with_a_page_table(monkeypatch, chunk):
     cache of the same rows."""
     g = torch.Generator().manual_seed(30 + chunk)
     cache_k, cache_v = (torch.randn(4, 32, 2, 32, generator=g).to(DTYPE) for _ in range(2))
-    k_pages, table = to_pages(cache_k, 8, g)
-    v_pages = through(table, cache_v, k_pages, g)
+    k_pages, v_pages, table = paged_pair(cache_k, cache_v, 8, g)
     q = torch.randn(2, 3, 4, 32, generator=g).to(DTYPE)
     k_new, v_new = (torch.randn(2, 2, 2, 32, generator=g).to(DTYPE) for _ in range(2))
     angle = torch.rand(48, 8, generator=g) * 6.28
