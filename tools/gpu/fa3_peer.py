@@ -45,14 +45,15 @@ FA3_COMMIT = "0251105"
 CUTLASS_COMMIT = "7127592069c2fe01b041e174ba4345ef9b279671"
 FA3_ARCHIVE = PEERS / f"fa3-hopper-{FA3_COMMIT}.tar.gz"
 CUTLASS_ARCHIVE = PEERS / f"cutlass-include-{CUTLASS_COMMIT[:7]}.tar.gz"
-HDIMS = (64, 128, 256)
+HDIMS = (64, 128, 256)  # the default build
+BUILDABLE_HDIMS = (64, 128, 192, 256)  # 192's files come from FA3's own generate_kernels.py at build time
 
 # FA3's setup.py switches, as the yardstick's build set them (BENCHMARKS.md): True = compiled out.
 DISABLED = {
     "BACKWARD": False, "SPLIT": True, "PAGEDKV": True, "APPENDKV": True, "LOCAL": True,
     "SOFTCAP": True, "PACKGQA": True, "FP16": True, "FP8": True, "VARLEN": True, "CLUSTER": False,
-    "HDIM64": False, "HDIM96": True, "HDIM128": False, "HDIM192": True, "HDIM256": False, "SM8x": True,
-}
+    "HDIM96": True, "SM8x": True,
+}  # HDIM64 / 128 / 192 / 256: compiled in where --hdims names them
 DISABLED_DIFF = {"HDIMDIFF64": True, "HDIMDIFF192": True}  # config keys FLASH_ATTENTION_DISABLE_* upstream
 
 
@@ -74,6 +75,8 @@ def _sources(enable: frozenset[str] = frozenset(), hdims=HDIMS) -> list[str]:
     for combo in _FWD_COMBOS:
         if set(combo) <= enable:
             kernels += [name("fwd", d, combo) for d in hdims]
+            if "HDIMDIFF192" in enable and 192 in hdims:  # q / k 192 with v 128 (DeepSeek's prefill)
+                kernels.append(name("fwd", "192_128", combo))
             if set(combo) <= {"SOFTCAP"}:
                 kernels += [name("bwd", d, combo) for d in hdims]
     combine = ["flash_fwd_combine.cu"] if "SPLIT" in enable else []  # the split kernels' merge
@@ -121,13 +124,16 @@ def build(out: Path, jobs: int, enable: frozenset[str] = frozenset(), hdims=HDIM
             with tarfile.open(a) as t:
                 t.extractall(src, filter="data")
     hopper, cutlass_include = src / "hopper", src / "include"
+    missing = [f for f in _sources(enable, hdims) if not (hopper / f).exists()]
+    if missing:  # instantiation stubs the archive does not carry (head dim 192): FA3's generator writes them
+        subprocess.run([sys.executable, "generate_kernels.py", "--output_dir", "instantiations"], cwd=hopper, check=True)
 
     # The interface module and the build-flag record it reads (FA3's setup.py writes the latter).
     shutil.copy(hopper / "flash_attn_interface.py", out / "flash_attn_interface.py")
     switches = _switches(enable)
     flags = {f"FLASHATTENTION_DISABLE_{k}": switches[k] for k in DISABLED}
     flags |= {f"FLASH_ATTENTION_DISABLE_{k}": switches[k] for k in DISABLED_DIFF}
-    flags |= {f"FLASHATTENTION_DISABLE_HDIM{d}": True for d in HDIMS if d not in hdims}
+    flags |= {f"FLASHATTENTION_DISABLE_HDIM{d}": d not in hdims for d in BUILDABLE_HDIMS}
     flags["FLASHATTENTION_ENABLE_VCOLMAJOR"] = False
     (out / "flash_attn_config.py").write_text(f"# written by tools/gpu/fa3_peer.py\nCONFIG = {{'build_flags': {flags!r}}}\n")
     package = out / "flash_attn_3"
@@ -143,7 +149,7 @@ def build(out: Path, jobs: int, enable: frozenset[str] = frozenset(), hdims=HDIM
             "-DCUTLASS_DEBUG_TRACE_LEVEL=0", "-DNDEBUG"]
     cxx = ["-O3", "-std=c++17", "-DPy_LIMITED_API=0x03090000", "-DTORCH_TARGET_VERSION=0x0209000000000000"]
     start = time.time()
-    switches_hdim = {f"HDIM{d}": d not in hdims for d in HDIMS}
+    switches_hdim = {f"HDIM{d}": d not in hdims for d in BUILDABLE_HDIMS}
     defines = _feature_defines(enable) + [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in switches_hdim.items() if off]
     load(name="_C", sources=[str(hopper / s) for s in _sources(enable, hdims)], extra_cflags=cxx + defines,
          extra_cuda_cflags=nvcc + defines, extra_include_paths=[str(hopper), str(cutlass_include)],
@@ -194,7 +200,8 @@ def main() -> None:
     bd.add_argument("--enable", default=os.environ.get("FA3_ENABLE", ""),
                     help="comma-separated FA3 switches to compile in, e.g. SOFTCAP,VARLEN (default: $FA3_ENABLE)")
     bd.add_argument("--hdims", default=",".join(map(str, HDIMS)),
-                    help="head dims to compile, a subset of 64,128,256 (e.g. 128 for a smaller decode peer)")
+                    help="head dims to compile, a subset of 64,128,192,256 (e.g. 128 for a smaller decode peer; "
+                         "192 with --enable HDIMDIFF192 for the 192 / 128 pair)")
     sub.add_parser("check", help="FA3 against flash_attn_hopper on one shape (on the GPU machine)")
     ex = sub.add_parser("export", help="copy a built peer's runtime files (for carrying to the GPU machine)")
     ex.add_argument("built", type=Path)
@@ -209,8 +216,8 @@ def main() -> None:
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         hdims = tuple(int(x) for x in args.hdims.split(","))
-        if not set(hdims) <= set(HDIMS):
-            sys.exit(f"--hdims: a subset of {HDIMS}, got {hdims}")
+        if not set(hdims) <= set(BUILDABLE_HDIMS):
+            sys.exit(f"--hdims: a subset of {BUILDABLE_HDIMS}, got {hdims}")
         build(args.out.resolve(), args.jobs, frozenset(x.strip().upper() for x in args.enable.split(",") if x.strip()),
               hdims)
 
