@@ -110,7 +110,7 @@ void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Proble
                                    pb.head_dim_rounded, softcap, params.num_sms);
   cudaStream_t const stream = current_stream(pb.device);
   if (splits > 1) {
-    SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim, out,
+    SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim_v, out,
                        out.stride(0), out.stride(1), 0);
     fwd(params, stream);
     run.finish(pb.is_bf16, stream);
@@ -125,15 +125,16 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left, double softcap,
                                            std::optional<Tensor> const& sink, int64_t num_splits) {
-  Problem const pb = check_problem(q, k, v);
+  Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
+  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device,
+              head_dim_v] = pb;
   FwdFn const fwd = find_fwd(head_dim_rounded, is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
 
-  Tensor out = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim});
+  Tensor out = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim_v});
   Tensor lse = empty_like_dev(q, {batch, heads_q, seqlen_q}, kFloat);
   if (batch == 0 || seqlen_q == 0 || heads_q == 0) { return {out, lse}; }
   if (seqlen_k == 0) {  // nothing to attend to: O = 0, LSE = -inf (or the sink's logit)
@@ -150,7 +151,7 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
   int const splits = choose_splits(num_splits, batch, seqlen_q, seqlen_k, heads_q, head_dim_rounded, softcap > 0,
                                    params.num_sms);
   if (splits > 1) {
-    SplitRun const run(params, q, splits, /*varlen=*/false, batch, batch * seqlen_q, heads_q, head_dim, out,
+    SplitRun const run(params, q, splits, /*varlen=*/false, batch, batch * seqlen_q, heads_q, head_dim_v, out,
                        out.stride(1), out.stride(2), out.stride(0));
     fwd(params, current_stream(device));
     run.finish(is_bf16, current_stream(device));
@@ -172,7 +173,8 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   double softcap, std::optional<Tensor> const& sink,
                                                   int64_t num_splits) {
   auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+      check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                        max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
@@ -180,8 +182,8 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
 
   bool const gaps = seqused_q.has_value();  // rows no sequence uses: 0 / -inf (the sink's logit), as rows without keys
-  Tensor out = gaps ? zeros_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim})
-                        : empty_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim});
+  Tensor out = gaps ? zeros_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim_v})
+                        : empty_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim_v});
   Tensor lse = empty_like_dev(q, {pb.heads_q, vl.total_q}, kFloat);
   if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
   if (vl.total_k == 0 || vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
@@ -265,7 +267,8 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
   Problem const pb = check_problem(q, k, v);
   check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
+  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device,
+              head_dim_v] = pb;
   FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),
               "flash_attn_hopper: dout and out must have q's shape (batch, seqlen_q, nheads, headdim)");
   FLASH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
@@ -324,7 +327,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
     bool top_left, bool deterministic, double softcap) {
   auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+      check_varlen_call(false, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),

@@ -71,7 +71,8 @@ def _pad_head_dim(q, k, v, softmax_scale):
     d, dv = q.shape[-1], v.shape[-1]
     multiple = manifest.HEAD_DIM_MULTIPLE
     width = max(d + -d % multiple, dv + -dv % multiple)
-    if k.shape[-1] != d or width > manifest.MAX_HEAD_DIM or (d == dv and d % multiple == 0):
+    if k.shape[-1] != d or width > manifest.MAX_HEAD_DIM or (d == dv and d % multiple == 0) \
+            or manifest.own_value_kernels(d, dv):  # kernels of their own take the pair as it is
         return q, k, v, softmax_scale, None
     scale = d ** (-0.5) if softmax_scale is None else softmax_scale
 

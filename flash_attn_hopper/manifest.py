@@ -101,6 +101,11 @@ DIRECTIONS: Mapping[str, Direction] = {
     ),
 }
 
+#: dv != d with forward kernels of their own (csrc/kernel/common/policy.h fwd_value_head_dim): the
+#: q/k head dim's manifest head dim -> the widest v head dim they take. Other pairs, and every
+#: backward, run on zero-padded copies (docs/decisions/061).
+VALUE_HEAD_DIMS: Mapping[int, int] = {192: 128}
+
 #: Directions whose kernels exist in csrc/ and are verified on a GPU in this
 #: version: built by default (for the selected head dims and dtypes).
 AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "paged")
@@ -282,6 +287,14 @@ def round_up_headdim(hdim: int) -> int | None:
         if hdim <= candidate:
             return candidate
     return None
+
+
+def own_value_kernels(head_dim: int, head_dim_v: int) -> bool:
+    """Whether the forward kernels take v's head dim ``head_dim_v`` beside q / k's ``head_dim`` as
+    they are (VALUE_HEAD_DIMS; both multiples of 8)."""
+    rounded = round_up_headdim(head_dim) if head_dim % HEAD_DIM_MULTIPLE == 0 else None
+    widest = VALUE_HEAD_DIMS.get(rounded, 0) if rounded else 0
+    return head_dim_v != head_dim and 0 < head_dim_v <= widest and head_dim_v % HEAD_DIM_MULTIPLE == 0
 
 
 def dtype_name(torch_dtype_name: str) -> str | None:

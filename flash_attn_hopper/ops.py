@@ -222,8 +222,8 @@ def bwd_op():
 def _fwd_fake(q, k, v, softmax_scale, causal, *window_and_alignment):
     # The output shapes depend on q alone; the window arguments (window_size_left,
     # window_size_right, top_left) only choose which keys each query sees.
-    batch, seqlen_q, nheads_q, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads_q, head_dim))
+    batch, seqlen_q, nheads_q, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads_q, v.shape[-1]))  # v's head dim (dv != d kernels)
     softmax_lse = q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
     return out, softmax_lse
 
@@ -232,6 +232,18 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, *window_al
     # Contiguous gradients shaped like their inputs: dq (batch, seqlen_q, nheads_q, headdim),
     # dk and dv (batch, seqlen_k, nheads_kv, headdim), whatever the inputs' strides.
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def bwd_widened(q, v, out, dout):
+    """The backward kernels take one head dim; a forward with its own dv != d kernels (manifest
+    VALUE_HEAD_DIMS) hands them v, out and dout zero-padded to q's: the zero columns add nothing to
+    dP = dO Vᵀ or to D = rowsum(dO ∘ O), and dv's extra columns are cut off by the returned
+    ``narrow``. Returns (v, out, dout, narrow); as they are where the head dims agree."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if d == dv:
+        return v, out, dout, lambda t: t
+    widen = lambda t: torch.nn.functional.pad(t, (0, d - dv))  # noqa: E731
+    return widen(v), widen(out), widen(dout), lambda t: t[..., :dv]
 
 
 def register_bwd_fake(lib=None) -> None:
@@ -287,6 +299,7 @@ def _fwd_backward(ctx, grad_out, grad_lse):
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + (None,) * (ctx.num_inputs - 3)
     if grad_out.stride(-1) != 1:  # the kernel reads dout rows with TMA: only the last dim must be contiguous
         grad_out = grad_out.contiguous()
+    v, out, grad_out, narrow = bwd_widened(q, v, out, grad_out)
     dq, dk, dv = op(
         grad_out,
         q,
@@ -302,7 +315,7 @@ def _fwd_backward(ctx, grad_out, grad_lse):
         ctx.deterministic,
         ctx.softcap,
     )
-    return (dq, dk, dv) + (None,) * (ctx.num_inputs - 3)
+    return (dq, dk, narrow(dv)) + (None,) * (ctx.num_inputs - 3)
 
 
 def _fwd_deterministic_bwd_impl(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
@@ -383,8 +396,8 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, 
                      softmax_scale, causal, *window_and_alignment):
     # out (total_q, nheads, headdim) in q's dtype, softmax_lse float32 (nheads, total_q): the shapes
     # depend on q alone (the sequences only decide which rows see which keys).
-    total_q, nheads_q, head_dim = q.shape
-    out = q.new_empty((total_q, nheads_q, head_dim))
+    total_q, nheads_q, _ = q.shape
+    out = q.new_empty((total_q, nheads_q, v.shape[-1]))  # v's head dim (dv != d kernels)
     softmax_lse = q.new_empty((nheads_q, total_q), dtype=torch.float32)
     return out, softmax_lse
 
@@ -434,12 +447,13 @@ def _varlen_fwd_backward(ctx, grad_out, grad_lse):
     if grad_out is None:
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + rest
     op = varlen_bwd_op()
+    v, out, grad_out, narrow = bwd_widened(q, v, out, kernel_readable(grad_out))
     dq, dk, dv = op(
-        kernel_readable(grad_out), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        grad_out, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.window_size_left,
         ctx.window_size_right, ctx.top_left, ctx.deterministic, ctx.softcap,
     )
-    return (dq, dk, dv) + rest
+    return (dq, dk, narrow(dv)) + rest
 
 
 def _varlen_fwd_deterministic_bwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,

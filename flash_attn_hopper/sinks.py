@@ -55,8 +55,8 @@ def _fwd_sink_impl(q, k, v, sink, softmax_scale, causal, window_size_left=-1, wi
 
 
 def _fwd_sink_fake(q, k, v, sink, softmax_scale, causal, *rest):
-    batch, seqlen_q, heads, head_dim = q.shape
-    return q.new_empty((batch, seqlen_q, heads, head_dim)), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    batch, seqlen_q, heads, _ = q.shape
+    return q.new_empty((batch, seqlen_q, heads, v.shape[-1])), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
 
 
 def _fwd_sink_setup(ctx, inputs, output):
@@ -74,8 +74,9 @@ def _fwd_sink_backward(ctx, grad_out, grad_lse):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 7
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = ops.bwd_op()(grad_out, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 7
+    v_w, out_w, dout_w, narrow = ops.bwd_widened(q, v, out, grad_out)
+    dq, dk, dv = ops.bwd_op()(dout_w, q, k, v_w, out_w, lse, *ctx.args)
+    return dq, dk, narrow(dv), _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 7
 
 
 def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
@@ -88,8 +89,8 @@ def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, 
 
 
 def _varlen_fwd_sink_fake(q, k, v, sink, *rest):
-    total_q, heads, head_dim = q.shape
-    return q.new_empty((total_q, heads, head_dim)), q.new_empty((heads, total_q), dtype=torch.float32)
+    total_q, heads, _ = q.shape
+    return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
 
 
 def _varlen_fwd_sink_setup(ctx, inputs, output):
@@ -108,8 +109,9 @@ def _varlen_fwd_sink_backward(ctx, grad_out, grad_lse):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 13
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = ops.varlen_bwd_op()(grad_out, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.args)
-    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 13
+    v_w, out_w, dout_w, narrow = ops.bwd_widened(q, v, out, grad_out)
+    dq, dk, dv = ops.varlen_bwd_op()(dout_w, q, k, v_w, out_w, lse, cu_q, cu_k, used_q, used_k, *ctx.args)
+    return dq, dk, narrow(dv), _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 13
 
 
 def register(lib) -> None:

@@ -392,7 +392,8 @@ def check(
     if refusal is not None:
         return refusal
     batch, seqlen_q, heads_q, head_dim = q.size(b_dim), q.size(s_dim), q.size(h_dim), q.size(d_dim)
-    if k.shape != v.shape:
+    if k.shape != v.shape and not (k.shape[:-1] == v.shape[:-1]
+                                   and manifest.own_value_kernels(k.size(d_dim), v.size(d_dim))):
         kv_dims = dims.replace("seqlen", "seqlen_k").replace("nheads", "nheads_kv")
         prefix = (
             f"{nv}'s head dim ({v.size(d_dim)}) differs from {nq}'s ({head_dim}), and such calls run zero-padded "

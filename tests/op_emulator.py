@@ -28,7 +28,7 @@ import contextlib
 import pytest
 import torch
 
-from flash_attn_hopper import ops
+from flash_attn_hopper import manifest, ops
 
 
 def op_mask(seqlen_q, seqlen_k, causal, left, right, top_left, device=None) -> torch.Tensor:
@@ -115,6 +115,8 @@ class EmulatedKernel:
 
     def __call__(self, q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
                  softcap=0.0, sink=None, num_splits=1):
+        # The binding's rule: v's head dim is q's, or one the forward has kernels of its own for.
+        assert v.shape[-1] == q.shape[-1] or manifest.own_value_kernels(q.shape[-1], v.shape[-1]), (q.shape, v.shape)
         self.calls.append((q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left))
         self.softcaps.append(softcap)
         self.sinks.append(sink)
@@ -165,6 +167,8 @@ class EmulatedBackward:
         call = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         call.update(zip(ops.BWD_SCHEMA_ARGS, args), **kwargs)
         self.calls.append(call)
+        widths = [call[n].shape[-1] for n in ("q", "k", "v", "out", "dout")]
+        assert len(set(widths)) == 1, f"the backward takes one head dim, got {widths}"
         return emulate_bwd(**call)
 
 
@@ -250,9 +254,11 @@ def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
     """What varlen_fwd returns: each sequence through emulate_fwd; rows outside every used part
     out 0 and lse -inf (the sink with one), as rows that see no key."""
     total_q, heads_q, head_dim = q.shape
+    # The binding's rule: v's head dim is q's, or one the forward has kernels of its own for.
+    assert v.shape[-1] == head_dim or manifest.own_value_kernels(head_dim, v.shape[-1]), (q.shape, v.shape)
     segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                                total_q, k.size(0))
-    out = torch.zeros(total_q, heads_q, head_dim, dtype=q.dtype, device=q.device)
+    out = torch.zeros(total_q, heads_q, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.full((heads_q, total_q), float("-inf"), dtype=torch.float32, device=q.device)
     if sink is not None:
         lse[:] = sink.view(-1, 1)
@@ -273,6 +279,7 @@ def emulate_varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left=-1,
                        window_size_right=-1, top_left=False, deterministic=False, softcap=0.0):
     """(dq, dk, dv) of varlen_fwd per sequence through emulate_bwd; zero outside the used parts."""
+    assert v.shape[-1] == q.shape[-1] == out.shape[-1] == dout.shape[-1], "the backward takes one head dim"
     segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                                q.size(0), k.size(0))
     assert softmax_lse.shape == (q.size(1), q.size(0)) and softmax_lse.dtype == torch.float32, softmax_lse.shape

@@ -171,14 +171,17 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
 
 
 @pytest.mark.parametrize("d, dv, calls, width", [
-    (192, 128, 1, 192), (64, 256, 1, 256), (59, 100, 1, 104),  # one call, q, k, v padded to one width
+    (64, 256, 1, 256), (59, 100, 1, 104), (128, 64, 1, 128),  # one call, q, k, v padded to one width
     (64, 512, 8, 64), (128, 300, 3, 128),  # past the widest kernel: a call per piece of q's head dim
+    (192, 128, 1, None), (160, 120, 1, None), (192, 96, 1, None),  # the forward's own dv != d kernels
 ])
 def test_value_head_dims_other_than_qs(kernels, d, dv, calls, width):
-    """FA3's dv != d: the kernels see q, k, v padded to one width (the larger head dim rounded up to
-    8) and q's default scale, or past 256 (FA3's 64 / 512) one call per piece of v's head dim over
-    the same q and k; out and dv have v's head dim, dq and dk q's; out, the LSE and every gradient
-    against the emulation of the whole problem."""
+    """FA3's dv != d: the forward kernels take 192 / 128 (any q head dim that rounds to 192, v's up
+    to 128) as it is, and the backward sees v, out and dout zero-padded to q's head dim; other
+    pairs see q, k, v padded to one width (the larger head dim rounded up to 8) and q's default
+    scale, or past 256 (FA3's 64 / 512) one call per piece of v's head dim over the same q and k;
+    out and dv have v's head dim, dq and dk q's; out, the LSE and every gradient against the
+    emulation of the whole problem."""
     fwd, bwd = kernels
     q, k, _, _ = random_qkv(sq=37, sk=53, hq=4, hk=2, d=d, seed=d + dv)
     _, _, v, dout = random_qkv(sq=37, sk=53, hq=4, hk=2, d=dv, seed=d * dv)
@@ -186,7 +189,11 @@ def test_value_head_dims_other_than_qs(kernels, d, dv, calls, width):
     assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     check_emulated_grads(grads, q, k, v, dout, f"d={d} dv={dv}", causal=True)
     assert len(fwd.calls) == calls and len(bwd.calls) == calls
-    assert all([t.shape[-1] for t in f[:3]] == [width] * 3 for f in fwd.calls)
+    if width is None:  # kernels of their own: q, k, v as they are; the backward's v, out, dout widened to d
+        assert [t.shape[-1] for t in fwd.calls[0][:3]] == [d, d, dv]
+        assert [bwd.calls[0][n].shape[-1] for n in ("q", "k", "v", "out", "dout")] == [d] * 5
+    else:
+        assert all([t.shape[-1] for t in f[:3]] == [width] * 3 for f in fwd.calls)
     assert fwd.calls[0][3] == pytest.approx(d**-0.5) and bwd.calls[0]["softmax_scale"] == pytest.approx(d**-0.5)
     _, lse = flash_attn_hopper.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     _, lse_ref = emulate_fwd(q, k, v[..., :d], d**-0.5, True)

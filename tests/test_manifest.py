@@ -164,3 +164,17 @@ def test_dtype_names_match_torch():
     for name, info in m.DTYPES.items():
         assert m.dtype_name(str(getattr(torch, info.torch_name)).removeprefix("torch.")) == name
     assert m.dtype_name("float32") is None
+
+
+def test_value_head_dims_agree_with_the_policy():
+    """manifest.VALUE_HEAD_DIMS is what csrc/kernel/common/policy.h's fwd_value_head_dim compiles."""
+    import re
+    from pathlib import Path
+
+    policy = (Path(__file__).resolve().parents[1] / "csrc" / "kernel" / "common" / "policy.h").read_text()
+    body = policy[policy.index("constexpr int fwd_value_head_dim()"):]
+    pairs = re.findall(r"kHeadDim == (\d+) \? (\d+) : 0", body[: body.index("}")])
+    assert {int(d): int(dv) for d, dv in pairs} == dict(m.VALUE_HEAD_DIMS)
+    assert m.own_value_kernels(192, 128) and m.own_value_kernels(160, 64)
+    assert not m.own_value_kernels(192, 192) and not m.own_value_kernels(192, 136) and not m.own_value_kernels(128, 64)
+    assert not m.own_value_kernels(190, 128)  # q's head dim not a multiple of 8: padded instead

@@ -172,9 +172,11 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(varlen_kernels):
 
 
 
-@pytest.mark.parametrize("d, dv, calls, width", [(192, 128, 1, 192), (64, 512, 8, 64)])
+@pytest.mark.parametrize("d, dv, calls, width", [(128, 64, 1, 128), (64, 512, 8, 64), (192, 128, 1, 128)])
 def test_a_value_head_dim_other_than_qs(varlen_kernels, d, dv, calls, width):
-    """dv != d: one call on q, k, v padded to one width, or past 256 a call per piece of v's head dim."""
+    """dv != d: the forward's own kernels take 192 / 128 as it is (the backward's v, out, dout
+    widened to 192); other pairs one call on q, k, v padded to one width, or past 256 a call per
+    piece of v's head dim."""
     fwd, bwd = varlen_kernels
     q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=d, seed=d)
     _, _, v, dout, *_ = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=dv, seed=dv)
@@ -182,6 +184,7 @@ def test_a_value_head_dim_other_than_qs(varlen_kernels, d, dv, calls, width):
     assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     check_varlen_grads(grads, q, k, v, dout, cu_q, cu_k, causal=True)
     assert len(fwd.calls) == calls == len(bwd.calls) and all(c["v"].shape[-1] == width for c in fwd.calls)
+    assert all(c[n].shape[-1] == c["q"].shape[-1] for c in bwd.calls for n in ("v", "out", "dout"))
     assert fwd.calls[0]["softmax_scale"] == pytest.approx(d**-0.5) == bwd.calls[0]["softmax_scale"]
 
 

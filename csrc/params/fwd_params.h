@@ -27,6 +27,8 @@ struct FwdParams {
   int seqlen_q;
   int seqlen_k;
   int head_dim;     // the real head dim (a multiple of 8); the kernel's tile may be wider
+  int head_dim_v = 0;  // v's and out's head dim (0: head_dim); != head_dim only where the kernels take it
+                      // (policy.h fwd_value_head_dim)
 
   float softmax_scale;       // multiplies Q.K^T
   float softmax_scale_log2;  // the exp2-domain factor of the kernel's scores: softmax_scale * log2(e),

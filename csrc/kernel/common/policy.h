@@ -141,12 +141,15 @@ inline FwdKeys fwd_keys_class_for(int seqlen_k) {
 // What the forward kernel of (head dim, dtype, mask, tile, varlen, softcap, split) does beyond its
 // tile.
 template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_, bool kVarlen_ = false,
-          bool kSoftcap_ = false, bool kSplit_ = false, bool kPaged_ = false>
+          bool kSoftcap_ = false, bool kSplit_ = false, bool kPaged_ = false, int kHeadDimV_ = 0>
 struct FwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
   static constexpr FwdTileShape kTile = kTile_;
   static constexpr int kHeadDim = kHeadDim_;
+  // V's (and O's) head dim: kHeadDim, or (dv != d kernels, fwd_value_head_dim) narrower.
+  static constexpr int kHeadDimV = kHeadDimV_ ? kHeadDimV_ : kHeadDim_;
+  static_assert(kHeadDimV <= kHeadDim, "O is staged in Q's buffer");
   static constexpr bool kLocal = Mask::kLocal;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -204,13 +207,23 @@ constexpr FwdTileShape fwd_varlen_tile(FwdTileShape tile) {
   return tile;
 }
 
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false>
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false,
+          int kHeadDimV = 0>
 using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>,
-                               fwd_varlen_tile<kVarlen, kLocal>(fwd_tile<kHeadDim, kLocal, kKeys>()), kVarlen, kSoftcap>;
+                               fwd_varlen_tile<kVarlen, kLocal>(fwd_tile<kHeadDim, kLocal, kKeys>()), kVarlen, kSoftcap,
+                               false, false, kHeadDimV>;
 
-template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
+template <int kHeadDim, typename Element, bool kLocal, bool kVarlen, int kHeadDimV = 0>
 using FwdSplitPolicyFor =
-    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_split_tile<kHeadDim>(), kVarlen, false, true>;
+    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_split_tile<kHeadDim>(), kVarlen, false, true, false, kHeadDimV>;
+
+// dv != d: the V head dim with kernels of its own beside Q/K head dim kHeadDim (0: none; other
+// pairs run on zero-padded copies, decision 061): 192 / 128 (DeepSeek-style MLA prefill).
+template <int kHeadDim>
+constexpr int fwd_value_head_dim() {
+  return kHeadDim == 192 ? 128 : 0;
+}
+inline int fwd_value_head_dim(int head_dim_rounded) { return head_dim_rounded == 192 ? 128 : 0; }
 
 // Paged KV kernels take the split tile (decode and chunked prefill over a cache), split or not.
 template <int kHeadDim, typename Element, bool kLocal, bool kSoftcap, bool kSplit>

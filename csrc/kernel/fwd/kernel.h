@@ -32,11 +32,19 @@ namespace flash {
 
 using namespace cute;
 
+// dv != d kernels: V's global shape (rows, dv, heads_kv, batch) and O's (rows, dv, heads_q, batch).
+template <typename Shape_>
+struct ValueShapes {
+  Shape_ v, o;
+};
+struct NoValueShapes {};
+
 template <typename Policy_>
 struct FwdKernel {
   using Policy = Policy_;
   using Element = typename Policy::Element;
   static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kHeadDimV = Policy::kHeadDimV;
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kBlockN = Policy::kBlockN;
   static constexpr bool kLocal = Policy::kLocal;
@@ -53,6 +61,7 @@ struct FwdKernel {
   using Layouts = FwdSmemLayouts<Policy>;
   using SmemLayoutQ = typename Layouts::SmemLayoutQ;
   using SmemLayoutKV = typename Layouts::SmemLayoutKV;
+  using SmemLayoutV = typename Layouts::SmemLayoutV;
   using SmemLayoutO64 = typename Layouts::SmemLayoutO64;
   using ShapeQKV = typename Mainloop::ShapeQKV;
   using Pipeline = typename Mainloop::Pipeline;
@@ -81,7 +90,7 @@ struct FwdKernel {
   struct Params {
     typename Mainloop::TmaQ tma_q;
     typename Mainloop::TmaKV tma_k;
-    typename Mainloop::TmaKV tma_v;
+    typename Mainloop::TmaV tma_v;
     typename Epilogue::TmaO tma_o;
     ShapeQKV shape_q;
     ShapeQKV shape_k;
@@ -106,6 +115,8 @@ struct FwdKernel {
     float const* sink;       // FwdParams
     [[no_unique_address]] std::conditional_t<Policy::kSplit, SplitArgs, NoSplit> split;
     [[no_unique_address]] std::conditional_t<kPaged, PagedKVParams, NoPagedKV> paged;
+    // dv != d: V's and O's global shapes (else K's and Q's).
+    [[no_unique_address]] std::conditional_t<Policy::kHeadDimV != kHeadDim, ValueShapes<ShapeQKV>, NoValueShapes> shapes_v;
   };
   using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
 
@@ -143,6 +154,7 @@ struct FwdKernel {
     pipeline_params.is_leader = threadIdx.x == 0;
     pipeline_params.num_consumers = kNumMmaThreads;
     Pipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    if constexpr (Mainloop::kBytesV != Mainloop::kBytesKV) { pipeline_params.transaction_bytes = Mainloop::kBytesV; }
     Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on them
 
@@ -276,8 +288,9 @@ struct FwdKernel {
 
 // The kernel of (head dim, dtype, mask, key-length class, varlen, softcap): the tile of policy.h's
 // table.
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false>
-using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys, kVarlen, kSoftcap>>;
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false,
+          int kHeadDimV = 0>
+using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys, kVarlen, kSoftcap, kHeadDimV>>;
 
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

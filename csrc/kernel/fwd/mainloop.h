@@ -33,6 +33,7 @@ template <typename Policy>
 struct FwdMainloop {
   using Element = typename Policy::Element;
   static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kHeadDimV = Policy::kHeadDimV;  // V's and O's
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kBlockN = Policy::kBlockN;
   static constexpr bool kLocal = Policy::kLocal;
@@ -45,13 +46,15 @@ struct FwdMainloop {
 
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
   static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 2 && kNumMmaWarpGroups <= 3);
-  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
+  static_assert(!Policy::kPaged || kHeadDimV == kHeadDim, "paged caches hold K and V of one head dim");
   static_assert(!kMaxFree || kFwdVoteHwBarrier + kNumMmaWarpGroups <= 8, "vote barriers past CUTLASS's reserved ids");
 
   using Layouts = FwdSmemLayouts<Policy>;
   using SharedStorage = FwdSharedStorage<Policy>;
   using SmemLayoutQ = typename Layouts::SmemLayoutQ;
   using SmemLayoutKV = typename Layouts::SmemLayoutKV;
+  using SmemLayoutV = typename Layouts::SmemLayoutV;
   using SmemLayoutVt = typename Layouts::SmemLayoutVt;
   using Pipeline = typename Layouts::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
@@ -63,7 +66,7 @@ struct FwdMainloop {
       GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>(), AtomLayoutMNK{}));
   // O += P.V: P from registers, V^T read MN-major (V is stored as it arrives, head dim fastest).
   using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutMNK{}));
   // kHalfSoftmax: views of one half of the diagonal block's S (the GEMMs stay full width: a
@@ -81,9 +84,23 @@ struct FwdMainloop {
   using TmaKV = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutV{}), Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
 
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);  // a K stage
+  static constexpr uint32_t kBytesV = kBlockN * kHeadDimV * sizeof(Element);
+
+  // V's global shape: K's, or (dv != d) its own (Params::shapes_v).
+  template <typename Params>
+  CUTLASS_DEVICE static auto const& shape_v(Params const& params) {
+    if constexpr (kHeadDimV == kHeadDim) {
+      return params.shape_k;
+    } else {
+      return params.shapes_v.v;
+    }
+  }
 
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
 
@@ -117,13 +134,13 @@ struct FwdMainloop {
     int const head_kv = head / params.q_heads_per_kv_head;
     Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch_coord(batch)), seq.offset_q(params));  // (sq, d)
     Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));  // (sk, d)
-    Tensor mV = rows_of(params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));
+    Tensor mV = rows_of(params.tma_v.get_tma_tensor(shape_v(params))(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
-    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (N, DV, n)
     Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});  // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});   // (N, D, stages)
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});   // (N, D, stages)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});    // (N, DV, stages)
 
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
@@ -243,7 +260,7 @@ struct FwdMainloop {
     Tensor tOrV = wg_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
     Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // fp32
-    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // fp32
+    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDimV>>{});  // fp32
     Tensor tOrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));  // (rows, cols)
     Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
