@@ -125,7 +125,7 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left, double softcap,
                                            std::optional<Tensor> const& sink, int64_t num_splits) {
-  Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true);
+  Problem const pb = check_problem(q, k, v, ValueHeadDim::kForward);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
@@ -173,7 +173,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   double softcap, std::optional<Tensor> const& sink,
                                                   int64_t num_splits) {
   auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+      check_varlen_call(ValueHeadDim::kForward, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                         max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
@@ -264,13 +264,14 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
                                                        double softmax_scale, bool causal, int64_t window_size_left,
                                                        int64_t window_size_right, bool top_left, bool deterministic,
                                                        double softcap) {
-  Problem const pb = check_problem(q, k, v);
+  Problem const pb = check_problem(q, k, v, ValueHeadDim::kBackward);
   check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device,
               head_dim_v] = pb;
-  FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),
-              "flash_attn_hopper: dout and out must have q's shape (batch, seqlen_q, nheads, headdim)");
+  std::vector<int64_t> const o_sizes{batch, seqlen_q, heads_q, head_dim_v};
+  FLASH_CHECK(sizes_of(dout) == o_sizes && sizes_of(out) == o_sizes,
+              "flash_attn_hopper: dout and out must be (batch, seqlen_q, nheads, headdim_v) as fwd returns out");
   FLASH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "flash_attn_hopper: dout and out must have q's dtype");
   FLASH_CHECK(same_device(dout, q) && same_device(out, q) && same_device(softmax_lse, q),
@@ -284,7 +285,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
 
   Tensor dq = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim});
   Tensor dk = empty_like_dev(q, {batch, seqlen_k, heads_kv, head_dim});
-  Tensor dv = empty_like_dev(q, {batch, seqlen_k, heads_kv, head_dim});
+  Tensor dv = empty_like_dev(q, {batch, seqlen_k, heads_kv, head_dim_v});
   if (batch == 0 || heads_q == 0 || seqlen_q == 0 || seqlen_k == 0) {  // no query sees any key
     torch::stable::zero_(dq);
     torch::stable::zero_(dk);
@@ -327,11 +328,13 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
     bool top_left, bool deterministic, double softcap) {
   auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(false, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+      check_varlen_call(ValueHeadDim::kBackward, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                        max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),
-              "flash_attn_hopper: dout and out must have q's shape (total_q, nheads, headdim)");
+  std::vector<int64_t> const o_sizes{vl.total_q, pb.heads_q, pb.head_dim_v};
+  FLASH_CHECK(sizes_of(dout) == o_sizes && sizes_of(out) == o_sizes,
+              "flash_attn_hopper: dout and out must be (total_q, nheads, headdim_v) as varlen_fwd returns out");
   FLASH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "flash_attn_hopper: dout and out must have q's dtype");
   FLASH_CHECK(same_device(dout, q) && same_device(out, q) && same_device(softmax_lse, q),

@@ -234,18 +234,6 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, *window_al
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def bwd_widened(q, v, out, dout):
-    """The backward kernels take one head dim; a forward with its own dv != d kernels (manifest
-    VALUE_HEAD_DIMS) hands them v, out and dout zero-padded to q's: the zero columns add nothing to
-    dP = dO Vᵀ or to D = rowsum(dO ∘ O), and dv's extra columns are cut off by the returned
-    ``narrow``. Returns (v, out, dout, narrow); as they are where the head dims agree."""
-    d, dv = q.shape[-1], v.shape[-1]
-    if d == dv:
-        return v, out, dout, lambda t: t
-    widen = lambda t: torch.nn.functional.pad(t, (0, d - dv))  # noqa: E731
-    return widen(v), widen(out), widen(dout), lambda t: t[..., :dv]
-
-
 def register_bwd_fake(lib=None) -> None:
     """Register the bwd op's fake kernel (done at import when the build has the op).
 
@@ -299,7 +287,6 @@ def _fwd_backward(ctx, grad_out, grad_lse):
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + (None,) * (ctx.num_inputs - 3)
     if grad_out.stride(-1) != 1:  # the kernel reads dout rows with TMA: only the last dim must be contiguous
         grad_out = grad_out.contiguous()
-    v, out, grad_out, narrow = bwd_widened(q, v, out, grad_out)
     dq, dk, dv = op(
         grad_out,
         q,
@@ -315,7 +302,7 @@ def _fwd_backward(ctx, grad_out, grad_lse):
         ctx.deterministic,
         ctx.softcap,
     )
-    return (dq, dk, narrow(dv)) + (None,) * (ctx.num_inputs - 3)
+    return (dq, dk, dv) + (None,) * (ctx.num_inputs - 3)
 
 
 def _fwd_deterministic_bwd_impl(q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
@@ -447,13 +434,12 @@ def _varlen_fwd_backward(ctx, grad_out, grad_lse):
     if grad_out is None:
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + rest
     op = varlen_bwd_op()
-    v, out, grad_out, narrow = bwd_widened(q, v, out, kernel_readable(grad_out))
     dq, dk, dv = op(
-        grad_out, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        kernel_readable(grad_out), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.window_size_left,
         ctx.window_size_right, ctx.top_left, ctx.deterministic, ctx.softcap,
     )
-    return (dq, dk, narrow(dv)) + rest
+    return (dq, dk, dv) + rest
 
 
 def _varlen_fwd_deterministic_bwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,

@@ -74,9 +74,8 @@ def _fwd_sink_backward(ctx, grad_out, grad_lse):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 7
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    v_w, out_w, dout_w, narrow = ops.bwd_widened(q, v, out, grad_out)
-    dq, dk, dv = ops.bwd_op()(dout_w, q, k, v_w, out_w, lse, *ctx.args)
-    return dq, dk, narrow(dv), _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 7
+    dq, dk, dv = ops.bwd_op()(grad_out, q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 7
 
 
 def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
@@ -109,9 +108,8 @@ def _varlen_fwd_sink_backward(ctx, grad_out, grad_lse):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 13
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    v_w, out_w, dout_w, narrow = ops.bwd_widened(q, v, out, grad_out)
-    dq, dk, dv = ops.varlen_bwd_op()(dout_w, q, k, v_w, out_w, lse, cu_q, cu_k, used_q, used_k, *ctx.args)
-    return dq, dk, narrow(dv), _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 13
+    dq, dk, dv = ops.varlen_bwd_op()(grad_out, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.args)
+    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 13
 
 
 def register(lib) -> None:

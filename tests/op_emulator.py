@@ -100,8 +100,18 @@ def emulate_bwd(
     dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qf) * softmax_scale
     # Query head h reads kv head h // group: its gradients go back there.
     dk = dk.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
-    dv = dv.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
+    dv = dv.reshape(batch, seqlen_k, heads_kv, group, v.shape[-1]).sum(3)
     return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
+
+
+def check_bwd_head_dims(call: dict) -> None:
+    """The binding's rule (csrc/api/checks.h, ValueHeadDim::kBackward): q and k share a head dim;
+    v, out and dout share theirs, a multiple of 8 up to q's."""
+    d, dk = call["q"].shape[-1], call["k"].shape[-1]
+    dv = {call[n].shape[-1] for n in ("v", "out", "dout")}
+    assert d == dk and len(dv) == 1, f"q / k and v / out / dout head dims: {d}, {dk}, {dv}"
+    (dv,) = dv
+    assert dv == d or (0 < dv <= d and dv % 8 == 0), f"the backward takes v's head dim up to q's: {d}, {dv}"
 
 
 class EmulatedKernel:
@@ -167,8 +177,7 @@ class EmulatedBackward:
         call = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         call.update(zip(ops.BWD_SCHEMA_ARGS, args), **kwargs)
         self.calls.append(call)
-        widths = [call[n].shape[-1] for n in ("q", "k", "v", "out", "dout")]
-        assert len(set(widths)) == 1, f"the backward takes one head dim, got {widths}"
+        check_bwd_head_dims(call)
         return emulate_bwd(**call)
 
 
@@ -279,11 +288,11 @@ def emulate_varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left=-1,
                        window_size_right=-1, top_left=False, deterministic=False, softcap=0.0):
     """(dq, dk, dv) of varlen_fwd per sequence through emulate_bwd; zero outside the used parts."""
-    assert v.shape[-1] == q.shape[-1] == out.shape[-1] == dout.shape[-1], "the backward takes one head dim"
+    check_bwd_head_dims(dict(q=q, k=k, v=v, out=out, dout=dout))
     segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                                q.size(0), k.size(0))
     assert softmax_lse.shape == (q.size(1), q.size(0)) and softmax_lse.dtype == torch.float32, softmax_lse.shape
-    assert dout.shape == q.shape and out.shape == q.shape, (dout.shape, out.shape, q.shape)
+    assert dout.shape == out.shape == (*q.shape[:-1], v.shape[-1]), (dout.shape, out.shape, q.shape)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     for q_start, len_q, k_start, len_k in segments:
         if len_q == 0 or len_k == 0:

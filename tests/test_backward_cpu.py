@@ -177,7 +177,7 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
 ])
 def test_value_head_dims_other_than_qs(kernels, d, dv, calls, width):
     """FA3's dv != d: the forward kernels take 192 / 128 (any q head dim that rounds to 192, v's up
-    to 128) as it is, and the backward sees v, out and dout zero-padded to q's head dim; other
+    to 128) as it is, and so do the backward kernels (v, out and dout at v's head dim); other
     pairs see q, k, v padded to one width (the larger head dim rounded up to 8) and q's default
     scale, or past 256 (FA3's 64 / 512) one call per piece of v's head dim over the same q and k;
     out and dv have v's head dim, dq and dk q's; out, the LSE and every gradient against the
@@ -189,9 +189,9 @@ def test_value_head_dims_other_than_qs(kernels, d, dv, calls, width):
     assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     check_emulated_grads(grads, q, k, v, dout, f"d={d} dv={dv}", causal=True)
     assert len(fwd.calls) == calls and len(bwd.calls) == calls
-    if width is None:  # kernels of their own: q, k, v as they are; the backward's v, out, dout widened to d
+    if width is None:  # kernels of their own: q, k, v as they are, both ways
         assert [t.shape[-1] for t in fwd.calls[0][:3]] == [d, d, dv]
-        assert [bwd.calls[0][n].shape[-1] for n in ("q", "k", "v", "out", "dout")] == [d] * 5
+        assert [bwd.calls[0][n].shape[-1] for n in ("q", "k", "v", "out", "dout")] == [d, d, dv, dv, dv]
     else:
         assert all([t.shape[-1] for t in f[:3]] == [width] * 3 for f in fwd.calls)
     assert fwd.calls[0][3] == pytest.approx(d**-0.5) and bwd.calls[0]["softmax_scale"] == pytest.approx(d**-0.5)

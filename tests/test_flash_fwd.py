@@ -403,7 +403,7 @@ def test_head_dims_not_a_multiple_of_8(d, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_value_head_dim_other_than_qs(d, dv, causal):
     """FA3's dv != d: 192 / 128 (and any q head dim rounding to 192 with v's up to 128) on the
-    forward's own kernels, its backward on v, out, dout widened to q's; 64 / 256 on q, k, v
+    forward's own kernels and the backward's (v, out, dout at v's head dim); 64 / 256 on q, k, v
     zero-padded to the wider head dim; dv > 256 (64 / 512) in pieces of v's head dim: out and the
     gradients against the float32 reference, with q's head dim's scale."""
     skip_unless_compiled(max(d, dv) if dv <= 256 else d, torch.bfloat16)

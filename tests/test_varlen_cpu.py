@@ -174,8 +174,7 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(varlen_kernels):
 
 @pytest.mark.parametrize("d, dv, calls, width", [(128, 64, 1, 128), (64, 512, 8, 64), (192, 128, 1, 128)])
 def test_a_value_head_dim_other_than_qs(varlen_kernels, d, dv, calls, width):
-    """dv != d: the forward's own kernels take 192 / 128 as it is (the backward's v, out, dout
-    widened to 192); other pairs one call on q, k, v padded to one width, or past 256 a call per
+    """dv != d: the forward's and the backward's kernels take 192 / 128 as it is; other pairs one call on q, k, v padded to one width, or past 256 a call per
     piece of v's head dim."""
     fwd, bwd = varlen_kernels
     q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=d, seed=d)
@@ -184,7 +183,7 @@ def test_a_value_head_dim_other_than_qs(varlen_kernels, d, dv, calls, width):
     assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     check_varlen_grads(grads, q, k, v, dout, cu_q, cu_k, causal=True)
     assert len(fwd.calls) == calls == len(bwd.calls) and all(c["v"].shape[-1] == width for c in fwd.calls)
-    assert all(c[n].shape[-1] == c["q"].shape[-1] for c in bwd.calls for n in ("v", "out", "dout"))
+    assert all(b[n].shape[-1] == f["v"].shape[-1] for f, b in zip(fwd.calls, bwd.calls) for n in ("v", "out", "dout"))
     assert fwd.calls[0]["softmax_scale"] == pytest.approx(d**-0.5) == bwd.calls[0]["softmax_scale"]
 
 

@@ -35,13 +35,20 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       make_shape(kVarlen ? p.varlen.total_q : p.seqlen_q, p.head_dim, p.heads_q, kVarlen ? 1 : p.batch);
   ShapeQKV const shape_k =
       make_shape(kVarlen ? p.varlen.total_k : p.seqlen_k, p.head_dim, p.heads_kv, kVarlen ? 1 : p.batch);
+  // v and dO at their own head dim (dv != d): the descriptors zero-fill the tile's columns past it,
+  // which add nothing to dP = dO.V^T; the tiles' coordinates are those of k and q.
+  if (p.head_dim_v <= 0 || p.head_dim_v > p.head_dim) {
+    throw std::runtime_error("flash_attn_hopper: the backward needs v's head dim in (0, head_dim]");
+  }
+  ShapeQKV const shape_do = make_shape(get<0>(shape_q), p.head_dim_v, p.heads_q, get<3>(shape_q));
+  ShapeQKV const shape_v = make_shape(get<0>(shape_k), p.head_dim_v, p.heads_kv, get<3>(shape_k));
   auto tensor = [](void const* ptr, ShapeQKV const& shape, int64_t row, int64_t head, int64_t batch) {
     return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), shape, make_stride(row, _1{}, head, batch));
   };
   Tensor mQ = tensor(p.q_ptr, shape_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
-  Tensor mdO = tensor(p.do_ptr, shape_q, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
+  Tensor mdO = tensor(p.do_ptr, shape_do, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
   Tensor mK = tensor(p.k_ptr, shape_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-  Tensor mV = tensor(p.v_ptr, shape_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  Tensor mV = tensor(p.v_ptr, shape_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
 
   using M = Int<Kernel::kBlockM>;
   using N = Int<Kernel::kBlockN>;
@@ -67,6 +74,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.heads_q,
       p.heads_q / p.heads_kv,
       p.head_dim,
+      p.head_dim_v,
       p.heads_kv,
       p.softmax_scale,
       p.softmax_scale_log2,

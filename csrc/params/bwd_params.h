@@ -51,6 +51,7 @@ struct BwdParams {
   int seqlen_q_padded;
   int seqlen_k;
   int head_dim;
+  int head_dim_v;  // v's, out's, dout's and dv's: head_dim, or narrower (dv != d)
   int head_dim_rounded;
   int num_sms;  // multiprocessors of the device (the persistent kernel's grid)
 

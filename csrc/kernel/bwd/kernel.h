@@ -89,6 +89,7 @@ struct BwdKernel {
     int heads_q;
     int q_heads_per_kv_head;
     int head_dim;
+    int head_dim_v;  // v's, dO's and dv's (<= head_dim; the descriptors zero-fill the rest)
     int heads_kv;
     float softmax_scale;
     float softmax_scale_log2;

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
       for (int pass = 0; pass < kPrepPasses; ++pass) {
         int const i = u.first_row + pass * kRowsPerPass;
         o_chunk[pass] = do_chunk[pass] = make_uint4(0, 0, 0, 0);
-        if (i < e.rows && d < p.head_dim) {
+        if (i < e.rows && d < p.head_dim_v) {
           o_chunk[pass] = *reinterpret_cast<uint4 const*>(o + i * p.o_row_stride);
           do_chunk[pass] = *reinterpret_cast<uint4 const*>(dout + i * p.do_row_stride);
         }
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
     for (int pass = 0; pass < kPrepPasses; ++pass) {
       int const i = u.first_row + pass * kRowsPerPass;
       o_chunk[pass] = do_chunk[pass] = make_uint4(0, 0, 0, 0);
-      if (i < p.seqlen_q && d < p.head_dim) {  // head dims are multiples of 8
+      if (i < p.seqlen_q && d < p.head_dim_v) {  // out's and dout's head dim, a multiple of 8
         o_chunk[pass] = *reinterpret_cast<uint4 const*>(o + i * p.o_row_stride);
         do_chunk[pass] = *reinterpret_cast<uint4 const*>(dout + i * p.do_row_stride);
       }
