@@ -25,7 +25,7 @@ int split_block_n(int head_dim_rounded) {
 // softcap (its kernels are unsplit; the result does not depend on the splits), and
 // never more than the key blocks, 256 (the combine's bound) or the grid's batch dimension allows.
 // Choosing: only when the query tiles fill less than 80 % of the SMs, as many splits as fit in one
-// wave (the split kernels hold one CTA per SM), each with at least two key blocks.
+// wave (the split kernels hold one CTA per SM), down to one key block each (FA3's bound).
 int choose_splits(int64_t requested, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                   int head_dim_rounded, bool unsplittable, int num_sms) {
   FLASH_CHECK(requested >= 0, "flash_attn_hopper: num_splits must be >= 0 (0: choose), got ", requested);
@@ -35,7 +35,7 @@ int choose_splits(int64_t requested, int64_t batch, int64_t seqlen_q, int64_t se
   int64_t splits = requested;
   if (requested == 0) {
     if (tiles * 5 >= int64_t(num_sms) * 4) { return 1; }
-    splits = std::min<int64_t>(num_sms / tiles, n_blocks / 2);
+    splits = std::min<int64_t>(num_sms / tiles, n_blocks);
   }
   splits = std::min<int64_t>({splits, n_blocks, flash::kCombineMaxSplits, 65535 / std::max<int64_t>(batch, 1)});
   return splits >= 2 ? int(splits) : 1;
