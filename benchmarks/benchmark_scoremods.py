@@ -112,7 +112,7 @@ def measure(provider, run, hdim, causal, seqlen, args) -> Row:
     return row
 
 
-def markdown(rows: list[Row], env: dict, dv: int) -> str:
+def markdown(rows: list[Row], env: dict, dv: int = 0) -> str:
     lines = [f"# Score modifiers, {env['date']}", "", f"GPU {env['gpu']}, torch {env['torch']}, "
              f"flash_attn_hopper {env['flash_attn_hopper']}; bf16, {TOKENS} tokens, nheads x hdim = {HEADS_X_HDIM}, "
              f"softcap {SOFTCAP}" + (f"; v's head dim {dv} (hdim is q's and k's)." if dv else "."), "",

@@ -51,6 +51,15 @@ def test_scoremods_report_gives_the_bars_ratios():
     assert set(bs.PROVIDERS) >= {a for a, _ in bs.RATIOS} | {b for _, b in bs.RATIOS}
 
 
+def test_scoremods_flops_count_each_gemm_at_its_head_dim():
+    import benchmark_scoremods as bs
+
+    fwd, bwd = bs.flops_of(2, 3, 100, 128, 128, causal=False)
+    assert fwd == 4 * 2 * 3 * 100 * 100 * 128 and bwd == 2.5 * fwd  # benchmark_attn.py's convention
+    fwd, bwd = bs.flops_of(2, 3, 100, 192, 128, causal=True)
+    assert fwd == 2 * 2 * 3 * 100 * 100 * (192 + 128) / 2 and bwd == 2 * 2 * 3 * 100 * 100 * (3 * 192 + 2 * 128) / 2
+
+
 def test_rotated_rounds_give_each_providers_median_and_write_both_files(tmp_path):
     import math
     from types import SimpleNamespace
