@@ -125,7 +125,7 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left, double softcap,
                                            std::optional<Tensor> const& sink, int64_t num_splits) {
-  Problem const pb = check_problem(q, k, v, ValueHeadDim::kForward);
+  Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
@@ -173,7 +173,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   double softcap, std::optional<Tensor> const& sink,
                                                   int64_t num_splits) {
   auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(ValueHeadDim::kForward, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+      check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                         max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
@@ -264,7 +264,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
                                                        double softmax_scale, bool causal, int64_t window_size_left,
                                                        int64_t window_size_right, bool top_left, bool deterministic,
                                                        double softcap) {
-  Problem const pb = check_problem(q, k, v, ValueHeadDim::kBackward);
+  Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true);
   check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device,
@@ -328,7 +328,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
     bool top_left, bool deterministic, double softcap) {
   auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(ValueHeadDim::kBackward, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+      check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                         max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());

@@ -105,13 +105,13 @@ def emulate_bwd(
 
 
 def check_bwd_head_dims(call: dict) -> None:
-    """The binding's rule (csrc/api/checks.h, ValueHeadDim::kBackward): q and k share a head dim;
-    v, out and dout share theirs, a multiple of 8 up to q's."""
+    """The binding's rule (csrc/api/checks.h): q and k share a head dim; v, out and dout share
+    theirs, q's or a pair the kernels take (manifest.own_value_kernels, as the forward)."""
     d, dk = call["q"].shape[-1], call["k"].shape[-1]
     dv = {call[n].shape[-1] for n in ("v", "out", "dout")}
     assert d == dk and len(dv) == 1, f"q / k and v / out / dout head dims: {d}, {dk}, {dv}"
     (dv,) = dv
-    assert dv == d or (0 < dv <= d and dv % 8 == 0), f"the backward takes v's head dim up to q's: {d}, {dv}"
+    assert dv == d or manifest.own_value_kernels(d, dv), f"no backward kernels take head dims {d} / {dv}"
 
 
 class EmulatedKernel:

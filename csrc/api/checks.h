@@ -119,12 +119,10 @@ struct Problem {
   int64_t head_dim_v;  // v's (and out's): head_dim, or where the forward has kernels for it narrower
 };
 
-// Which head dims v may have beside q's: q's own (kSame); its own where the forward kernels take
-// the pair (kForward, policy.h fwd_value_head_dim); any multiple of 8 up to q's (kBackward: the
-// backward kernels read v and dO with their own descriptors, zero-filled to the kernel's width).
-enum class ValueHeadDim { kSame, kForward, kBackward };
-
-Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, ValueHeadDim value_head_dim = ValueHeadDim::kSame) {
+// value_head_dim: v's head dim may differ from q's where the kernels take the pair (policy.h
+// fwd_value_head_dim: the forward's dv != d kernels, the backward's BwdPolicy::kNarrowV);
+// otherwise q, k and v share one.
+Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, bool value_head_dim = false) {
   FLASH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "flash_attn_hopper: q, k and v must be CUDA tensors");
   FLASH_CHECK(same_device(k, q) && same_device(v, q),
               "flash_attn_hopper: q, k and v must be on the same device");
@@ -148,9 +146,7 @@ Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, ValueHe
   pb.head_dim_rounded = flash::manifest::round_up_head_dim(pb.head_dim);
   FLASH_CHECK(pb.head_dim_rounded != 0, "flash_attn_hopper: head dim must be a multiple of ",
               flash::manifest::kHeadDimMultiple, " and at most ", flash::manifest::kMaxHeadDim, ", got ", pb.head_dim);
-  int const own_dv = value_head_dim == ValueHeadDim::kForward    ? flash::fwd_value_head_dim(pb.head_dim_rounded)
-                     : value_head_dim == ValueHeadDim::kBackward ? int(pb.head_dim)
-                                                                 : 0;
+  int const own_dv = value_head_dim ? flash::fwd_value_head_dim(pb.head_dim_rounded) : 0;
   bool const dv_ok = pb.head_dim_v == pb.head_dim ||
                      (pb.head_dim_v > 0 && pb.head_dim_v <= own_dv && pb.head_dim_v % flash::manifest::kHeadDimMultiple == 0);
   FLASH_CHECK(k.size(3) == pb.head_dim && dv_ok, "flash_attn_hopper: q and k must have the same head dim, and v ",
@@ -321,7 +317,7 @@ struct VarlenCall {
   Problem pb;
 };
 
-VarlenCall check_varlen_call(ValueHeadDim value_head_dim, Tensor const& q, Tensor const& k, Tensor const& v,
+VarlenCall check_varlen_call(bool value_head_dim, Tensor const& q, Tensor const& k, Tensor const& v,
                              Tensor const& cu_seqlens_q,
                              Tensor const& cu_seqlens_k, std::optional<Tensor> const& seqused_q,
                              std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {

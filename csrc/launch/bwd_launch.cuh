@@ -37,8 +37,8 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       make_shape(kVarlen ? p.varlen.total_k : p.seqlen_k, p.head_dim, p.heads_kv, kVarlen ? 1 : p.batch);
   // v and dO at their own head dim (dv != d): the descriptors zero-fill the tile's columns past it,
   // which add nothing to dP = dO.V^T; the tiles' coordinates are those of k and q.
-  if (p.head_dim_v <= 0 || p.head_dim_v > p.head_dim) {
-    throw std::runtime_error("flash_attn_hopper: the backward needs v's head dim in (0, head_dim]");
+  if (p.head_dim_v <= 0 || p.head_dim_v > p.head_dim || (!Kernel::Policy::kNarrowV && p.head_dim_v != p.head_dim)) {
+    throw std::runtime_error("flash_attn_hopper: v's head dim is not one this backward kernel takes");
   }
   ShapeQKV const shape_do = make_shape(get<0>(shape_q), p.head_dim_v, p.heads_q, get<3>(shape_q));
   ShapeQKV const shape_v = make_shape(get<0>(shape_k), p.head_dim_v, p.heads_kv, get<3>(shape_k));
@@ -74,7 +74,6 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.heads_q,
       p.heads_q / p.heads_kv,
       p.head_dim,
-      p.head_dim_v,
       p.heads_kv,
       p.softmax_scale,
       p.softmax_scale_log2,
@@ -83,6 +82,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.window_right,
       {},  // varlen, set below
       p.softcap_prescale,
+      p.head_dim_v,
   };
   if constexpr (kVarlen) { params.varlen = p.varlen; }
 

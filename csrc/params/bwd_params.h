@@ -51,7 +51,6 @@ struct BwdParams {
   int seqlen_q_padded;
   int seqlen_k;
   int head_dim;
-  int head_dim_v;  // v's, out's, dout's and dv's: head_dim, or narrower (dv != d)
   int head_dim_rounded;
   int num_sms;  // multiprocessors of the device (the persistent kernel's grid)
 
@@ -71,6 +70,8 @@ struct BwdParams {
 
   float softcap;  // as FwdParams
   float softcap_prescale;
+
+  int head_dim_v;  // v's, out's, dout's and dv's: head_dim, or narrower (dv != d; BwdPolicy::kNarrowV)
 };
 
 }  // namespace flash

@@ -330,6 +330,9 @@ struct BwdPolicy {
   // step loop of each, from the SASS [D:056].
   static constexpr bool kSoftcap = kSoftcap_;
   using SoftcapDerivative = std::conditional_t<kPersistent_, float, cutlass::half_t>;
+  // v, dO and dv may be narrower than q (BwdParams::head_dim_v) where the forward has dv != d
+  // kernels (fwd_value_head_dim); the other head dims keep one head dim and their code.
+  static constexpr bool kNarrowV = fwd_value_head_dim<kHeadDim>() != 0;
   // SS with one Q/dO stage: Q and dO in two pipelines, so each stage is released as soon as its
   // GEMM has read it [D:041].
   static constexpr bool kSplitQdO = !kRS && kStages == 1;
