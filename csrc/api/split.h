@@ -24,7 +24,8 @@ int split_block_n(int head_dim_rounded) {
 // How many splits a call runs with. requested: 1 none, 0 choose, n > 1 at most n. Never with
 // softcap (its kernels are unsplit; the result does not depend on the splits), and
 // never more than the key blocks, 256 (the combine's bound) or the grid's batch dimension allows.
-// Choosing: only when the query tiles fill less than 80 % of the SMs, as many splits as fit in one
+// Choosing: only when the query tiles fill less than 80 % of the SMs and there are at least 4 key
+// blocks (below that the combine costs more than the split saves), as many splits as fit in one
 // wave (the split kernels hold one CTA per SM), down to one key block each (FA3's bound).
 int choose_splits(int64_t requested, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                   int head_dim_rounded, bool unsplittable, int num_sms) {
@@ -34,7 +35,7 @@ int choose_splits(int64_t requested, int64_t batch, int64_t seqlen_q, int64_t se
   int64_t const tiles = (seqlen_q + 127) / 128 * heads_q * batch;
   int64_t splits = requested;
   if (requested == 0) {
-    if (tiles * 5 >= int64_t(num_sms) * 4) { return 1; }
+    if (tiles * 5 >= int64_t(num_sms) * 4 || n_blocks < 4) { return 1; }
     splits = std::min<int64_t>(num_sms / tiles, n_blocks);
   }
   splits = std::min<int64_t>({splits, n_blocks, flash::kCombineMaxSplits, 65535 / std::max<int64_t>(batch, 1)});
