@@ -177,14 +177,20 @@ void run_flash_fwd_mask(FwdParams& p, cudaStream_t stream) {
   run_flash_fwd_tile<kHeadDim, Element, kLocal, kShortKeys, kVarlen, kSoftcap, kHeadDimV>(p, stream);
 }
 
+// A split-KV call (num_splits > 1) has its partial buffers and no softcap (the binding leaves
+// softcap unsplit); the split kernels of every forward entry point check it.
+inline void check_split_call(FwdParams const& p) {
+  if (p.softcap > 0 || p.oaccum_ptr == nullptr || p.lseaccum_ptr == nullptr) {
+    throw std::runtime_error("flash_attn_hopper: a split-KV call needs its partial buffers and no softcap");
+  }
+}
+
 // The kernels of (head dim, V's head dim). Split-KV calls (num_splits > 1; the binding leaves
 // softcap unsplit) take the split kernels.
 template <int kHeadDim, typename Element, int kHeadDimV>
 void run_flash_fwd_dv(FwdParams& p, cudaStream_t stream) {
   if (p.num_splits > 1) {
-    if (p.softcap > 0 || p.oaccum_ptr == nullptr || p.lseaccum_ptr == nullptr) {
-      throw std::runtime_error("flash_attn_hopper: a split-KV call needs its partial buffers and no softcap");
-    }
+    check_split_call(p);
     dispatch_mask_varlen(p, [&](auto local, auto varlen, auto) {
       launch_fwd<FwdKernel<
           FwdSplitPolicyFor<kHeadDim, Element, decltype(local)::value, decltype(varlen)::value, kHeadDimV>>>(p,

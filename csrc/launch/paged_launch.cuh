@@ -14,9 +14,7 @@ void run_flash_fwd_paged(FwdParams& p, cudaStream_t stream) {
   }
   // dispatch_mask_varlen's varlen flag is always set here (checked above): paged kernels are varlen.
   if (p.num_splits > 1) {
-    if (p.softcap > 0 || p.oaccum_ptr == nullptr || p.lseaccum_ptr == nullptr) {
-      throw std::runtime_error("flash_attn_hopper: a split-KV call needs its partial buffers and no softcap");
-    }
+    check_split_call(p);
     dispatch_mask_varlen(p, [&](auto local, auto, auto) {
       launch_fwd<FwdKernel<FwdPagedPolicyFor<kHeadDim, Element, decltype(local)::value, false, true>>>(p, stream);
     });
