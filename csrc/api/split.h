@@ -55,8 +55,11 @@ struct SplitRun {
     int64_t const seqlen = rows / batch;
     oaccum = empty_like_dev(like, {splits, batch, seqlen, heads, head_dim}, kFloat);
     lseaccum = empty_like_dev(like, {splits, batch, heads, seqlen}, kFloat);
-    // Varlen rows outside every sequence (or past seqused_q) are not written: -inf makes them 0.
-    if (varlen) { torch::stable::fill_(lseaccum, -std::numeric_limits<float>::infinity()); }
+    // Varlen rows past seqused_q are not written: -inf makes them 0. Rows outside every sequence
+    // the combine knows from cu_seqlens_q (below), with no fill kernel.
+    if (varlen && params.varlen.seqused_q != nullptr) {
+      torch::stable::fill_(lseaccum, -std::numeric_limits<float>::infinity());
+    }
     params.num_splits = splits;
     params.oaccum_ptr = oaccum.mutable_data_ptr<float>();
     params.lseaccum_ptr = lseaccum.mutable_data_ptr<float>();
@@ -90,6 +93,10 @@ struct SplitRun {
     c.vec4 = head_dim % 4 == 0;  // fresh float32 buffers: aligned, strides multiples of 4 with it
     c.num_sms = params.num_sms;
     c.sink = params.sink_ptr;
+    if (varlen) {
+      c.cu_seqlens = params.varlen.cu_seqlens_q;
+      c.cu_count = params.varlen.batch;
+    }
   }
 
   void finish(bool is_bf16, cudaStream_t stream) const {
