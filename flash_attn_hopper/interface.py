@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import manifest, ops, packgqa, paged, sinks, support
+from . import manifest, offsets, ops, packgqa, paged, sinks, support
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -501,7 +501,7 @@ def flash_attn_varlen_func(
     group = q.shape[1] // k.shape[1]
     if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)):
         out, softmax_lse = fwd(
-            packgqa.pack_rows(q, k.shape[1]), k, v, cu_seqlens_q * group, cu_seqlens_k,
+            packgqa.pack_rows(q, k.shape[1]), k, v, offsets.scaled(cu_seqlens_q, group), cu_seqlens_k,
             None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
             answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits),
         )

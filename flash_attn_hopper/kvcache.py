@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from . import packgqa, paged, support
+from . import offsets, packgqa, paged, support
 
 
 def _refuse_extras(**extras) -> None:
@@ -39,32 +39,11 @@ def _refuse_extras(**extras) -> None:
             raise support.feature_refusal(name, f"{name}", why).exception()
 
 
-_CONSTANTS: dict = {}
-
-
-def _constant(kind: str, n: int, value: int, device) -> torch.Tensor:
-    """int32 (n,) filled with value ("full") or (n,) multiples of value ("steps"), made once per
-    (kind, n, value, device, stream): a decode step then launches no small kernels for them. Kept
-    per stream, so a later call reads it in the order of the stream whose kernel wrote it; never made
-    or kept while a CUDA graph captures (its tensors' contents exist only at replay)."""
-    cuda = device.type == "cuda"
-    key = (kind, n, value, device, torch.cuda.current_stream(device).stream_id if cuda else None)
-    t = _CONSTANTS.get(key)
-    if t is None:
-        t = (torch.full((n,), value, dtype=torch.int32, device=device) if kind == "full"
-             else torch.arange(n, dtype=torch.int32, device=device) * value)
-        if not (cuda and torch.cuda.is_current_stream_capturing()):
-            if len(_CONSTANTS) >= 64:
-                _CONSTANTS.clear()
-            _CONSTANTS[key] = t
-    return t
-
-
 def _as_lengths(x, batch: int, default: int, device, name: str, cap: int, clamp: bool = True) -> torch.Tensor:
     """int32 (batch,) lengths on the device (contents are never read on the host), clamped to
     [0, cap] unless clamp=False (where the kernels clamp them: seqused_k)."""
     if x is None or (isinstance(x, int) and not isinstance(x, bool)):
-        return _constant("full", batch, default if x is None else min(max(x, 0), cap), device)
+        return offsets.constant("full", batch, default if x is None else min(max(x, 0), cap), device)
     if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.shape != (batch,) or x.device != device:
         raise ValueError(f"{name} must be an int or an int32 tensor of shape ({batch},) on {device}")
     return x.clamp(0, cap) if clamp else x
@@ -127,7 +106,7 @@ def _new_tokens(k, batch: int, cu_seqlens_k_new):
         seq = torch.arange(batch, device=device).repeat_interleave(seqlen_new)
         idx = torch.arange(seqlen_new, device=device).repeat(batch)
         first = torch.arange(batch, device=device) * seqlen_new
-        return k.reshape(batch * seqlen_new, *k.shape[2:]), seq, idx, first, _constant("full", batch, seqlen_new, device)
+        return k.reshape(batch * seqlen_new, *k.shape[2:]), seq, idx, first, offsets.constant("full", batch, seqlen_new, device)
     cu = cu_seqlens_k_new.long()
     t = torch.arange(k.shape[0], device=device)
     seq = torch.searchsorted(cu[1:], t, right=True).clamp(max=batch - 1)
@@ -334,20 +313,20 @@ def flash_attn_with_kvcache(
         if rotary_cos.dim() != 2 or rotary_sin.shape != rotary_cos.shape or rotary_dim > d or rotary_dim % 16:
             raise ValueError(f"rotary_cos / rotary_sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim a multiple "
                              f"of 16 and at most d = {d}; got {tuple(rotary_cos.shape)}")
-        offsets = _as_lengths(rotary_seqlens, batch, 0, device, "rotary_seqlens", 2**30) \
+        rotary_from = _as_lengths(rotary_seqlens, batch, 0, device, "rotary_seqlens", 2**30) \
             if rotary_seqlens is not None else seqlens
-        new_pos = offsets.long()[new_seq] + new_idx.clamp(min=0)
+        new_pos = rotary_from.long()[new_seq] + new_idx.clamp(min=0)
         k_rows = _rotate(k_rows.unsqueeze(0), rotary_cos, rotary_sin, new_pos.unsqueeze(0), rotary_interleaved)[0]
         local = causal or tuple(window_size) != (-1, -1)
         if varlen_q:
             starts = cu_seqlens_q[:-1].long()
             seq_of_row = torch.searchsorted(cu_seqlens_q[1:].long(), torch.arange(q.shape[0], device=device),
                                             right=True).clamp(max=batch - 1)
-            q_pos = offsets.long()[seq_of_row] + ((torch.arange(q.shape[0], device=device) - starts[seq_of_row])
+            q_pos = rotary_from.long()[seq_of_row] + ((torch.arange(q.shape[0], device=device) - starts[seq_of_row])
                                                   if local else 0)
             q = _rotate(q.unsqueeze(0), rotary_cos, rotary_sin, q_pos.unsqueeze(0), rotary_interleaved)[0]
         else:
-            q_pos = offsets.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
+            q_pos = rotary_from.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
     if k is not None:
         _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, entry, page_table)
@@ -359,11 +338,11 @@ def flash_attn_with_kvcache(
     # seqlen_cache, so an entry (a row of pages) is never read past its end.
     if page_table is not None:
         total_k = seqlen_cache
-        rows = _constant("full", batch + 1, 0, device)
+        rows = offsets.constant("full", batch + 1, 0, device)
     else:
         total_k = batch_cache * seqlen_cache
-        rows = _constant("steps", batch + 1, seqlen_cache, device) if entry is None else \
-            torch.cat([entry * seqlen_cache, _constant("full", 1, total_k, device)])
+        rows = offsets.constant("steps", batch + 1, seqlen_cache, device) if entry is None else \
+            torch.cat([entry * seqlen_cache, offsets.constant("full", 1, total_k, device)])
     if leftpad is None:
         cu_k, used_k = rows, seqlens
     else:
@@ -400,7 +379,7 @@ def _query_rows(q, cu_seqlens_q, batch: int, seqlen_q: int):
     as given, or (batch, seqlen_q, nheads, d) flattened with constant offsets."""
     if cu_seqlens_q is not None:
         return q, cu_seqlens_q
-    return q.reshape(batch * seqlen_q, *q.shape[2:]), _constant("steps", batch + 1, seqlen_q, q.device)
+    return q.reshape(batch * seqlen_q, *q.shape[2:]), offsets.constant("steps", batch + 1, seqlen_q, q.device)
 
 
 def _caller_layout(result, return_lse: bool, varlen_q: bool, batch: int, seqlen_q: int):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from . import manifest, ops, packgqa, sinks, support
+from . import manifest, offsets, ops, packgqa, sinks, support
 from .support import Refusal
 
 #: The paged_fwd op's schema, as csrc/flash_api.cpp defines it (tests/test_paged_cpu.py compares them).
@@ -63,9 +63,7 @@ if has_paged_op():
 
 
 def _zeros(n: int, device) -> torch.Tensor:
-    from .kvcache import _constant  # per-stream cached constants (kvcache imports this module)
-
-    return _constant("full", n, 0, device)
+    return offsets.constant("full", n, 0, device)
 
 
 def cache_refusal(k_cache, v_cache, page_table, q) -> Refusal | None:
@@ -160,7 +158,8 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
     fwd = paged_fwd_op()
     group = q.shape[1] // k_cache.shape[2]
     if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)) and learnable_sink is None:
-        out, lse = fwd(packgqa.pack_rows(q, k_cache.shape[2]), k_cache, v_cache, page_table, cu_seqlens_q * group,
+        out, lse = fwd(packgqa.pack_rows(q, k_cache.shape[2]), k_cache, v_cache, page_table,
+                       offsets.scaled(cu_seqlens_q, group),
                        cu_seqlens_k, seqused_k, answer.max_seqlen_q * group, max_k, scale, False, -1, -1, **kwargs)
         out = packgqa.unpack_rows(out, group)
         lse = packgqa.unpack_lse(lse, group) if return_lse else None
