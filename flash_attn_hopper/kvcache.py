@@ -106,7 +106,8 @@ def _new_tokens(k, batch: int, cu_seqlens_k_new):
         seq = torch.arange(batch, device=device).repeat_interleave(seqlen_new)
         idx = torch.arange(seqlen_new, device=device).repeat(batch)
         first = torch.arange(batch, device=device) * seqlen_new
-        return k.reshape(batch * seqlen_new, *k.shape[2:]), seq, idx, first, offsets.constant("full", batch, seqlen_new, device)
+        counts = offsets.constant("full", batch, seqlen_new, device)
+        return k.reshape(batch * seqlen_new, *k.shape[2:]), seq, idx, first, counts
     cu = cu_seqlens_k_new.long()
     t = torch.arange(k.shape[0], device=device)
     seq = torch.searchsorted(cu[1:], t, right=True).clamp(max=batch - 1)
