@@ -101,9 +101,9 @@ DIRECTIONS: Mapping[str, Direction] = {
     ),
 }
 
-#: dv != d with forward kernels of their own (csrc/kernel/common/policy.h fwd_value_head_dim): the
-#: q/k head dim's manifest head dim -> the widest v head dim they take. Other pairs, and every
-#: backward, run on zero-padded copies (docs/decisions/061).
+#: dv != d with kernels of their own (csrc/kernel/common/policy.h fwd_value_head_dim; the backward's
+#: BwdPolicy::kNarrowV reads v at its head dim too): the q/k head dim's manifest head dim -> the
+#: widest v head dim they take. Other pairs run on zero-padded copies (docs/decisions/061, 064).
 VALUE_HEAD_DIMS: Mapping[int, int] = {192: 128}
 
 #: Directions whose kernels exist in csrc/ and are verified on a GPU in this

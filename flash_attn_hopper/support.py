@@ -344,6 +344,13 @@ def _layout_scale_window(names, tensors, softmax_scale, scale_name, window_rules
     return causal, window
 
 
+def kv_shapes_taken(k: torch.Tensor, v: torch.Tensor, d_dim: int = -1) -> bool:
+    """Whether the kernels take k and v as they are: one shape, or shapes that differ only in a
+    head dim pair with kernels of its own (manifest.own_value_kernels)."""
+    return k.shape == v.shape or (k.shape[:-1] == v.shape[:-1]
+                                  and manifest.own_value_kernels(k.size(d_dim), v.size(d_dim)))
+
+
 def check(
     q,
     k,
@@ -392,8 +399,7 @@ def check(
     if refusal is not None:
         return refusal
     batch, seqlen_q, heads_q, head_dim = q.size(b_dim), q.size(s_dim), q.size(h_dim), q.size(d_dim)
-    if k.shape != v.shape and not (k.shape[:-1] == v.shape[:-1]
-                                   and manifest.own_value_kernels(k.size(d_dim), v.size(d_dim))):
+    if not kv_shapes_taken(k, v, d_dim):
         kv_dims = dims.replace("seqlen", "seqlen_k").replace("nheads", "nheads_kv")
         prefix = (
             f"{nv}'s head dim ({v.size(d_dim)}) differs from {nq}'s ({head_dim}), and such calls run zero-padded "

@@ -132,7 +132,7 @@ def check_varlen(
     if refusal is not None:
         return refusal
     total_q, heads_q, head_dim = q.shape
-    if k.shape != v.shape and not (k.shape[:-1] == v.shape[:-1] and manifest.own_value_kernels(k.size(2), v.size(2))):
+    if not support.kv_shapes_taken(k, v):
         return Refusal(
             f"{nk} and {nv} must have the same shape (total_k, nheads_kv, headdim), got {nk} {_shape(k)} and {nv} {_shape(v)}"
         )
