@@ -63,8 +63,11 @@
 #              memcheck,synccheck,racecheck,varlen,paged; all but memcheck on the --quick cases)
 #   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, clock_probe.py, ...)
 #   readme     the README's "fresh Hopper machine" commands ($README_CMDS, default 1,2), taken from
-#              README.md and run verbatim from the repository root, pip pointed at the carried
-#              .whl/ (PIP_NO_INDEX=1, PIP_FIND_LINKS; no network here), each under /usr/bin/time -v
+#              README.md and run verbatim from the repository root in the runner's caller's environment
+#              (no PYTHONPATH, none of the build knobs above), pip pointed at the carried .whl/
+#              and .whl/readme/ (PIP_NO_INDEX=1, PIP_FIND_LINKS; no network here: .whl/readme/ holds
+#              nvidia-cutlass's dependencies the machine lacks, cuda-python, pydot, treelib and theirs,
+#              kept out of the runner's /tmp/site), each under /usr/bin/time -v
 #              (wall time, peak memory) and README_TIMEOUT (560); $OUT/readme_N.log
 # Default STEPS: build,check,pytest.
 #
@@ -436,15 +439,21 @@ if has readme; then
   mapfile -t readme_cmds < <(awk '/^## On a fresh Hopper machine/ {s = 1} s && /^```bash/ {b = 1; next}
                                   b && /^```/ {exit} b && /^pip install/' README.md)
   rc=0
+  timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"  # peak memory too where it exists
   readme_list=${README_CMDS:-1,2}
   for i in ${readme_list//,/ }; do
     c=${readme_cmds[$((i - 1))]:-}
     if [ -z "$c" ]; then echo "README command $i: not found"; rc=1; continue; fi
     echo "README command $i: $c"
-    (cd "$REPO" && PIP_NO_INDEX=1 PIP_FIND_LINKS=$REPO/.whl timeout "${README_TIMEOUT:-560}" \
-      /usr/bin/time -v bash -c "$c") > "$OUT/readme_$i.log" 2>&1
+    # As a user's shell would run it: none of this runner's build knobs (HDIMS, MAX_JOBS, ...) and no
+    # PYTHONPATH (the source tree or /tmp/site would stand in for what the command installs).
+    t0=$(date +%s)
+    (cd "$REPO" && for v in $(compgen -e | grep -E '^(FLASH_ATTN_HOPPER_|MAX_JOBS$|PYTHONPATH$)'); do unset "$v"; done
+     PIP_NO_INDEX=1 PIP_FIND_LINKS="$REPO/.whl $REPO/.whl/readme" timeout "${README_TIMEOUT:-560}" \
+      $timer bash -c "$c") > "$OUT/readme_$i.log" 2>&1
     r=$?; [ $r -eq 0 ] || rc=$r
-    grep -E "Elapsed \(wall|Maximum resident|passed|failed|Self-check|built in|largest nvcc" "$OUT/readme_$i.log" | tail -8
+    echo "README command $i: $(( $(date +%s) - t0 )) s wall" | tee -a "$OUT/readme_$i.log"
+    grep -E "Elapsed \(wall|Maximum resident|passed|failed|Self-check|compiled [0-9]+ file|largest nvcc" "$OUT/readme_$i.log" | tail -8
     echo "README command $i exit $r"
   done
   result readme $rc
