@@ -439,6 +439,10 @@ if has readme; then
   mapfile -t readme_cmds < <(awk '/^## On a fresh Hopper machine/ {s = 1} s && /^```bash/ {b = 1; next}
                                   b && /^```/ {exit} b && /^pip install/' README.md)
   rc=0
+  # The README's `pip` and `pytest` are those of the machine's python3, as in an activated venv (the
+  # machine's venv has no pip script: /usr/local/bin/pip is the system Python's, so one is made).
+  pybin=/tmp/readme-bin; mkdir -p $pybin
+  printf '#!/bin/sh\nexec %s -m pip "$@"\n' "$(command -v python3)" > $pybin/pip; chmod +x $pybin/pip
   timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"  # peak memory too where it exists
   readme_list=${README_CMDS:-1,2}
   for i in ${readme_list//,/ }; do
@@ -449,7 +453,7 @@ if has readme; then
     # PYTHONPATH (the source tree or /tmp/site would stand in for what the command installs).
     t0=$(date +%s)
     (cd "$REPO" && for v in $(compgen -e | grep -E '^(FLASH_ATTN_HOPPER_|MAX_JOBS$|PYTHONPATH$)'); do unset "$v"; done
-     PIP_NO_INDEX=1 PIP_FIND_LINKS="$REPO/.whl $REPO/.whl/readme" timeout "${README_TIMEOUT:-560}" \
+     PATH=$pybin:$PATH PIP_NO_INDEX=1 PIP_FIND_LINKS="$REPO/.whl $REPO/.whl/readme" timeout "${README_TIMEOUT:-560}" \
       $timer bash -c "$c") > "$OUT/readme_$i.log" 2>&1
     r=$?; [ $r -eq 0 ] || rc=$r
     echo "README command $i: $(( $(date +%s) - t0 )) s wall" | tee -a "$OUT/readme_$i.log"
