@@ -99,19 +99,32 @@ void set_outputs(flash::FwdParams& params, Tensor const& out4, Tensor& lse, floa
   params.o_head_stride = out4.stride(2);
 }
 
+// PackGQA inside the op (pack_gqa = g > 1, decode steps): q comes as (total_q, heads_kv, d) rows
+// t * g + j holding query head h * g + j of token t (packgqa.py's pack_rows), and out / the LSE go
+// back per query head, (total_q / g, heads_kv * g, dv) and (heads_kv * g, total_q / g), written by
+// the combine, so no copy unpacks them. Not with softcap (unsplit), seqused_q or a sink.
+void check_pack_gqa(int64_t pack_gqa, int64_t total_q, bool softcap, bool seqused_q, bool sink) {
+  FLASH_CHECK(pack_gqa >= 1 && pack_gqa <= 256, "flash_attn_hopper: pack_gqa must be in [1, 256], got ", pack_gqa);
+  FLASH_CHECK(pack_gqa == 1 || (total_q % pack_gqa == 0 && !softcap && !seqused_q && !sink),
+              "flash_attn_hopper: pack_gqa > 1 needs total_q a multiple of it and no softcap, seqused_q or sink");
+}
+
 // A varlen (or paged) forward whose params hold the problem: out / LSE pointers (out (total_q,
 // heads, d), LSE (heads, total_q)), the split plan, and the kernels, with the combine when split
 // (the partial buffers hold the packed rows as one batch entry) and the tile counter where asked.
+// With PackGQA (pack_gqa > 1, see packed_outputs) the call always splits, at least in two: the
+// combine writes out and the LSE per query head.
 void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Problem const& pb, Tensor const& q,
                    Tensor const& out, Tensor& lse, float const* sink_ptr, bool softcap, int64_t num_splits,
-                   bool tile_counter) {
+                   bool tile_counter, int64_t pack_gqa = 1) {
   set_outputs(params, torch::stable::unsqueeze(out, 0), lse, sink_ptr);
-  int const splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
-                                   pb.head_dim_rounded, softcap, params.num_sms);
+  int splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
+                             pb.head_dim_rounded, softcap, params.num_sms);
+  if (pack_gqa > 1) { splits = std::max(splits, 2); }
   cudaStream_t const stream = current_stream(pb.device);
   if (splits > 1) {
     SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim_v, out,
-                       out.stride(0), out.stride(1), 0);
+                       out.stride(0), out.stride(1), 0, int(pack_gqa));
     fwd(params, stream);
     run.finish(pb.is_bf16, stream);
   } else if (tile_counter) {
@@ -171,7 +184,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                   int64_t window_size_left, int64_t window_size_right, bool top_left,
                                                   double softcap, std::optional<Tensor> const& sink,
-                                                  int64_t num_splits) {
+                                                  int64_t num_splits, int64_t pack_gqa) {
   auto const [vl, q4, k4, v4, pb] =
       check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                         max_seqlen_q, max_seqlen_k);
@@ -181,14 +194,15 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
 
+  check_pack_gqa(pack_gqa, vl.total_q, softcap > 0, seqused_q.has_value(), sink.has_value());
+  int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
   bool const gaps = seqused_q.has_value();  // rows no sequence uses: 0 / -inf (the sink's logit), as rows without keys
-  Tensor out = gaps ? zeros_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim_v})
-                        : empty_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim_v});
-  Tensor lse = empty_like_dev(q, {pb.heads_q, vl.total_q}, kFloat);
+  Tensor out = gaps ? zeros_like_dev(q, {rows, heads, pb.head_dim_v}) : empty_like_dev(q, {rows, heads, pb.head_dim_v});
+  Tensor lse = empty_like_dev(q, {heads, rows}, kFloat);
   if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
   if (vl.total_k == 0 || vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
     torch::stable::zero_(out);
-    fill_empty_lse(lse, sink, {pb.heads_q, 1});
+    fill_empty_lse(lse, sink, {heads, 1});
     return {out, lse};
   }
   if (gaps) { fill_empty_lse(lse, sink, {pb.heads_q, 1}); }
@@ -198,7 +212,8 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
-  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/true);
+  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/true,
+                pack_gqa);
   return {out, lse};
 }
 
@@ -409,18 +424,19 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
         "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None, int num_splits=1) "
         "-> (Tensor out, Tensor softmax_lse)");
   // q (total_q, nheads, d), k and v (total_k, nheads_kv, d), sequence b at rows cu_seqlens[b]; the
-  // LSE is (nheads, total_q).
+  // LSE is (nheads, total_q). pack_gqa = g > 1: q's rows are PackGQA's (t * g + j: query head
+  // h * g + j of token t) and out / the LSE come back per query head (check_pack_gqa).
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
         "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
-        "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
+        "Tensor? sink=None, int num_splits=1, int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)");
   // q (total_q, nheads, d); k_cache and v_cache (num_pages, page_size, nheads_kv, d) read through
   // page_table (batch, max_pages): sequence b's keys are seqused_k[b] positions from cu_seqlens_k[b]
   // of its pages. The LSE is (nheads, total_q). No backward.
   m.def("paged_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cu_seqlens_q, "
         "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
         "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
-        "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
+        "Tensor? sink=None, int num_splits=1, int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).

@@ -155,12 +155,14 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     return (out, lse) if return_attn_probs else out
 
 
-def _op_kwargs(softcap, num_splits=1) -> dict:
-    """The ops' softcap and num_splits arguments, each left out at its default so that calls without
-    them stay as they were (both validated before)."""
+def _op_kwargs(softcap, num_splits=1, pack_gqa=1) -> dict:
+    """The ops' softcap, num_splits and pack_gqa arguments, each left out at its default so that
+    calls without them stay as they were (all validated before)."""
     kwargs = {"softcap": float(softcap)} if softcap else {}
     if num_splits != 1:
         kwargs["num_splits"] = num_splits
+    if pack_gqa != 1:
+        kwargs["pack_gqa"] = pack_gqa
     return kwargs
 
 
@@ -500,13 +502,15 @@ def flash_attn_varlen_func(
         fwd = ops.varlen_fwd_op()
     group = q.shape[1] // k.shape[1]
     if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)):
+        in_op = packgqa.unpacks_in_op(answer.max_seqlen_q, softcap, seqused_q, q, k, v)
         out, softmax_lse = fwd(
             packgqa.pack_rows(q, k.shape[1]), k, v, offsets.scaled(cu_seqlens_q, group), cu_seqlens_k,
             None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
-            answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits),
+            answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits, group if in_op else 1),
         )
-        out = packgqa.unpack_rows(out, group)
-        softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
+        if not in_op:
+            out = packgqa.unpack_rows(out, group)
+            softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
     else:
         out, softmax_lse = fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,

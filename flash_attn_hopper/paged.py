@@ -24,13 +24,13 @@ PAGED_FWD_SCHEMA = (
     "paged_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cu_seqlens_q, "
     "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
     "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
-    "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)"
+    "Tensor? sink=None, int num_splits=1, int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)"
 )
 #: The argument names of the paged_fwd schema, checked against the compiled op before each call.
 PAGED_FWD_SCHEMA_ARGS = (
     "q", "k_cache", "v_cache", "page_table", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "max_seqlen_q",
     "max_seqlen_k", "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left", "softcap",
-    "sink", "num_splits",
+    "sink", "num_splits", "pack_gqa",
 )
 
 
@@ -48,10 +48,12 @@ def paged_fwd_op():
     return ops._checked_op("paged_fwd", PAGED_FWD_SCHEMA_ARGS)
 
 
-def _paged_fwd_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, *rest):
-    # out like q (total_q, nheads, headdim), softmax_lse float32 (nheads, total_q).
-    total_q, nheads_q, head_dim = q.shape
-    return q.new_empty((total_q, nheads_q, head_dim)), q.new_empty((nheads_q, total_q), dtype=torch.float32)
+def _paged_fwd_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                    max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
+                    softcap=0.0, sink=None, num_splits=1, pack_gqa=1):
+    # out like q's head dim (v is padded to it), softmax_lse float32; per query head with pack_gqa.
+    out_shape, lse_shape = ops.packed_output_shapes(q, q.shape[-1], pack_gqa)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def register_paged_fake(lib=None) -> None:
@@ -158,11 +160,15 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
     fwd = paged_fwd_op()
     group = q.shape[1] // k_cache.shape[2]
     if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)) and learnable_sink is None:
+        in_op = packgqa.unpacks_in_op(answer.max_seqlen_q, softcap, None)
+        if in_op:
+            kwargs["pack_gqa"] = group
         out, lse = fwd(packgqa.pack_rows(q, k_cache.shape[2]), k_cache, v_cache, page_table,
                        offsets.scaled(cu_seqlens_q, group),
                        cu_seqlens_k, seqused_k, answer.max_seqlen_q * group, max_k, scale, False, -1, -1, **kwargs)
-        out = packgqa.unpack_rows(out, group)
-        lse = packgqa.unpack_lse(lse, group) if return_lse else None
+        if not in_op:
+            out = packgqa.unpack_rows(out, group)
+            lse = packgqa.unpack_lse(lse, group) if return_lse else None
     else:
         out, lse = fwd(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, answer.max_seqlen_q,
                        max_k, scale, answer.causal, left, right, **kwargs)

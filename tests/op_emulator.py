@@ -28,7 +28,7 @@ import contextlib
 import pytest
 import torch
 
-from flash_attn_hopper import manifest, ops
+from flash_attn_hopper import manifest, ops, packgqa
 
 
 def op_mask(seqlen_q, seqlen_k, causal, left, right, top_left, device=None) -> torch.Tensor:
@@ -259,9 +259,16 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
 
 def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                        softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
-                       softcap=0.0, sink=None, num_splits=1):
+                       softcap=0.0, sink=None, num_splits=1, pack_gqa=1):
     """What varlen_fwd returns: each sequence through emulate_fwd; rows outside every used part
-    out 0 and lse -inf (the sink with one), as rows that see no key."""
+    out 0 and lse -inf (the sink with one), as rows that see no key. pack_gqa > 1: q's rows are
+    PackGQA's and out / lse come back per query head (the binding's check_pack_gqa refusals too)."""
+    if pack_gqa != 1:
+        assert pack_gqa > 1 and q.shape[0] % pack_gqa == 0 and not softcap and seqused_q is None and sink is None
+        out, lse = emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                      max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right,
+                                      top_left, softcap, sink, num_splits)
+        return packgqa.unpack_rows(out, pack_gqa), packgqa.unpack_lse(lse, pack_gqa)
     total_q, heads_q, head_dim = q.shape
     # The binding's rule: v's head dim is q's, or one the forward has kernels of its own for.
     assert v.shape[-1] == head_dim or manifest.own_value_kernels(head_dim, v.shape[-1]), (q.shape, v.shape)
@@ -381,7 +388,7 @@ def emulated_varlen_ops(monkeypatch: pytest.MonkeyPatch, device_type: str = "cpu
 
 def emulate_paged_fwd(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                       max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
-                      top_left=False, softcap=0.0, sink=None, num_splits=1):
+                      top_left=False, softcap=0.0, sink=None, num_splits=1, pack_gqa=1):
     """What paged_fwd returns: sequence b's keys gathered from its pages (logical positions
     cu_seqlens_k[b] + j, j < seqused_k[b]) into a packed varlen call. Strict where the kernels clamp:
     a position past the page-table row or a page number outside the cache raises AssertionError."""
@@ -402,7 +409,7 @@ def emulate_paged_fwd(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_
     cu_k = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
     return emulate_varlen_fwd(q, torch.cat(rows_k), torch.cat(rows_v), cu_seqlens_q, cu_k, None, None, max_seqlen_q,
                               max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, top_left,
-                              softcap, sink)
+                              softcap, sink, num_splits, pack_gqa)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,8 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
                                          Tensor const& cu_seqlens_k, Tensor const& seqused_k, int64_t max_seqlen_q,
                                          int64_t max_seqlen_k, double softmax_scale, bool causal,
                                          int64_t window_size_left, int64_t window_size_right, bool top_left,
-                                         double softcap, std::optional<Tensor> const& sink, int64_t num_splits) {
+                                         double softcap, std::optional<Tensor> const& sink, int64_t num_splits,
+                                         int64_t pack_gqa) {
   FLASH_CHECK(q.dim() == 3, "flash_attn_hopper: with a page table q must be 3-D (total_q, nheads, headdim)");
   FLASH_CHECK(k_cache.dim() == 4 && same_sizes(k_cache, v_cache),
               "flash_attn_hopper: k_cache and v_cache must be (num_pages, page_size, nheads_kv, headdim) of one shape");
@@ -65,12 +66,14 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   FwdFn const fwd = find_paged(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("paged-KV forward", pb, q.scalar_type()));
 
-  Tensor out = empty_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim});
-  Tensor lse = empty_like_dev(q, {pb.heads_q, vl.total_q}, kFloat);
+  check_pack_gqa(pack_gqa, vl.total_q, softcap > 0, false, sink.has_value());
+  int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
+  Tensor out = empty_like_dev(q, {rows, heads, pb.head_dim});
+  Tensor lse = empty_like_dev(q, {heads, rows}, kFloat);
   if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
   if (vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
     torch::stable::zero_(out);
-    fill_empty_lse(lse, sink, {pb.heads_q, 1});
+    fill_empty_lse(lse, sink, {heads, 1});
     return {out, lse};
   }
 
@@ -84,7 +87,8 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   params.page_size = int(page_size);
   params.num_pages = int(std::min<int64_t>(num_pages, std::numeric_limits<int>::max()));
   // The paged kernels are one CTA per tile: no tile counter.
-  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/false);
+  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/false,
+                pack_gqa);
   return {out, lse};
 }
 

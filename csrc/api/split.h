@@ -50,7 +50,7 @@ struct SplitRun {
 
   SplitRun(flash::FwdParams& params, Tensor const& like, int splits, bool varlen, int64_t batch, int64_t rows,
            int64_t heads, int64_t head_dim, Tensor const& out, int64_t out_row_stride, int64_t out_head_stride,
-           int64_t out_batch_stride) {
+           int64_t out_batch_stride, int group = 1) {
     // A sink joins the combine, not the splits (each split's softmax is its own).
     int64_t const seqlen = rows / batch;
     oaccum = empty_like_dev(like, {splits, batch, seqlen, heads, head_dim}, kFloat);
@@ -97,6 +97,7 @@ struct SplitRun {
       c.cu_seqlens = params.varlen.cu_seqlens_q;
       c.cu_count = params.varlen.batch;
     }
+    c.group = group;
   }
 
   void finish(bool is_bf16, cudaStream_t stream) const {

@@ -31,6 +31,9 @@ struct CombineParams {
   // belong to no sequence, no split wrote them, and they come out 0 with LSE -inf (or the sink).
   int const* cu_seqlens = nullptr;
   int cu_count = 0;
+  // PackGQA (group > 1): row l of head h holds token l / group of query head h * group + l % group;
+  // out, lse and the sink are indexed per query head and token (seqlen / group rows, heads * group).
+  int group = 1;
   int num_sms;
 };
 

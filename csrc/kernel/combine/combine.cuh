@@ -89,8 +89,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) flash_combine_kernel(Co
     for (int i = 0; i < kLsePerLane; ++i) { sum += finite ? expf(lv[i] - m) : 0.f; }
     sum = combine_warp_sum(sum);
     float lse = finite ? m + logf(sum) : -INFINITY;
+    // Where the row's results go: per query head and token (PackGQA unpacks here).
+    int const l_out = r.l / p.group, h_out = r.h * p.group + r.l % p.group;
     if (p.sink != nullptr) {  // the sink joins the denominator: lse = log(e^lse + e^sink); an empty row gets the sink
-      float const s = p.sink[r.h];
+      float const s = p.sink[h_out];
       float const hi = fmaxf(lse, s);
       lse = hi == -INFINITY ? -INFINITY : hi + log1pf(expf(-fabsf(lse - s)));
     }
@@ -110,11 +112,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) flash_combine_kernel(Co
       count += __popc(ballot);
     }
     __syncwarp();
-    if (live_row && part == 0 && lane == 0) { p.lse[row] = lse; }
+    if (live_row && part == 0 && lane == 0) {
+      p.lse[(int64_t(r.b) * p.heads * p.group + h_out) * (p.seqlen / p.group) + l_out] = lse;
+    }
 
     float const* o_row = p.o_partial + r.b * p.op_batch_stride + r.l * p.op_row_stride + r.h * p.op_head_stride;
-    OutT* out_row = static_cast<OutT*>(p.out) + r.b * p.out_batch_stride + r.l * p.out_row_stride +
-                    r.h * p.out_head_stride;
+    OutT* out_row = static_cast<OutT*>(p.out) + r.b * p.out_batch_stride + l_out * p.out_row_stride +
+                    h_out * p.out_head_stride;
     for (int d0 = 0; d0 < p.head_dim; d0 += kChunk) {
       constexpr int kWidth = kVec4 ? 4 : 1;
       int const d = d0 + kWidth * lane;
