@@ -11,7 +11,7 @@ import torch
 
 from flash_attn_hopper import flash_attn_with_kvcache
 
-from helpers.kernels import compiled_config
+from helpers.kernels import compiled_config, cuda_kernel_names
 from reference import assert_fa_close
 from test_kvcache_cpu import reference, rotary_ref
 
@@ -175,3 +175,23 @@ def test_cache_batch_idx(splits):
     ref, _ = reference(q, picked_k, picked_v, ends, torch.zeros(batch, dtype=torch.int32), causal=True)
     low, _ = reference(q, picked_k, picked_v, ends, torch.zeros(batch, dtype=torch.int32), causal=True, upcast=False)
     assert_fa_close(out, ref, low, name="out")
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_a_packed_decode_step_runs_the_split_kernel_and_the_combine_only(batch):
+    """PackGQA at decode: the op takes the packed rows and the combine writes out and the LSE per
+    query head, so no copy kernel unpacks them (at batch 1 the pack of q is a view too)."""
+    d, dtype = compiled_config("fwd")
+    q, k_cache, v_cache, _, _ = _inputs(batch, 1, 0, 3000, 32, 8, d, dtype, seed=11)
+    seqlens = torch.full((batch,), 2900, dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_softmax_lse=True)
+        names = cuda_kernel_names(lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens))
+    ends, lo = seqlens.cpu(), torch.zeros(batch, dtype=torch.int32)
+    ref, lse_ref = reference(q, k_cache, v_cache, ends, lo, causal=False)
+    low, _ = reference(q, k_cache, v_cache, ends, lo, causal=False, upcast=False)
+    assert_fa_close(out, ref, low, name="out")
+    assert torch.allclose(lse, lse_ref, atol=2e-3)
+    copies = [n for n in names if "flash" not in n]
+    assert (copies == []) if batch == 1 else len(copies) == 1, names  # batch > 1: the pack of q
+
