@@ -104,7 +104,7 @@ void set_outputs(flash::FwdParams& params, Tensor const& out4, Tensor& lse, floa
 // back per query head, (total_q / g, heads_kv * g, dv) and (heads_kv * g, total_q / g), written by
 // the combine, so no copy unpacks them. Not with softcap (unsplit), seqused_q or a sink.
 void check_pack_gqa(int64_t pack_gqa, int64_t total_q, bool softcap, bool seqused_q, bool sink) {
-  FLASH_CHECK(pack_gqa >= 1 && pack_gqa <= 256, "flash_attn_hopper: pack_gqa must be in [1, 256], got ", pack_gqa);
+  FLASH_CHECK(pack_gqa >= 1, "flash_attn_hopper: pack_gqa must be >= 1, got ", pack_gqa);
   FLASH_CHECK(pack_gqa == 1 || (total_q % pack_gqa == 0 && !softcap && !seqused_q && !sink),
               "flash_attn_hopper: pack_gqa > 1 needs total_q a multiple of it and no softcap, seqused_q or sink");
 }

@@ -60,13 +60,13 @@ def test_schema_constants_agree():
     assert tuple(a.name for a in bwd.arguments) == ops.VARLEN_BWD_SCHEMA_ARGS
     assert [str(a.type) for a in fwd.arguments] == (
         ["Tensor"] * 5 + ["Optional[Tensor]"] * 2
-        + ["int", "int", "float", "bool", "int", "int", "bool", "float", "Optional[Tensor]", "int"]
+        + ["int", "int", "float", "bool", "int", "int", "bool", "float", "Optional[Tensor]", "int", "int"]
     )
     assert [str(a.type) for a in bwd.arguments] == (
         ["Tensor"] * 8 + ["Optional[Tensor]"] * 2
         + ["int", "int", "float", "bool", "int", "int", "bool", "bool", "float"]
     )
-    assert [a.default_value for a in fwd.arguments[11:]] == [-1, -1, False, 0.0, None, 1]
+    assert [a.default_value for a in fwd.arguments[11:]] == [-1, -1, False, 0.0, None, 1, 1]
     assert [a.default_value for a in bwd.arguments[14:]] == [-1, -1, False, False, 0.0]
     assert [r.name for r in fwd.returns] == ["out", "softmax_lse"]
     assert [r.name for r in bwd.returns] == ["dq", "dk", "dv"]
