@@ -103,10 +103,13 @@ void set_outputs(flash::FwdParams& params, Tensor const& out4, Tensor& lse, floa
 // t * g + j holding query head h * g + j of token t (packgqa.py's pack_rows), and out / the LSE go
 // back per query head, (total_q / g, heads_kv * g, dv) and (heads_kv * g, total_q / g), written by
 // the combine, so no copy unpacks them. Not with softcap (unsplit), seqused_q or a sink.
-void check_pack_gqa(int64_t pack_gqa, int64_t total_q, bool softcap, bool seqused_q, bool sink) {
+void check_pack_gqa(int64_t pack_gqa, int64_t total_q, int64_t batch, bool softcap, bool seqused_q, bool sink) {
   FLASH_CHECK(pack_gqa >= 1, "flash_attn_hopper: pack_gqa must be >= 1, got ", pack_gqa);
   FLASH_CHECK(pack_gqa == 1 || (total_q % pack_gqa == 0 && !softcap && !seqused_q && !sink),
               "flash_attn_hopper: pack_gqa > 1 needs total_q a multiple of it and no softcap, seqused_q or sink");
+  FLASH_CHECK(pack_gqa == 1 || 2 * batch <= kMaxGridBatches,
+              "flash_attn_hopper: pack_gqa > 1 splits every sequence at least in two; too many sequences (", batch,
+              ")");
 }
 
 // A varlen (or paged) forward whose params hold the problem: out / LSE pointers (out (total_q,
@@ -194,7 +197,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
 
-  check_pack_gqa(pack_gqa, vl.total_q, softcap > 0, seqused_q.has_value(), sink.has_value());
+  check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, seqused_q.has_value(), sink.has_value());
   int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
   bool const gaps = seqused_q.has_value();  // rows no sequence uses: 0 / -inf (the sink's logit), as rows without keys
   Tensor out = gaps ? zeros_like_dev(q, {rows, heads, pb.head_dim_v}) : empty_like_dev(q, {rows, heads, pb.head_dim_v});

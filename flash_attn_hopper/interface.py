@@ -502,7 +502,7 @@ def flash_attn_varlen_func(
         fwd = ops.varlen_fwd_op()
     group = q.shape[1] // k.shape[1]
     if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)):
-        in_op = packgqa.unpacks_in_op(answer.max_seqlen_q, softcap, seqused_q, q, k, v)
+        in_op = packgqa.unpacks_in_op(answer.max_seqlen_q, answer.batch, softcap, seqused_q, q, k, v)
         out, softmax_lse = fwd(
             packgqa.pack_rows(q, k.shape[1]), k, v, offsets.scaled(cu_seqlens_q, group), cu_seqlens_k,
             None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,

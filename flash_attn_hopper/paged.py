@@ -160,7 +160,7 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
     fwd = paged_fwd_op()
     group = q.shape[1] // k_cache.shape[2]
     if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)) and learnable_sink is None:
-        in_op = packgqa.unpacks_in_op(answer.max_seqlen_q, softcap, None)
+        in_op = packgqa.unpacks_in_op(answer.max_seqlen_q, answer.batch, softcap, None)
         if in_op:
             kwargs["pack_gqa"] = group
         out, lse = fwd(packgqa.pack_rows(q, k_cache.shape[2]), k_cache, v_cache, page_table,

@@ -66,7 +66,7 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   FwdFn const fwd = find_paged(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("paged-KV forward", pb, q.scalar_type()));
 
-  check_pack_gqa(pack_gqa, vl.total_q, softcap > 0, false, sink.has_value());
+  check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, false, sink.has_value());
   int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
   Tensor out = empty_like_dev(q, {rows, heads, pb.head_dim});
   Tensor lse = empty_like_dev(q, {heads, rows}, kFloat);

@@ -10,6 +10,9 @@
 
 namespace {
 
+// The grid's batch dimension (batch x splits) is at most this (CUDA's grid y / z bound).
+constexpr int64_t kMaxGridBatches = 65535;
+
 // The split kernels' key block for a (rounded) head dim.
 int split_block_n(int head_dim_rounded) {
   switch (head_dim_rounded) {
@@ -38,7 +41,7 @@ int choose_splits(int64_t requested, int64_t batch, int64_t seqlen_q, int64_t se
     if (tiles * 5 >= int64_t(num_sms) * 4 || n_blocks < 4) { return 1; }
     splits = std::min<int64_t>(num_sms / tiles, n_blocks);
   }
-  splits = std::min<int64_t>({splits, n_blocks, flash::kCombineMaxSplits, 65535 / std::max<int64_t>(batch, 1)});
+  splits = std::min<int64_t>({splits, n_blocks, flash::kCombineMaxSplits, kMaxGridBatches / std::max<int64_t>(batch, 1)});
   return splits >= 2 ? int(splits) : 1;
 }
 
