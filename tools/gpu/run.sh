@@ -63,7 +63,7 @@
 #              memcheck,synccheck,racecheck,varlen,paged; all but memcheck on the --quick cases)
 #   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, clock_probe.py, ...)
 #   readme     the README's "fresh Hopper machine" commands ($README_CMDS, default 1,2), taken from
-#              README.md and run verbatim from the repository root in the runner's caller's environment
+#              README.md and run verbatim from the repository root as a user's shell would run them
 #              (no PYTHONPATH, none of the build knobs above), pip pointed at the carried .whl/
 #              and .whl/readme/ (PIP_NO_INDEX=1, PIP_FIND_LINKS; no network here: .whl/readme/ holds
 #              nvidia-cutlass's dependencies the machine lacks, cuda-python, pydot, treelib and theirs,
