@@ -110,11 +110,10 @@ else:  # build the extension (the rest of this file)
     binding = ROOT / "csrc" / "flash_api.cpp"
     if not binding.is_file():
         fail(f"{binding.relative_to(ROOT)} is missing: this checkout has no torch binding to build")
-    # The binding, the split-KV combine kernel (no template sweep) and the generated kernel files,
-    # longest compiles first.
-    sources = build_support.compile_order([str(binding.relative_to(ROOT)), "csrc/launch/combine.cu"] + [
+    # The binding, the split-KV combine kernel (no template sweep) and the generated kernel files.
+    sources = [str(binding.relative_to(ROOT)), "csrc/launch/combine.cu"] + [
         str(p.relative_to(ROOT)) for p in generated.sources
-    ])
+    ]
     # The binding uses torch's stable ABI only, compiled for the oldest torch supported: the
     # extension then loads under every torch from that version on (and Python's limited API: abi3).
     TORCH_MIN_VERSION = re.search(

@@ -194,13 +194,3 @@ def test_setup_rejects_a_bad_knob_before_generating():
     proc = _run_setup({"FLASH_ATTN_HOPPER_DTYPES": "fp32"})
     assert proc.returncode == 1
     assert "error: FLASH_ATTN_HOPPER_DTYPES='fp32': unknown dtype 'fp32'" in proc.stderr
-
-
-def test_compile_order_puts_the_longest_files_first_and_the_small_ones_last():
-    names = ["csrc/flash_api.cpp", "csrc/launch/combine.cu", "g/flash_bwd_hdim64_bf16_sm90.cu",
-             "g/flash_fwd_hdim64_bf16_sm90.cu", "g/flash_paged_hdim128_fp16_sm90.cu", "g/flash_fwd_hdim256_fp16_sm90.cu",
-             "g/flash_bwd_hdim192_bf16_sm90.cu"]
-    assert bs.compile_order(names) == [
-        "g/flash_fwd_hdim256_fp16_sm90.cu", "g/flash_fwd_hdim64_bf16_sm90.cu", "g/flash_bwd_hdim192_bf16_sm90.cu",
-        "g/flash_bwd_hdim64_bf16_sm90.cu", "g/flash_paged_hdim128_fp16_sm90.cu", "csrc/flash_api.cpp",
-        "csrc/launch/combine.cu"]

@@ -213,21 +213,6 @@ def default_max_jobs(cores: int, mem_gb: float | None, n_sources: int) -> tuple[
     return jobs, why
 
 
-_DIRECTION_FIRST = {"fwd": 0, "bwd": 1, "paged": 2}
-
-
-def compile_order(sources: list[str]) -> list[str]:
-    """The sources with the longest compiles first, so that a parallel build ends on short ones:
-    the forward files, then the backward, then the paged forward, each widest head dim first;
-    anything else (the binding, the combine: seconds) last. Ninja starts jobs in this order."""
-    def key(source: str):
-        match = re.search(r"flash_(fwd|bwd|paged)_hdim(\d+)_", Path(source).name)
-        if match is None:
-            return (len(_DIRECTION_FIRST), 0)
-        return (_DIRECTION_FIRST[match.group(1)], -int(match.group(2)))
-    return sorted(sources, key=key)
-
-
 # --------------------------------------------------------------------------
 # Compile-time report
 # --------------------------------------------------------------------------
