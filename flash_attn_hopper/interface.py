@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import manifest, offsets, ops, packgqa, paged, sinks, support
+from . import manifest, offsets, ops, packgqa, paged, sinks, support, support_varlen
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -476,7 +476,7 @@ def flash_attn_varlen_func(
                 learnable_sink=learnable_sink),
             v, chunks, return_attn_probs)
     q, k, v, softmax_scale, head_dim = _pad_head_dim(q, k, v, softmax_scale)
-    answer = support.check_varlen(
+    answer = support_varlen.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
         causal=causal, window_size=window_size,
         softmax_scale=None if softmax_scale is None else float(softmax_scale), softcap=softcap,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from . import manifest, offsets, ops, packgqa, sinks, support
+from . import manifest, offsets, ops, packgqa, sinks, support, support_varlen
 from .support import Refusal
 
 #: The paged_fwd op's schema, as csrc/flash_api.cpp defines it (tests/test_paged_cpu.py compares them).
@@ -133,7 +133,7 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
         widen = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[-1]))  # noqa: E731
         q, k_cache, v_cache = widen(q), widen(k_cache), widen(v_cache)
     # The varlen checks, with one page as the keys (dtypes, heads, head dims, sequences, window, softcap).
-    answer = support.check_varlen(
+    answer = support_varlen.check_varlen(
         q, k_cache[0], v_cache[0], cu_seqlens_q, cu_seqlens_k, None, seqused_k, max_seqlen_q, max_seqlen_k,
         causal=causal, window_size=window_size,
         softmax_scale=None if softmax_scale is None else float(softmax_scale), softcap=softcap,

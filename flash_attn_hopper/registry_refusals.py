@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops, support
+from . import ops, support, support_varlen
 
 
 def sdpa_flash_refusal(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
@@ -79,11 +79,11 @@ def flash_attention_forward_refusal(
 
 
 def _varlen_refusal(query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, is_causal, window_size, scale):
-    """support.check_varlen's answer for an aten varlen call (FlashAttention-2's window rules), as a reason or None."""
+    """support_varlen.check_varlen's answer for an aten varlen call (FlashAttention-2's window rules), as a reason or None."""
     for name, t in (("query", query), ("key", key)):
         if isinstance(t, torch.Tensor) and t.numel() == 0:
             return f"{name} is empty (shape {tuple(t.shape)})"
-    answer = support.check_varlen(
+    answer = support_varlen.check_varlen(
         query, key, value, cum_seq_q, cum_seq_k, None, seqused_k, max_q, max_k, causal=bool(is_causal),
         window_size=window_size, window_rules="fa2", softmax_scale=scale, names=("query", "key", "value"),
     )
@@ -115,7 +115,7 @@ def _paged_reason(query, key, value, cum_seq_q, cum_seq_k, seqused_k, block_tabl
     if refusal is not None:
         return str(refusal)
     cum_k = cum_seq_k if cum_seq_k is not None else cum_seq_q  # any int32 (batch + 1,) passes the shape check
-    answer = support.check_varlen(
+    answer = support_varlen.check_varlen(
         query, key[0], value[0], cum_seq_q, cum_k, None, seqused_k, max_q, max_k, causal=bool(is_causal),
         window_size=window_size, window_rules="fa2", softmax_scale=scale, names=("query", "key", "value"),
     )

@@ -13,7 +13,7 @@ dtype, mask, GQA ratio and the compiled kernel that serves it) or a
 type the FA3 API raises for it).
 
 Variable-length calls (packed sequences with ``cu_seqlens``) ask
-:func:`check_varlen` instead, whose answer is a :class:`VarlenProblem` or a
+``support_varlen.check_varlen`` instead, whose answer is a ``VarlenProblem`` or a
 :class:`Refusal`.
 
 Entry points translate their own conventions before asking: tensor names
@@ -439,6 +439,3 @@ def check(
         bool(causal), None if window is None else tuple(window), bool(top_left), softmax_scale,
     )
 
-
-# Variable-length calls (flash_attn_hopper/support_varlen.py), answered from here as before.
-from .support_varlen import VarlenProblem, check_varlen  # noqa: E402,F401  (after the helpers it uses)
