@@ -155,17 +155,6 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     return (out, lse) if return_attn_probs else out
 
 
-def _op_kwargs(softcap, num_splits=1, pack_gqa=1) -> dict:
-    """The ops' softcap, num_splits and pack_gqa arguments, each left out at its default so that
-    calls without them stay as they were (all validated before)."""
-    kwargs = {"softcap": float(softcap)} if softcap else {}
-    if num_splits != 1:
-        kwargs["num_splits"] = num_splits
-    if pack_gqa != 1:
-        kwargs["pack_gqa"] = pack_gqa
-    return kwargs
-
-
 def _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
     refusal = None
     if qv is not None:
@@ -280,7 +269,7 @@ def flash_attn_func(
         left, right = window if window is not None else (-1, 0 if causal else -1)
         out, softmax_lse = torch.ops.flash_attn_hopper.fwd_sink(
             q, k, v, learnable_sink, softmax_scale, causal, left, right, deterministic,
-            **_op_kwargs(softcap, num_splits)
+            **ops.optional_args(softcap, num_splits)
         )
     else:
         # Same kernel either way; the op's autograd formula picks the backward (see ops.py).
@@ -294,12 +283,13 @@ def flash_attn_func(
             batch, seqlen_q, heads, d = q.shape
             packed = packgqa.pack_rows(q.reshape(batch * seqlen_q, heads, d), k.shape[2])
             out, softmax_lse = fwd(packed.view(batch, seqlen_q * group, k.shape[2], d), k, v, softmax_scale, False,
-                                   -1, -1, **_op_kwargs(softcap, num_splits))
+                                   -1, -1, **ops.optional_args(softcap, num_splits))
             out = packgqa.unpack_rows(out.reshape(batch * seqlen_q * group, k.shape[2], -1), group)
             out = out.view(batch, seqlen_q, heads, -1)
             softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
         else:
-            out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_op_kwargs(softcap, num_splits))
+            out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right,
+                                   **ops.optional_args(softcap, num_splits))
     if head_dim is not None:
         out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out
@@ -490,7 +480,7 @@ def flash_attn_varlen_func(
         out, softmax_lse = torch.ops.flash_attn_hopper.varlen_fwd_sink(
             q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q,
             answer.max_seqlen_k, scale, answer.causal, left, right, deterministic,
-            **_op_kwargs(softcap, num_splits),
+            **ops.optional_args(softcap, num_splits),
         )
         if head_dim is not None:
             out = out[..., :head_dim]
@@ -506,7 +496,8 @@ def flash_attn_varlen_func(
         out, softmax_lse = fwd(
             packgqa.pack_rows(q, k.shape[1]), k, v, offsets.scaled(cu_seqlens_q, group), cu_seqlens_k,
             None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
-            answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits, group if in_op else 1),
+            answer.max_seqlen_k, scale, False, -1, -1,
+            **ops.optional_args(softcap, num_splits, group if in_op else 1),
         )
         if not in_op:
             out = packgqa.unpack_rows(out, group)
@@ -514,7 +505,7 @@ def flash_attn_varlen_func(
     else:
         out, softmax_lse = fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
-            scale, answer.causal, left, right, **_op_kwargs(softcap, num_splits),
+            scale, answer.causal, left, right, **ops.optional_args(softcap, num_splits),
         )
     if head_dim is not None:
         out = out[..., :head_dim]

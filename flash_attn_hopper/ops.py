@@ -380,6 +380,17 @@ def varlen_bwd_op():
     return _checked_op("varlen_bwd", VARLEN_BWD_SCHEMA_ARGS)
 
 
+def optional_args(softcap, num_splits=1, pack_gqa=1) -> dict:
+    """The forward ops' softcap, num_splits and pack_gqa arguments, each left out at its default so
+    that calls without them stay as they were (all validated before)."""
+    kwargs = {"softcap": float(softcap)} if softcap else {}
+    if num_splits != 1:
+        kwargs["num_splits"] = num_splits
+    if pack_gqa != 1:
+        kwargs["pack_gqa"] = pack_gqa
+    return kwargs
+
+
 def packed_output_shapes(q, dv: int, pack_gqa: int):
     """out and softmax_lse shapes of a varlen / paged forward: (total_q, nheads, dv) and (nheads,
     total_q), or with pack_gqa = g > 1 (q's rows PackGQA's, t * g + j) per query head:

@@ -151,9 +151,7 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
     left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
 
     max_k = min(answer.max_seqlen_k, capacity)
-    kwargs = {"softcap": float(softcap)} if softcap else {}
-    if num_splits != 1:
-        kwargs["num_splits"] = num_splits
+    kwargs = ops.optional_args(softcap, num_splits)
     if learnable_sink is not None:
         sinks.check_sink(learnable_sink, q.shape[1], q)
         kwargs["sink"] = learnable_sink.float().contiguous()
