@@ -7,10 +7,15 @@ Grid: batch 1 / 8 / 64 x cache 4k / 32k / 128k (points past --max-cache-gib of K
 32:8 and 8:1 x hdim 64 / 128 / 256, bf16, contiguous caches (paged ones once page_table exists).
 Providers: flash_attn_hopper (flash_attn_with_kvcache: split-KV chosen), flash_attn_hopper-nosplit
 (flash_attn_func on (batch, 1, heads, d) queries, one CTA per head), sdpa-cudnn, sdpa-flash
-(enable_gqa), fa3 (flash_attn_with_kvcache when importable).
+(enable_gqa), fa3 (flash_attn_with_kvcache when importable); flash_attn_hopper-sN (num_splits=N) on request.
 
     python benchmarks/benchmark_decode.py --rounds 3            # results/decode-<date>.{csv,md}
     python benchmarks/benchmark_decode.py --batches 8 --caches 32768 --hdims 128
+    python benchmarks/benchmark_decode.py --graph ...   # each call captured in a CUDA graph and replayed
+
+Eager timing includes each provider's host work per call (Python checks, small tensor ops, launches),
+which bounds small decode steps; --graph replays a captured call, as serving engines run decode, and
+so times the GPU work alone.
 """
 
 from __future__ import annotations
@@ -35,15 +40,16 @@ def kv_bytes(batch: int, cache: int, heads_kv: int, hdim: int, elem: int = 2) ->
     return 2 * batch * cache * heads_kv * hdim * elem
 
 
-def _ours(split: bool = True):
-    """flash_attn_with_kvcache (split-KV chosen, its default), or flash_attn_func without splits."""
+def _ours(split: bool = True, num_splits: int = 0):
+    """flash_attn_with_kvcache (split-KV chosen, its default, or at most num_splits), or
+    flash_attn_func without splits."""
     import flash_attn_hopper
 
     reason = flash_attn_hopper.unavailable_reason()
     if reason is not None:
         raise ba.ProviderUnavailable(reason)
     if split:
-        return lambda q, k, v: flash_attn_hopper.flash_attn_with_kvcache(q, k, v)
+        return lambda q, k, v: flash_attn_hopper.flash_attn_with_kvcache(q, k, v, num_splits=num_splits)
     return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v)
 
 
@@ -97,7 +103,20 @@ def measure(provider, run, batch, cache, gqa, hdim, args) -> Row:
     k, v = (torch.randn(batch, cache, hk, hdim, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     try:
         with torch.no_grad():
-            ms = ba.time_ms(lambda: run(q, k, v), args.warmup, args.rep)
+            if args.graph:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(3):
+                        run(q, k, v)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    run(q, k, v)
+                ms = ba.time_ms(graph.replay, args.warmup, args.rep)
+                del graph
+            else:
+                ms = ba.time_ms(lambda: run(q, k, v), args.warmup, args.rep)
         row.gbps = kv_bytes(batch, cache, hk, hdim) / ms / 1e6
     except Exception as err:  # a failing provider records NaN and the run goes on
         print(f"    {provider} b{batch} cache {cache} {gqa} hdim {hdim} failed: {ba._first_line(err)}", flush=True)
@@ -106,13 +125,15 @@ def measure(provider, run, batch, cache, gqa, hdim, args) -> Row:
     return row
 
 
-def markdown(rows: list[Row], env: dict) -> str:
+def markdown(rows: list[Row], env: dict, graph: bool = False) -> str:
     providers = list(dict.fromkeys(r.provider for r in rows))
     table = {(r.provider, r.batch, r.cache, r.gqa, r.hdim): r.gbps for r in rows}
     keys = list(dict.fromkeys((r.batch, r.cache, r.gqa, r.hdim) for r in rows))
     out = [f"# Decode (K/V bytes read per second), {env['date']}", "",
            f"GPU {env['gpu']}, torch {env['torch']}, flash_attn_hopper {env['flash_attn_hopper']}. GB/s; "
-           "one query token per sequence; median of the rounds, providers rotated.", "",
+           "one query token per sequence; median of the rounds, providers rotated; "
+           + ("each call captured in a CUDA graph and replayed (GPU work only)." if graph
+              else "eager calls (host work per call included)."), "",
            "| batch | cache | GQA | hdim | " + " | ".join(providers) + " | ours / best peer |",
            "|" + "---|" * (len(providers) + 5)]
     for key in keys:
@@ -135,12 +156,18 @@ def main(argv=None) -> int:
     p.add_argument("--providers", default=",".join(PROVIDERS))
     p.add_argument("--max-cache-gib", type=float, default=40.0, help="skip points whose K+V exceed this")
     ba.common_args(p)
+    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays of each call (no host work)")
     p.add_argument("--out", type=Path, default=None, help="file stem (default results/decode-<date>)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return 1
-    runs = ba.load_providers(PROVIDERS, args.providers.split(","))
+    # flash_attn_hopper-sN: flash_attn_with_kvcache with num_splits=N (a sweep of the split plan).
+    table = dict(PROVIDERS)
+    for name in args.providers.split(","):
+        if name.startswith("flash_attn_hopper-s") and name[len("flash_attn_hopper-s"):].isdigit():
+            table[name] = (lambda n: lambda: _ours(num_splits=n))(int(name[len("flash_attn_hopper-s"):]))
+    runs = ba.load_providers(table, args.providers.split(","))
     rows = []
     for i, (batch, cache, gqa, hdim) in enumerate(points(args.batches, args.caches, args.gqa.split(","), args.hdims,
                                                         args.max_cache_gib)):
@@ -151,7 +178,7 @@ def main(argv=None) -> int:
             print(f"b{batch:<3d} cache {cache:<7d} {gqa:5s} hdim {hdim:3d} {n:18s} {rows[-1].gbps:8.0f} GB/s", flush=True)
     records = [[r.provider, r.batch, r.cache, r.gqa, r.hdim, f"{r.gbps:.1f}"] for r in rows]
     rounds.write_results("decode", ["provider", "batch", "cache", "gqa", "hdim", "gbps"], records,
-                         markdown(rows, ba.environment()), args.out)
+                         markdown(rows, ba.environment(), args.graph), args.out)
     return 0
 
 

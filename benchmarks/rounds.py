@@ -53,7 +53,10 @@ def plot_csv(path: Path) -> Path | None:
         return None
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    values = [c for c in rows[0] if c.endswith("_tflops") or c == "gbps"]
+    values = [c for c in (rows[0] if rows else {}) if c.endswith("_tflops") or c == "gbps"]
+    if not values or "provider" not in rows[0]:
+        print(f"{path.name}: no provider or result columns: no plot")
+        return None
     keys = [c for c in rows[0] if c not in values and c != "provider"]
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     points = list(dict.fromkeys(tuple(r[k] for k in keys) for r in rows))

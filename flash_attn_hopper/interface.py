@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import manifest, ops, sinks, support
+from . import manifest, ops, packgqa, sinks, support
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -52,19 +52,28 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
 
 
 def _pad_head_dim(q, k, v, softmax_scale):
-    """Head dims that are not a multiple of 8 (FA3's tests use 59 and 111) run on copies zero-padded
-    to the next multiple: TMA needs 16-byte rows, and zero columns change neither q kᵀ nor the
-    kept columns of the output. Returns (q, k, v, softmax_scale of the real head dim, the head dim
-    to cut the output back to, or None when nothing was padded). Anything else is left for
-    support.check to judge (mismatched head dims, head dims past 256, non-tensors)."""
+    """Head dims the kernels do not take as they are run on zero-padded copies: a head dim that is
+    not a multiple of 8 (FA3's tests use 59 and 111; TMA needs 16-byte rows), and v's head dim
+    differing from q / k's (dv != d: FA3's 192 / 128 and 64 / 256). q, k and v are padded to one
+    width, the larger head dim rounded up to 8; zero columns change neither q kᵀ nor the kept
+    columns of the output, so only the cost differs from kernels of their own (the padded
+    columns' share of the work and the copies). Returns (q, k, v, softmax_scale of q's real head
+    dim, the head dim to cut the output back to (v's), or None when nothing was padded). Anything
+    else is left for support.check to judge (q and k of different head dims, widths past 256,
+    non-tensors)."""
     if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in (q, k, v)):
         return q, k, v, softmax_scale, None
-    d = q.shape[-1]
-    if d % manifest.HEAD_DIM_MULTIPLE == 0 or d > manifest.MAX_HEAD_DIM or k.shape[-1] != d or v.shape[-1] != d:
+    d, dv = q.shape[-1], v.shape[-1]
+    multiple = manifest.HEAD_DIM_MULTIPLE
+    width = max(d + -d % multiple, dv + -dv % multiple)
+    if k.shape[-1] != d or width > manifest.MAX_HEAD_DIM or (d == dv and d % multiple == 0):
         return q, k, v, softmax_scale, None
-    pad = (0, -d % manifest.HEAD_DIM_MULTIPLE)
     scale = d ** (-0.5) if softmax_scale is None else softmax_scale
-    return F.pad(q, pad), F.pad(k, pad), F.pad(v, pad), scale, d
+
+    def pad(t):
+        return F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] != width else t
+
+    return pad(q), pad(k), pad(v), scale, dv
 
 
 def _chunk_segments(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
@@ -116,11 +125,6 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     out = out.reshape(batch, seqlen_q, heads, out.shape[-1])
     lse = lse.reshape(heads, batch, seqlen_q).transpose(0, 1)
     return (out, lse) if return_attn_probs else out
-
-
-def _check_num_splits(num_splits) -> None:
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (1: no split, 0: choose), got {num_splits!r}")
 
 
 def _op_kwargs(softcap, num_splits=1) -> dict:
@@ -181,7 +185,9 @@ def flash_attn_func(
         k, v: (batch, seqlen_k, nheads_kv, headdim), same dtype; nheads must be
             a multiple of nheads_kv (grouped-query / multi-query attention:
             query head h uses kv head h // (nheads // nheads_kv)).
-            Only the last dimension must be contiguous.
+            Only the last dimension must be contiguous. v may have its own head dim
+            headdim_v (FA3's dv != d, e.g. 192 / 128), with both at most 256; such calls
+            run on zero-padded copies of q, k and v (correct, slower than kernels of their own).
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal: mask aligned to the bottom-right corner: query i sees key j
             when j <= i + seqlen_k - seqlen_q.  A query that sees no key
@@ -201,8 +207,10 @@ def flash_attn_func(
             query tiles leave SMs idle: decode), n > 1 at most n splits whose partial results
             the combine kernel merges (a learnable sink joins there). The result does not depend
             on it beyond rounding; calls with softcap run unsplit.
-        pack_gqa: a performance hint in FlashAttention-3; ignored here (the result does not
-            depend on it).
+        pack_gqa: None (default) choose, True / False: run the query heads of a KV head as query
+            rows of one head where that is exact (no causal/local mask, or one query per sequence
+            under a plain causal mask; not with learnable_sink), so each KV head is read once
+            (decode). None packs at decode (seqlen_q 1), True wherever exact (packgqa.py).
         deterministic: the backward computes bitwise reproducible gradients
             (dQ accumulated in a fixed order; slower).  Also on whenever
             torch.use_deterministic_algorithms(True) is in force at the
@@ -213,12 +221,13 @@ def flash_attn_func(
             argument); differentiable (flash_attn_hopper/sinks.py). softmax_lse then includes it.
 
     Returns:
-        out (batch, seqlen_q, nheads, headdim) in q's dtype, or
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or
         (out, softmax_lse) with softmax_lse float32 (batch, nheads, seqlen_q),
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, 0, sm_margin)
-    _check_num_splits(num_splits)
+    support.check_num_splits(num_splits)
+    packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if attention_chunk:
@@ -241,7 +250,16 @@ def flash_attn_func(
         else:
             fwd = torch.ops.flash_attn_hopper.fwd
         left, right = window if window is not None else (-1, -1)
-        out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_op_kwargs(softcap, num_splits))
+        group = q.shape[2] // k.shape[2]
+        if packgqa.packs(pack_gqa, group, q.shape[1], causal, (left, right)):
+            batch, seqlen_q, heads, d = q.shape
+            packed = packgqa.pack_rows(q.reshape(batch * seqlen_q, heads, d), k.shape[2])
+            out, softmax_lse = fwd(packed.view(batch, seqlen_q * group, k.shape[2], d), k, v, softmax_scale, False,
+                                   -1, -1, **_op_kwargs(softcap, num_splits))
+            out = packgqa.unpack_rows(out.reshape(batch * seqlen_q * group, k.shape[2], -1), group)
+            out, softmax_lse = out.view(batch, seqlen_q, heads, -1), packgqa.unpack_lse(softmax_lse, group)
+        else:
+            out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_op_kwargs(softcap, num_splits))
     if head_dim is not None:
         out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out
@@ -373,7 +391,7 @@ def flash_attn_varlen_func(
             FlashAttention-3 compatibility; values other than the defaults raise
             RuntimeError (no kernels for them yet).
         num_splits: as in :func:`flash_attn_func` (split-KV over each sequence's keys).
-        pack_gqa: ignored, as by :func:`flash_attn_func`.
+        pack_gqa: as in :func:`flash_attn_func` (per sequence, max_seqlen_q for the choice).
         return_attn_probs: also return softmax_lse.
         learnable_sink: None, or a (nheads,) tensor: one logit per head in every row's softmax
             denominator, as in flash_attn_func.
@@ -387,7 +405,8 @@ def flash_attn_varlen_func(
         softmax_lse float32 (nheads, total_q), FlashAttention's varlen layout.
     """
     _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
-    _check_num_splits(num_splits)
+    support.check_num_splits(num_splits)
+    packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if softmax_scale is not None and (
@@ -421,10 +440,20 @@ def flash_attn_varlen_func(
         fwd = getattr(torch.ops.flash_attn_hopper, ops.VARLEN_DETERMINISTIC_FWD_NAME)
     else:
         fwd = ops.varlen_fwd_op()
-    out, softmax_lse = fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
-        scale, answer.causal, left, right, **_op_kwargs(softcap, num_splits),
-    )
+    group = q.shape[1] // k.shape[1]
+    if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)):
+        out, softmax_lse = fwd(
+            packgqa.pack_rows(q, k.shape[1]), k, v, cu_seqlens_q * group, cu_seqlens_k,
+            None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
+            answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits),
+        )
+        out = packgqa.unpack_rows(out, group)
+        softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
+    else:
+        out, softmax_lse = fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
+            scale, answer.causal, left, right, **_op_kwargs(softcap, num_splits),
+        )
     if head_dim is not None:
         out = out[..., :head_dim]
     return (out, softmax_lse) if return_attn_probs else out

@@ -12,13 +12,9 @@ Not in this version (refused, naming the argument): ``page_table`` (paged caches
 ``cache_batch_idx``, ``cu_seqlens_k_new``, ``qv``, FP8 descales, ``attention_chunk``,
 ``sm_margin``. No backward, as in FlashAttention-3.
 
-PackGQA: the query heads that share a KV head become query rows of one head (a copy of q, which is
-small at decode), so each KV head's cache is read once instead of once per query head, and a query
-tile holds the group's rows instead of one row. Exact only where those rows see the same keys:
-without a causal/local mask, or with one query per sequence and a plain causal mask (its single
-query, at the end of the keys, sees them all). ``pack_gqa`` None packs there when the unpacked rows
-of a sequence fill at most one 128-row tile, True packs there always, False never; elsewhere the
-heads run unpacked (the result is the same either way, up to the split plan).
+PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
+each KV head's cache is read once; ``pack_gqa`` None packs at decode (one query per sequence), True
+wherever exact, False never (the result is the same either way, up to the split plan).
 
 ``get_scheduler_metadata`` is FlashAttention-3's way to precompute a decode step's plan so that the
 step can be captured in a CUDA graph. Here the plan (the split count) follows from the shapes
@@ -31,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from . import support
+from . import packgqa, support
 
 
 def _refuse_extras(**extras) -> None:
@@ -40,15 +36,33 @@ def _refuse_extras(**extras) -> None:
             raise support.feature_refusal(name, f"{name}", why).exception()
 
 
-def _as_lengths(x, batch: int, default: int, device, name: str, cap: int) -> torch.Tensor:
-    """int32 (batch,) lengths on the device, clamped to [0, cap] (contents are never read on the host)."""
-    if x is None:
-        return torch.full((batch,), default, dtype=torch.int32, device=device)
-    if isinstance(x, int) and not isinstance(x, bool):
-        return torch.full((batch,), min(max(x, 0), cap), dtype=torch.int32, device=device)
+_CONSTANTS: dict = {}
+
+
+def _constant(kind: str, n: int, value: int, device) -> torch.Tensor:
+    """int32 (n,) filled with value ("full") or (n,) multiples of value ("steps"), made once per
+    (kind, n, value, device): a decode step then launches no small kernels for them. Never made or
+    kept while a CUDA graph captures (its tensors' contents exist only at replay)."""
+    key = (kind, n, value, device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = (torch.full((n,), value, dtype=torch.int32, device=device) if kind == "full"
+             else torch.arange(n, dtype=torch.int32, device=device) * value)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            if len(_CONSTANTS) >= 64:
+                _CONSTANTS.clear()
+            _CONSTANTS[key] = t
+    return t
+
+
+def _as_lengths(x, batch: int, default: int, device, name: str, cap: int, clamp: bool = True) -> torch.Tensor:
+    """int32 (batch,) lengths on the device (contents are never read on the host), clamped to
+    [0, cap] unless clamp=False (where the kernels clamp them: seqused_k)."""
+    if x is None or (isinstance(x, int) and not isinstance(x, bool)):
+        return _constant("full", batch, default if x is None else min(max(x, 0), cap), device)
     if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.shape != (batch,) or x.device != device:
         raise ValueError(f"{name} must be an int or an int32 tensor of shape ({batch},) on {device}")
-    return x.clamp(0, cap)
+    return x.clamp(0, cap) if clamp else x
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, interleaved: bool):
@@ -84,18 +98,6 @@ def _append(cache: torch.Tensor, new: torch.Tensor, starts: torch.Tensor) -> Non
     values = torch.where((src >= 0)[..., None, None], values, cache[b, slot])
     cache[b, slot] = values
 
-
-#: Query rows per tile of the forward kernels the cache path runs (policy.h).
-_TILE_ROWS = 128
-
-
-def _packs(pack_gqa, group: int, seqlen_q: int, causal: bool, window_size) -> bool:
-    """Whether the ``group`` query heads per KV head run as rows of one head (module docstring)."""
-    if group == 1 or pack_gqa is False:
-        return False
-    left, right = window_size
-    same_keys = (not causal and (left, right) == (-1, -1)) or (seqlen_q <= 1 and (left, right) in ((-1, -1), (-1, 0)))
-    return same_keys and (pack_gqa or seqlen_q * group <= _TILE_ROWS)
 
 
 def flash_attn_with_kvcache(
@@ -167,8 +169,7 @@ def flash_attn_with_kvcache(
         attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
-    if pack_gqa is not None and not isinstance(pack_gqa, bool):
-        raise TypeError(f"pack_gqa must be None, True or False, got {pack_gqa!r}")
+    packgqa.check_pack_gqa(pack_gqa)
     from .interface import flash_attn_varlen_func  # the varlen path (interface imports this module's siblings)
 
     if scheduler_metadata is not None and not (isinstance(scheduler_metadata, torch.Tensor)
@@ -210,8 +211,12 @@ def flash_attn_with_kvcache(
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("pass both rotary_cos and rotary_sin, or neither")
     device = k_cache.device
-    seqlens = _as_lengths(cache_seqlens, batch, seqlen_cache, device, "cache_seqlens", seqlen_cache)
-    leftpad = _as_lengths(cache_leftpad, batch, 0, device, "cache_leftpad", seqlen_cache)
+    # Without appends or left padding the lengths go to the kernels as they are (seqused_k, which
+    # they clamp to the cache): a decode step launches nothing but the attention.
+    plain = k is None and cache_leftpad is None
+    seqlens = _as_lengths(cache_seqlens, batch, seqlen_cache, device, "cache_seqlens", seqlen_cache, clamp=not plain)
+    leftpad = None if cache_leftpad is None else \
+        _as_lengths(cache_leftpad, batch, 0, device, "cache_leftpad", seqlen_cache)
 
     if k is not None:
         if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) or v.shape != k.shape:
@@ -249,38 +254,29 @@ def flash_attn_with_kvcache(
         seqlens = torch.clamp(seqlens + seqlen_new, max=seqlen_cache)
 
     # The cache as packed rows: sequence b's valid keys start at row b * seqlen_cache + leftpad_b.
-    rows = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_cache
-    cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
-    used_k = torch.clamp(seqlens - leftpad, min=0)
+    rows = _constant("steps", batch + 1, seqlen_cache, device)
+    if leftpad is None:
+        cu_k, used_k = rows, seqlens
+    else:
+        cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
+        used_k = torch.clamp(seqlens - leftpad, min=0)
     k_rows = k_cache.view(batch * seqlen_cache, heads_k, d)
     v_rows = v_cache.view(batch * seqlen_cache, heads_k, d)
     if varlen_q:
         q_rows, cu_q = q, cu_seqlens_q
     else:
         q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
-        cu_q = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_q
-    group = q_rows.shape[1] // heads_k if heads_k and q_rows.shape[1] % heads_k == 0 else 1
-    if _packs(pack_gqa, group, seqlen_q, causal, window_size):
-        # Row t's query head hk * group + j becomes row t * group + j of KV head hk; every such row
-        # sees all of its sequence's keys, so the mask is none.
-        total_q, dq = q_rows.shape[0], q_rows.shape[-1]
-        packed = q_rows.reshape(total_q, heads_k, group, dq).transpose(1, 2).reshape(total_q * group, heads_k, dq)
-        out, lse = flash_attn_varlen_func(
-            packed, k_rows, v_rows, cu_q * group, cu_k, seqlen_q * group, seqlen_cache, seqused_k=used_k,
-            softmax_scale=softmax_scale, causal=False,
-            softcap=softcap, num_splits=num_splits, return_attn_probs=True,
-        )
-        out = out.view(total_q, group, heads_k, dq).transpose(1, 2).reshape(total_q, heads_k * group, dq)
-        lse = lse.view(heads_k, total_q, group).transpose(1, 2).reshape(heads_k * group, total_q)
-    else:
-        out, lse = flash_attn_varlen_func(
-            q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, seqused_k=used_k,
-            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-            num_splits=num_splits, return_attn_probs=True,
-        )
+        cu_q = _constant("steps", batch + 1, seqlen_q, device)
+    result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
+        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, seqused_k=used_k,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+        num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse,
+    )
+    out, lse = result if return_softmax_lse else (result, None)
     if not varlen_q:
         out = out.view(batch, seqlen_q, *out.shape[1:])
-        lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
+        if lse is not None:
+            lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
     return (out, lse) if return_softmax_lse else out
 
 
@@ -317,8 +313,7 @@ def get_scheduler_metadata(
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
             or tuple(cache_seqlens.shape) != (batch_size,):
         raise ValueError(f"cache_seqlens must be an int32 tensor of shape ({batch_size},)")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (1: no split, 0: choose), got {num_splits!r}")
+    support.check_num_splits(num_splits)
     if num_heads_kv <= 0 or num_heads_q % num_heads_kv:
         raise ValueError(f"num_heads_q ({num_heads_q}) must be a multiple of num_heads_kv ({num_heads_kv})")
     return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)

@@ -105,6 +105,12 @@ def feature_refusal(feature: str, asked: str, fix: str) -> Refusal:
     )
 
 
+def check_num_splits(num_splits) -> None:
+    """FlashAttention-3's num_splits: an int >= 0 (1 no split, 0 choose, n at most n)."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (1: no split, 0: choose), got {num_splits!r}")
+
+
 def softcap_refusal(softcap, softmax_scale: float | None, head_dim: int) -> Refusal | None:
     """None when ``softcap`` is one the kernels take: 0 (off) or a positive finite number with
     softmax_scale / softcap a finite float32 (FlashAttention-3 treats a negative softcap as off;
@@ -383,7 +389,8 @@ def check(
     if k.shape != v.shape:
         kv_dims = dims.replace("seqlen", "seqlen_k").replace("nheads", "nheads_kv")
         prefix = (
-            f"{nv}'s head dim ({v.size(d_dim)}) differs from {nq}'s ({head_dim}): "
+            f"{nv}'s head dim ({v.size(d_dim)}) differs from {nq}'s ({head_dim}), and such calls run zero-padded "
+            f"only up to head dim {manifest.MAX_HEAD_DIM}: "
             if v.size(d_dim) != head_dim and k.size(d_dim) == head_dim
             else ""
         )

@@ -111,8 +111,9 @@ CASES = [
 def test_flash_attn_func_gradients(kernels, sq, sk, hq, hk, causal, window):
     _, bwd = kernels
     q, k, v, dout = random_qkv(sq=sq, sk=sk, hq=hq, hk=hk, seed=sq * sk + hq)
-    out, grads = grads_of(
-        lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window), q, k, v, dout
+    out, grads = grads_of(  # unpacked (decode shapes would pack: test_decode_shapes_pack_gqa_as_rows)
+        lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window, pack_gqa=False),
+        q, k, v, dout
     )
     check_emulated_grads(grads, q, k, v, dout, f"causal={causal} window={window}", causal=causal, window_size=window)
     assert [g.dtype for g in grads] == [DTYPE] * 3
@@ -123,6 +124,35 @@ def test_flash_attn_func_gradients(kernels, sq, sk, hq, hk, causal, window):
     assert torch.equal(call["out"], out)
     assert call["softmax_lse"].shape == (2, hq, sq) and call["softmax_lse"].dtype == torch.float32
 
+
+
+@pytest.mark.parametrize("sq, causal, window, packs", [
+    (1, True, (-1, -1), True),  # decode: one query sees every key, causal or not
+    (5, False, (-1, -1), True),  # no mask
+    (5, True, (-1, -1), False),  # causal with several queries: the rows see different keys
+    (1, False, (3, 0), False),  # a window
+])
+def test_decode_shapes_pack_gqa_as_rows(kernels, sq, causal, window, packs):
+    """The query heads of a KV head reach the op as rows of one head where that is exact (pack_gqa=None:
+    at decode; True: always); out, lse and the gradients match the unpacked call's reference."""
+    fwd, bwd = kernels
+    q, k, v, dout = random_qkv(sq=sq, sk=53, hq=8, hk=2, seed=sq + 7)
+    out, grads = grads_of(
+        lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window), q, k, v, dout
+    )
+    check_emulated_grads(grads, q, k, v, dout, f"sq={sq} causal={causal}", causal=causal, window_size=window)
+    (f,), (b,) = fwd.calls, bwd.calls
+    default_packs = packs and sq == 1  # None packs at decode; True wherever exact
+    assert f[0].shape == ((2, sq * 4, 2, 64) if default_packs else q.shape)
+    assert f[4] is (causal and not default_packs) and b["causal"] is f[4]
+    flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window, pack_gqa=True)
+    assert fwd.calls[-1][0].shape == ((2, sq * 4, 2, 64) if packs else q.shape)
+    _, lse = flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    _, lse_unpacked = flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, window_size=window, pack_gqa=False,
+                                                        return_attn_probs=True)
+    assert lse.shape == (2, 8, sq) and torch.allclose(lse, lse_unpacked, atol=1e-5)
+    with pytest.raises(TypeError, match="pack_gqa must be None, True or False"):
+        flash_attn_hopper.flash_attn_func(q, k, v, pack_gqa=1)
 
 @pytest.mark.parametrize("d", [59, 111, 4])
 def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
@@ -138,6 +168,24 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
     assert f[0].shape[-1] == padded and f[3] == pytest.approx(d**-0.5) and b["softmax_scale"] == pytest.approx(d**-0.5)
     assert torch.equal(f[0][..., d:], torch.zeros_like(f[0][..., d:]))
 
+
+
+@pytest.mark.parametrize("d, dv", [(192, 128), (64, 256), (59, 100)])
+def test_value_head_dims_other_than_qs_run_zero_padded(kernels, d, dv):
+    """FA3's dv != d: the kernels see q, k, v padded to one width (the larger head dim rounded up to
+    8) and q's default scale; out and dv have v's head dim, dq and dk q's."""
+    fwd, bwd = kernels
+    q, k, _, _ = random_qkv(sq=37, sk=53, hq=4, hk=2, d=d, seed=d + dv)
+    _, _, v, dout = random_qkv(sq=37, sk=53, hq=4, hk=2, d=dv, seed=d * dv)
+    out, grads = grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=True), q, k, v, dout)
+    assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    check_emulated_grads(grads, q, k, v, dout, f"d={d} dv={dv}", causal=True)
+    (f,), (b,) = fwd.calls, bwd.calls
+    width = max(-(-d // 8) * 8, -(-dv // 8) * 8)
+    assert [t.shape[-1] for t in f[:3]] == [width] * 3
+    assert f[3] == pytest.approx(d**-0.5) and b["softmax_scale"] == pytest.approx(d**-0.5)
+    with pytest.raises(ValueError, match="same shape"):  # wider than the largest kernel: refused, not padded
+        flash_attn_hopper.flash_attn_func(q[..., :64], k[..., :64], torch.zeros(*v.shape[:-1], 512, dtype=v.dtype))
 
 def test_window_arguments_reach_the_backward_as_the_forward_got_them(kernels):
     fwd, bwd = kernels

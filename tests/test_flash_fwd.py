@@ -377,6 +377,16 @@ def test_build_info_reports_the_gpu_build():
     assert math.isfinite(flash_attn_func(*qkv(1, 8, 8, 1, 1, d, dtype=dtype)).float().sum().item())
 
 
+
+def check_padded_grads(q, k, v, causal):
+    """The gradients of a call that runs on zero-padded copies, against the reference (a build with the backward)."""
+    if not ops.has_bwd_op():
+        return
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attn_func(q, k, v, causal=causal)
+    dout = torch.randn_like(out)
+    check_grads(torch.autograd.grad(out, (q, k, v), dout), q, k, v, dout, causal=causal)
+
 @pytest.mark.parametrize("d", [59, 111])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims_not_a_multiple_of_8(d, causal):
@@ -386,9 +396,21 @@ def test_head_dims_not_a_multiple_of_8(d, causal):
     skip_unless_compiled(padded, torch.bfloat16)
     q, k, v = qkv(2, 113, 203, 4, 2, d, dtype=torch.bfloat16, seed=d)
     run_and_check(q, k, v, causal)
-    if not ops.has_bwd_op():
-        return
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    out = flash_attn_func(q, k, v, causal=causal)
-    dout = torch.randn_like(out)
-    check_grads(torch.autograd.grad(out, (q, k, v), dout), q, k, v, dout, causal=causal)
+    check_padded_grads(q, k, v, causal)
+
+
+@pytest.mark.parametrize("d, dv", [(192, 128), (64, 256)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_head_dim_other_than_qs(d, dv, causal):
+    """FA3's dv != d (192 / 128, 64 / 256) runs on q, k, v zero-padded to the wider head dim: out and
+    the gradients against the float32 reference, with q's head dim's scale."""
+    skip_unless_compiled(max(d, dv), torch.bfloat16)
+    q, k, _ = qkv(2, 113, 203, 4, 2, d, dtype=torch.bfloat16, seed=d + dv)
+    v = qkv(2, 113, 203, 4, 2, dv, dtype=torch.bfloat16, seed=d * dv)[2]
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    ref, ref_lse = attention_ref(q, k, v, causal=causal)
+    low, _ = attention_ref(q, k, v, causal=causal, upcast=False)
+    assert out.shape == (*q.shape[:-1], dv)
+    assert_fa_close(out, ref, low, name="out")
+    assert torch.allclose(lse, ref_lse, atol=1e-3)
+    check_padded_grads(q, k, v, causal)

@@ -215,9 +215,10 @@ def test_pack_gqa_runs_the_group_as_rows_of_one_head(monkeypatch, sq, causal, wi
                 q, k_cache, v_cache, cache_seqlens=seqlens, causal=causal, window_size=window, pack_gqa=pack,
                 return_softmax_lse=True)
     heads_seen = [call["q"].shape[1] for call in fwd.calls]
-    assert heads_seen == ([hk, hk, hq] if packs else [hq, hq, hq])
+    default_packs = packs and sq == 1  # None packs at decode; True wherever exact
+    assert heads_seen == [hk if default_packs else hq, hk if packs else hq, hq]
     if packs:
-        assert not fwd.calls[0]["causal"] and fwd.calls[0]["q"].shape[0] == batch * sq * (hq // hk)
+        assert not fwd.calls[1]["causal"] and fwd.calls[1]["q"].shape[0] == batch * sq * (hq // hk)
     zeros = torch.zeros(batch, dtype=torch.int32)
     ref, lse_ref = reference(q, k_cache, v_cache, seqlens, zeros, causal=causal, window_size=window)
     low, _ = reference(q, k_cache, v_cache, seqlens, zeros, causal=causal, window_size=window, upcast=False)

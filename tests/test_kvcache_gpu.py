@@ -84,3 +84,29 @@ def test_fixed_splits_are_bitwise_repeatable_and_a_graph_replays_with_new_length
         graph.replay()
         want = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.full_like(seqlens, n), num_splits=4)
         assert torch.equal(static["out"], want), n
+
+
+def test_lengths_outside_the_cache_are_clamped_and_a_capture_keeps_no_constants():
+    # Without appends the lengths reach the kernels unclamped (seqused_k): they clamp them to the cache.
+    d, dtype = compiled_config("fwd")
+    q, k_cache, v_cache, _, _ = _inputs(3, 1, 0, 1000, 16, 4, d, dtype, seed=7)
+    wild = torch.tensor([-5, 400, 5000], dtype=torch.int32, device="cuda")
+    tame = torch.tensor([0, 400, 1000], dtype=torch.int32, device="cuda")
+    for splits in (1, 0):
+        got = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=wild, num_splits=splits)
+        assert torch.equal(got, flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=tame, num_splits=splits))
+        assert torch.all(got[0] == 0)  # no keys: zeros, as FlashAttention-3
+    # A call captured first (its offsets made inside the capture), then eager calls before any replay:
+    # the eager ones must not see the capture's tensors, whose contents exist only after a replay.
+    q5, k5, v5, _, _ = _inputs(5, 1, 0, 777, 16, 4, d, dtype, seed=8)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = flash_attn_with_kvcache(q5, k5, v5, cache_seqlens=600)
+    ref, _ = reference(q5, k5, v5, torch.full((5,), 600), torch.zeros(5, dtype=torch.int32), causal=False)
+    low, _ = reference(q5, k5, v5, torch.full((5,), 600), torch.zeros(5, dtype=torch.int32), causal=False,
+                       upcast=False)
+    assert_fa_close(flash_attn_with_kvcache(q5, k5, v5, cache_seqlens=600), ref, low, name="eager after capture")
+    graph.replay()
+    assert_fa_close(captured, ref, low, name="replay")

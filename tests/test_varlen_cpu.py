@@ -171,6 +171,17 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(varlen_kernels):
     assert f["q"].shape[-1] == 64 and f["softmax_scale"] == pytest.approx(59**-0.5) == b["softmax_scale"]
 
 
+
+def test_a_value_head_dim_other_than_qs_runs_zero_padded(varlen_kernels):
+    fwd, bwd = varlen_kernels
+    q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=192, seed=192)
+    _, _, v, dout, *_ = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=128, seed=128)
+    out, grads = varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal=True)
+    assert out.shape == (*q.shape[:-1], 128) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    check_varlen_grads(grads, q, k, v, dout, cu_q, cu_k, causal=True)
+    (f,), (b,) = fwd.calls, bwd.calls
+    assert f["v"].shape[-1] == 192 and f["softmax_scale"] == pytest.approx(192**-0.5) == b["softmax_scale"]
+
 def test_effective_windows_reach_the_op(varlen_kernels):
     fwd, _ = varlen_kernels
     q, k, v, _, cu_q, cu_k, max_q, max_k = inputs([10, 30], [20, 12])  # max_q 30, max_k 20

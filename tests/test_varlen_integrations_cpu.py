@@ -271,7 +271,9 @@ def test_padding_mask_is_unpadded_to_the_varlen_kernel(monkeypatch, q_len, kv_le
         out, weights = fah_transformers.attention_forward(_module(4), q, k, v, mask)
     assert weights is None and out.shape == (3, q_len, 8, 64) and out.dtype == FP16
     (call,) = fwd.calls
-    assert call["causal"] is True and call["k"].size(1) == 2  # GQA reaches the kernel unrepeated
+    # GQA reaches the kernel unrepeated; one query per sequence runs its 4 heads per KV head as rows (packgqa.py)
+    assert call["causal"] is (q_len > 1) and call["k"].size(1) == 2
+    assert call["q"].size(1) == (2 if q_len == 1 else 8)
     assert call["cu_seqlens_k"].tolist() == [0, lengths[0], lengths[0] + lengths[1], sum(lengths)]
     assert call["max_seqlen_k"] == max(lengths)
     keep_q = mask[:, kv_len - q_len :].bool()

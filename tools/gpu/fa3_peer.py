@@ -17,6 +17,13 @@ them: benchmarks/benchmark_scoremods.py's fa3-softcap, benchmark_varlen.py's fa3
         --cutlass-repo /work/.mirror/NVIDIA+cutlass/repo            # here, once
     python3 tools/gpu/fa3_peer.py build --out /tmp/fa3peer              # on the GPU machine
     PYTHONPATH=/tmp/fa3peer python3 benchmarks/benchmark_attn.py --providers flash_attn_hopper,fa3
+
+`build` also runs on the CPU machine (CUDA_HOME set; ~4 min on 2 cores with --enable VARLEN), and
+`export` copies the four files a peer needs (16 MB) into .peers/fa3built, which tools/gpu/run.sh's
+fa3 step then uses as it is, at no device time:
+
+    CUDA_HOME=/usr/local/cuda-13.0 python3 tools/gpu/fa3_peer.py build --out /tmp/fa3peer --jobs 2 --enable VARLEN
+    python3 tools/gpu/fa3_peer.py export /tmp/fa3peer                   # -> .peers/fa3built
 """
 
 from __future__ import annotations
@@ -149,6 +156,14 @@ def check() -> None:
               " / ".join(f"{e:.1e}" for e in errs))
 
 
+def export(built: Path, dest: Path) -> None:
+    """The files of a built peer that make `flash_attn_interface` importable, without sources or objects."""
+    for rel in ("flash_attn_interface.py", "flash_attn_config.py", "flash_attn_3/__init__.py", "flash_attn_3/_C.so"):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(built / rel, dest / rel)
+    print(f"{dest}: {sum(f.stat().st_size for f in dest.rglob('*') if f.is_file()) / 1e6:.1f} MB")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -161,9 +176,14 @@ def main() -> None:
     bd.add_argument("--enable", default=os.environ.get("FA3_ENABLE", ""),
                     help="comma-separated FA3 switches to compile in, e.g. SOFTCAP,VARLEN (default: $FA3_ENABLE)")
     sub.add_parser("check", help="FA3 against flash_attn_hopper on one shape (on the GPU machine)")
+    ex = sub.add_parser("export", help="copy a built peer's runtime files (for carrying to the GPU machine)")
+    ex.add_argument("built", type=Path)
+    ex.add_argument("--to", type=Path, default=PEERS / "fa3built")
     args = p.parse_args()
     if args.cmd == "check":
         check()
+    elif args.cmd == "export":
+        export(args.built, args.to)
     elif args.cmd == "pack":
         pack(args.fa_repo, args.cutlass_repo)
     else:

@@ -12,7 +12,10 @@
 # STEPS (comma list; they run in this order whatever order they are given in):
 #   fa3        build FlashAttention-3 (tools/gpu/fa3_peer.py) in the background beside our build;
 #              bench / breakdown / power / ncu wait for it, and bench then times the fa3 provider;
-#              FA3_ENABLE=SOFTCAP,VARLEN compiles those features in (the peers of scoremods / varlen)
+#              FA3_ENABLE=SOFTCAP,VARLEN compiles those features in (the peers of scoremods / varlen);
+#              a peer prebuilt on the CPU machine and carried in $FA3_PREBUILT (.peers/fa3built:
+#              `tools/gpu/fa3_peer.py build --out .peers/fa3built --jobs 2 --enable VARLEN`, ~4 min there)
+#              is used instead, at no device time
 #   build      build HDIMS x DTYPES in place (MAX_JOBS=16, ptxas -v), $OUT/build.log
 #   wheel      pack that build as a wheel into $OUT/wheel/ (reuses the compiled objects)
 #   wheeltest  a wheel built elsewhere (WHEEL, default the newest carried dist/flash_attn_hopper-*.whl,
@@ -115,7 +118,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 echo "steps $STEPS; hdims $HDIMS; dtypes $DTYPES; extra nvcc flags: ${FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS:-none}"
 
 # fa3: FlashAttention-3 builds in the background; $FA3_DONE holds its exit status when it ends.
-FA3_DIR=/tmp/fa3peer FA3_DONE=/tmp/fa3peer.rc
+FA3_DIR=/tmp/fa3peer FA3_DONE=/tmp/fa3peer.rc FA3_PREBUILT=${FA3_PREBUILT:-.peers/fa3built}
 fa3_wait() {
   has fa3 || return 0
   local waited=0
@@ -130,10 +133,17 @@ fa3_wait() {
 if has fa3; then
   step fa3
   rm -f "$FA3_DONE"
-  export PYTHONPATH=$FA3_DIR:$PYTHONPATH
-  (python3 tools/gpu/fa3_peer.py build --out "$FA3_DIR" --jobs "${FA3_JOBS:-8}" > "$OUT/fa3_build.log" 2>&1
-   echo $? > "$FA3_DONE") &
-  echo "building FA3 into $FA3_DIR in the background (log $OUT/fa3_build.log)"
+  if [ -f "$FA3_PREBUILT/flash_attn_3/_C.so" ]; then  # built on the CPU machine: no device minutes
+    export PYTHONPATH=$REPO/$FA3_PREBUILT:$PYTHONPATH
+    echo 0 > "$FA3_DONE"
+    echo "FA3: the prebuilt peer in $FA3_PREBUILT ($(grep -o "'FLASHATTENTION_DISABLE_VARLEN': [A-Za-z]*" "$FA3_PREBUILT/flash_attn_config.py"))"
+  else
+    export PYTHONPATH=$FA3_DIR:$PYTHONPATH
+    rm -f "$FA3_DIR/flash_attn_3/lock"  # a build cut off by an earlier call's end leaves torch's lock
+    (python3 tools/gpu/fa3_peer.py build --out "$FA3_DIR" --jobs "${FA3_JOBS:-8}" > "$OUT/fa3_build.log" 2>&1
+     echo $? > "$FA3_DONE") &
+    echo "building FA3 into $FA3_DIR in the background (log $OUT/fa3_build.log)"
+  fi
 fi
 
 # variants: the sets' builds start now, beside the main build.

@@ -4,7 +4,12 @@ built by tools/gpu/fa3_peer.py) side by side. Average microseconds
 per call of every kernel that ran, the memsets and copies included.
 
     python3 tools/profile/kernel_breakdown.py --hdim 128 --seqlens 512,8192 [--causal] [--bwd]
+    python3 tools/profile/kernel_breakdown.py --decode 1x4096x32:8,8x32768x32:8 [--splits 0,1]
+
+--decode BATCHxCACHExHQ:HKV times flash_attn_with_kvcache (one query token) per num_splits: the
+kernels, the host's launch time per call, the do_bench median and a CUDA-graph replay (no host).
 """
+import time
 import argparse
 from collections import defaultdict
 
@@ -41,14 +46,76 @@ def show(label, times):
         print(f"    {t:9.1f} us {100 * t / total:5.1f} %  {name[:110]}")
 
 
+def host_costs(fn, iters):
+    """Where the host's time per call goes: the synchronizing ops (torch's sync debug mode) and the
+    Python functions with the most cumulative time (cProfile)."""
+    import cProfile
+    import pstats
+    import warnings
+    torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    torch.cuda.set_sync_debug_mode(0)
+    for w in caught:
+        print(f"    sync: {str(w.message)[:160]} ({w.filename}:{w.lineno})")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+
+
+def decode(cases, splits, hdim, iters, host_profile=False):
+    from triton.testing import do_bench
+
+    from flash_attn_hopper import flash_attn_with_kvcache
+    for case in cases.split(","):
+        b, cache, heads = case.split("x")
+        b, cache = int(b), int(cache)
+        hq, hk = (int(x) for x in heads.split(":"))
+        q = torch.randn(b, 1, hq, hdim, device="cuda", dtype=torch.bfloat16)
+        kc, vc = (torch.randn(b, cache, hk, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lens = torch.full((b,), cache, device="cuda", dtype=torch.int32)
+        gb = 2 * kc.numel() * kc.element_size() / 1e9
+        print(f"decode batch {b} cache {cache} heads {hq}:{hk} hdim {hdim} ({gb:.3f} GB of K+V)")
+        for n in (int(x) for x in splits.split(",")):
+            fn = lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=n)  # noqa: E731
+            show(f"num_splits={n}", kernel_times(fn, iters))
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            host = (time.perf_counter() - t0) / iters * 1e6
+            torch.cuda.synchronize()
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            print(f"    host {host:8.1f} us/call; do_bench {ms * 1e3:8.1f} us ({gb / ms * 1e3:6.0f} GB/s)")
+            if host_profile:
+                host_costs(fn, iters)
+            try:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fn()
+                graph_ms = do_bench(g.replay, warmup=25, rep=200, return_mode="median")
+                print(f"    graph replay {graph_ms * 1e3:8.1f} us ({gb / graph_ms * 1e3:6.0f} GB/s)")
+            except RuntimeError as e:
+                print(f"    graph capture failed: {str(e)[:200]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--decode", default="", help="BATCHxCACHExHQ:HKV,... (flash_attn_with_kvcache)")
+    ap.add_argument("--splits", default="0,1", help="--decode: the num_splits values to time")
+    ap.add_argument("--host-profile", action="store_true", help="--decode: the host's syncs and Python costs")
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--seqlens", default="512,8192")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--bwd", action="store_true", help="the backward only (forward outputs computed once)")
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
+    if args.decode:
+        return decode(args.decode, args.splits, args.hdim, args.iters, args.host_profile)
     import flash_attn_hopper._C  # noqa: F401
     from triton.testing import do_bench
     op = torch.ops.flash_attn_hopper

@@ -1,0 +1,53 @@
+"""PackGQA as rows: the query heads that share a KV head run as query rows of one head.
+
+Where every query of a sequence sees the same keys (no causal/local mask; or one query per
+sequence under a plain causal mask, whose single query, at the end of the keys, sees them all),
+the ``group = nheads / nheads_k`` query heads of KV head ``hk`` are exactly ``group`` more query
+rows of one head: row ``t`` of query head ``hk * group + j`` becomes row ``t * group + j`` of head
+``hk``, with no mask. Each KV head is then read once instead of once per query head, and one
+query tile carries the group's rows instead of one row per head (decode). The rows are a copy of
+q (small where it applies: few queries); out and the LSE are permuted back. FlashAttention-3
+packs inside its kernels, which also covers causal chunks of several queries; this covers decode
+and non-causal calls without a kernel change (decision 059).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_pack_gqa(pack_gqa) -> None:
+    if pack_gqa is not None and not isinstance(pack_gqa, bool):
+        raise TypeError(f"pack_gqa must be None, True or False, got {pack_gqa!r}")
+
+
+def packs(pack_gqa, group: int, seqlen_q: int, causal: bool, window_size) -> bool:
+    """Whether ``group`` query heads per KV head run as rows of one head: never with pack_gqa=False
+    or no group; only where it is exact (above); pack_gqa=None at decode (seqlen_q <= 1), where one
+    row per head would leave a tile nearly empty and the copies are a few KB."""
+    if group <= 1 or pack_gqa is False:
+        return False
+    left, right = window_size
+    same_keys = (not causal and (left, right) == (-1, -1)) or (seqlen_q <= 1 and (left, right) in ((-1, -1), (-1, 0)))
+    return same_keys and (bool(pack_gqa) or seqlen_q <= 1)
+
+
+def pack_rows(q: torch.Tensor, heads_k: int) -> torch.Tensor:
+    """(rows, nheads, d) -> (rows * group, nheads_k, d): row t of head hk * group + j -> row t * group + j."""
+    rows, heads, d = q.shape
+    group = heads // heads_k
+    return q.reshape(rows, heads_k, group, d).transpose(1, 2).reshape(rows * group, heads_k, d)
+
+
+def unpack_rows(out: torch.Tensor, group: int) -> torch.Tensor:
+    """pack_rows' inverse on the output: (rows * group, nheads_k, dv) -> (rows, nheads, dv)."""
+    packed_rows, heads_k, dv = out.shape
+    rows = packed_rows // group
+    return out.reshape(rows, group, heads_k, dv).transpose(1, 2).reshape(rows, heads_k * group, dv)
+
+
+def unpack_lse(lse: torch.Tensor, group: int) -> torch.Tensor:
+    """The LSE of packed rows back per query head: (..., nheads_k, rows * group) -> (..., nheads, rows)."""
+    *lead, heads_k, packed_rows = lse.shape
+    rows = packed_rows // group
+    return lse.reshape(*lead, heads_k, rows, group).transpose(-1, -2).reshape(*lead, heads_k * group, rows)
