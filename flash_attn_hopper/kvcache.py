@@ -8,8 +8,9 @@ step can be captured in a CUDA graph). New keys and values are appended into the
 (in place, with rotary embedding applied to the new keys and to q), then the attention runs with
 ``num_splits`` (split-KV; 0 = choose) as ``flash_attn_varlen_func`` does.
 
-Not in this version (refused, naming the argument): ``page_table`` (paged caches),
-``cache_batch_idx``, ``cu_seqlens_k_new``, ``qv``, FP8 descales, ``attention_chunk``,
+New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_k, d) with
+``cu_seqlens_k_new``. Not in this version (refused, naming the argument): ``page_table`` (paged
+caches), ``cache_batch_idx``, ``qv``, FP8 descales, ``attention_chunk``,
 ``sm_margin``. No backward, as in FlashAttention-3.
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
@@ -82,22 +83,49 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: to
     return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
-def _append(cache: torch.Tensor, new: torch.Tensor, starts: torch.Tensor) -> None:
-    """cache[b, starts[b] + i] = new[b, i] in place, for the new tokens that fit: with S the cache's
-    length, token i of sequence b goes to min(starts + i, S - 1), and the ones that do not fit carry
-    the value that lands there anyway (the last fitting token, or the slot's own value when none
-    fits), so every write to one slot writes the same value and nothing lands outside the cache."""
-    batch, seqlen_new = new.shape[:2]
-    seqlen_cache = cache.shape[1]
-    i = torch.arange(seqlen_new, device=new.device)
-    last_fit = (seqlen_cache - 1 - starts.long()).unsqueeze(1)  # the last token index that fits, (b, 1)
-    src = torch.minimum(i.unsqueeze(0), last_fit)  # (b, s): the token whose value goes to the slot
-    slot = torch.clamp(starts.long().unsqueeze(1) + src, max=seqlen_cache - 1)
-    b = torch.arange(batch, device=new.device).unsqueeze(1).expand_as(slot)
-    values = new.gather(1, src.clamp(min=0)[..., None, None].expand(-1, -1, *new.shape[2:]))
-    values = torch.where((src >= 0)[..., None, None], values, cache[b, slot])
-    cache[b, slot] = values
+def _append(cache: torch.Tensor, rows: torch.Tensor, seq: torch.Tensor, idx: torch.Tensor,
+            first: torch.Tensor, starts: torch.Tensor) -> None:
+    """cache[seq_t, starts[seq_t] + idx_t] = rows[t] in place, for the new tokens that fit: rows
+    (T, nheads_k, d) are the new tokens, row t being number idx_t of sequence seq_t, whose tokens
+    start at row first[seq_t]. With S the cache's length, a token goes to min(starts + idx, S - 1),
+    and the ones that do not fit carry the value that lands there anyway (their sequence's last
+    fitting token, or the slot's own value when none fits), so every write to one slot writes the
+    same value. Slots and rows are clamped: whatever the index tensors hold, nothing lands or is
+    read outside the tensors."""
+    seqlen_cache, total = cache.shape[1], rows.shape[0]
+    start = starts.long()[seq]
+    src = torch.minimum(idx, seqlen_cache - 1 - start)  # the number of the token whose value goes to the slot
+    slot = torch.clamp(start + src, 0, seqlen_cache - 1)
+    src_row = torch.clamp(first.long()[seq] + src, 0, max(total - 1, 0))
+    values = torch.where((src >= 0)[:, None, None], rows[src_row], cache[seq, slot])
+    cache[seq, slot] = values
 
+
+def _new_tokens(k, batch: int, cu_seqlens_k_new):
+    """The new tokens as rows (T, nheads_k, d), each row's sequence and number in it, each
+    sequence's first row, and the number of new tokens per sequence: from (batch, seqlen_new,
+    nheads_k, d), or from packed (total_new, nheads_k, d) rows with cu_seqlens_k_new (batch + 1
+    int32 offsets; contents are never read on the host)."""
+    device = k.device
+    if cu_seqlens_k_new is None:
+        seqlen_new = k.shape[1]
+        seq = torch.arange(batch, device=device).repeat_interleave(seqlen_new)
+        idx = torch.arange(seqlen_new, device=device).repeat(batch)
+        first = torch.arange(batch, device=device) * seqlen_new
+        return k.reshape(batch * seqlen_new, *k.shape[2:]), seq, idx, first, _constant("full", batch, seqlen_new, device)
+    cu = cu_seqlens_k_new.long()
+    t = torch.arange(k.shape[0], device=device)
+    seq = torch.searchsorted(cu[1:], t, right=True).clamp(max=batch - 1)
+    idx = t - cu[seq]
+    # Rows outside [cu[0], cu[-1]) belong to no sequence. They repeat the write of the first
+    # sequence's first token (row cu[0]), or, with no token at all, write a slot's own value:
+    # either way they agree with every other write to their slot.
+    seq0 = torch.searchsorted(cu[1:], cu[:1], right=True).clamp(max=batch - 1)
+    outside = (t < cu[0]) | (t >= cu[-1])
+    seq = torch.where(outside, seq0, seq)
+    idx = torch.where(outside, torch.where(cu[-1] > cu[0], 0, -(2**40)), idx)
+    counts = (cu[1:] - cu[:-1]).clamp(min=0).to(torch.int32)
+    return k, seq, idx, cu[:-1], counts
 
 
 def flash_attn_with_kvcache(
@@ -140,7 +168,9 @@ def flash_attn_with_kvcache(
             and max_seqlen_q.
         k_cache, v_cache: (batch, seqlen_cache, nheads_k, d), fp16/bf16 like q; rows of one batch entry
             consecutive (batch stride = seqlen_cache x row stride) so the cache is read in place.
-        k, v: optional (batch, seqlen_new, nheads_k, d): written into the cache at cache_seqlens
+        k, v: optional (batch, seqlen_new, nheads_k, d), or (total_new, nheads_k, d) with
+            cu_seqlens_k_new (int32 (batch + 1,) offsets of each sequence's new tokens): written into
+            the cache at cache_seqlens
             (tokens past the cache's end are dropped) before the attention, which then covers them.
         rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotary embedding of the new keys
             at positions rotary_seqlens + i (default cache_seqlens + i) and of q at the same positions
@@ -161,7 +191,6 @@ def flash_attn_with_kvcache(
     _refuse_extras(
         page_table=(page_table, None, "Paged KV caches are not in this version: pass a contiguous cache."),
         cache_batch_idx=(cache_batch_idx, None, "Index the cache yourself (k_cache[idx]) or pass None."),
-        cu_seqlens_k_new=(cu_seqlens_k_new, None, "Pass k / v as (batch, seqlen_new, nheads_k, d)."),
         qv=(qv, None, "Pass qv=None."),
         q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
@@ -219,13 +248,23 @@ def flash_attn_with_kvcache(
         _as_lengths(cache_leftpad, batch, 0, device, "cache_leftpad", seqlen_cache)
 
     if k is not None:
-        if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) or v.shape != k.shape:
-            raise ValueError(f"k and v must be (batch, seqlen_new, nheads_k, d) = ({batch}, seqlen_new, {heads_k}, {d})")
+        if cu_seqlens_k_new is None:
+            if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) or v.shape != k.shape:
+                raise ValueError(f"k and v must be (batch, seqlen_new, nheads_k, d) = ({batch}, seqlen_new, {heads_k}, "
+                                 f"{d}), or (total_new, nheads_k, d) with cu_seqlens_k_new")
+        else:
+            if k.dim() != 3 or k.shape[1:] != (heads_k, d) or v.shape != k.shape:
+                raise ValueError(f"with cu_seqlens_k_new, k and v must be (total_new, nheads_k, d) = (total_new, "
+                                 f"{heads_k}, {d})")
+            if not isinstance(cu_seqlens_k_new, torch.Tensor) or cu_seqlens_k_new.dtype != torch.int32 \
+                    or cu_seqlens_k_new.shape != (batch + 1,) or cu_seqlens_k_new.device != device:
+                raise ValueError(f"cu_seqlens_k_new must be an int32 tensor of shape ({batch + 1},) on {device}")
         if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
             raise ValueError("k and v must have the cache's dtype")
-        seqlen_new = k.shape[1]
-    else:
-        seqlen_new = 0
+        k_rows, new_seq, new_idx, new_first, new_counts = _new_tokens(k, batch, cu_seqlens_k_new)
+        v_rows = v.reshape(k_rows.shape)
+    elif cu_seqlens_k_new is not None:
+        raise ValueError("cu_seqlens_k_new describes new keys: pass k and v with it")
     if rotary_cos is not None:
         if k is None:
             raise ValueError("rotary_cos / rotary_sin apply to the new keys: pass k and v with them")
@@ -235,8 +274,8 @@ def flash_attn_with_kvcache(
                              f"of 16 and at most d = {d}; got {tuple(rotary_cos.shape)}")
         offsets = _as_lengths(rotary_seqlens, batch, 0, device, "rotary_seqlens", 2**30) \
             if rotary_seqlens is not None else seqlens
-        new_pos = offsets.long().unsqueeze(1) + torch.arange(seqlen_new, device=device)
-        k = _rotate(k, rotary_cos, rotary_sin, new_pos, rotary_interleaved)
+        new_pos = offsets.long()[new_seq] + new_idx.clamp(min=0)
+        k_rows = _rotate(k_rows.unsqueeze(0), rotary_cos, rotary_sin, new_pos.unsqueeze(0), rotary_interleaved)[0]
         local = causal or tuple(window_size) != (-1, -1)
         if varlen_q:
             starts = cu_seqlens_q[:-1].long()
@@ -249,9 +288,9 @@ def flash_attn_with_kvcache(
             q_pos = offsets.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
     if k is not None:
-        _append(k_cache, k, seqlens)
-        _append(v_cache, v, seqlens)
-        seqlens = torch.clamp(seqlens + seqlen_new, max=seqlen_cache)
+        _append(k_cache, k_rows, new_seq, new_idx, new_first, seqlens)
+        _append(v_cache, v_rows, new_seq, new_idx, new_first, seqlens)
+        seqlens = torch.clamp(seqlens + new_counts, max=seqlen_cache)
 
     # The cache as packed rows: sequence b's valid keys start at row b * seqlen_cache + leftpad_b.
     rows = _constant("steps", batch + 1, seqlen_cache, device)
@@ -303,10 +342,13 @@ def get_scheduler_metadata(
     only, needs no tensor: returns an empty int32 tensor on cache_seqlens' device."""
     _refuse_extras(
         page_size=(page_size, None, "Paged KV caches are not in this version: pass a contiguous cache."),
-        cu_seqlens_k_new=(cu_seqlens_k_new, None, "Pass k / v as (batch, seqlen_new, nheads_k, d)."),
         attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
+    if cu_seqlens_k_new is not None and not (isinstance(cu_seqlens_k_new, torch.Tensor)
+                                             and cu_seqlens_k_new.dtype == torch.int32
+                                             and tuple(cu_seqlens_k_new.shape) == (batch_size + 1,)):
+        raise ValueError(f"cu_seqlens_k_new must be None or an int32 tensor of shape ({batch_size + 1},)")
     if headdim_v not in (None, headdim):
         raise support.feature_refusal("dv", f"headdim_v={headdim_v} != headdim={headdim}",
                                       "Pass headdim_v=None.").exception()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flash_attn_hopper
-from flash_attn_hopper.kvcache import _append, _rotate
+from flash_attn_hopper.kvcache import _append, _new_tokens, _rotate
 
 from op_emulator import emulated_varlen_ops
 from reference import assert_fa_close, attention_ref
@@ -52,7 +52,9 @@ def test_rotary_matches_the_plain_rotation(interleaved):
 def test_append_writes_in_place_and_drops_what_does_not_fit():
     cache = torch.zeros(3, 6, 1, 2)
     new = torch.arange(1, 3 * 4 * 2 + 1, dtype=torch.float32).view(3, 4, 1, 2)
-    _append(cache, new, torch.tensor([1, 4, 6], dtype=torch.int32))
+    rows, seq, idx, first, counts = _new_tokens(new, 3, None)
+    assert counts.tolist() == [4, 4, 4]
+    _append(cache, rows, seq, idx, first, torch.tensor([1, 4, 6], dtype=torch.int32))
     assert torch.equal(cache[0, 1:5], new[0]) and torch.equal(cache[0, 5], torch.zeros(1, 2))
     assert torch.equal(cache[1, 4:6], new[1, :2]) and torch.equal(cache[1, :4], torch.zeros(4, 1, 2))
     assert torch.equal(cache[2], torch.zeros(6, 1, 2))  # a full cache: nothing written
@@ -230,3 +232,72 @@ def test_pack_gqa_runs_the_group_as_rows_of_one_head(monkeypatch, sq, causal, wi
         assert torch.allclose(lse[finite], lse_ref[finite], atol=1e-3), pack
     with pytest.raises(TypeError, match="pack_gqa must be None, True or False"):
         flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, pack_gqa="yes")
+
+
+def _append_packed_ref(cache, new, cu, starts):
+    """The packed new tokens of each sequence written one by one where they fit."""
+    cache = cache.clone()
+    for b in range(len(cu) - 1):
+        for i in range(int(cu[b]), int(cu[b + 1])):
+            slot = int(starts[b]) + i - int(cu[b])
+            if slot < cache.shape[1]:
+                cache[b, slot] = new[i]
+    return cache
+
+
+@pytest.mark.parametrize("cu, total", [
+    ([0, 2, 2, 5], 5),  # an empty sequence; the last one runs past the cache's end
+    ([1, 3, 3, 4], 6),  # rows 0, 4 and 5 belong to no sequence: never written
+    ([2, 2, 2, 2], 3),  # no new token at all
+])
+def test_packed_new_tokens_are_appended_per_sequence(cu, total):
+    cache = torch.arange(3 * 8 * 2, dtype=torch.float32).view(3, 8, 1, 2) * -1
+    new = torch.arange(1, total * 2 + 1, dtype=torch.float32).view(total, 1, 2)
+    starts = torch.tensor([3, 0, 6], dtype=torch.int32)
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    want = _append_packed_ref(cache, new, cu, starts)
+    rows, seq, idx, first, counts = _new_tokens(new, 3, cu_t)
+    _append(cache, rows, seq, idx, first, starts)
+    assert torch.equal(cache, want)
+    assert counts.tolist() == [max(b - a, 0) for a, b in zip(cu[:-1], cu[1:])]
+
+
+def test_cu_seqlens_k_new_against_the_reference(monkeypatch):
+    g = torch.Generator().manual_seed(11)
+    batch, cache_len, hq, hk, d = 3, 40, 4, 2, 64
+    lens_new, seqlens = [2, 0, 5], torch.tensor([10, 25, 37], dtype=torch.int32)
+    cu_new = torch.tensor([0, 2, 2, 7], dtype=torch.int32)
+    q = torch.randn(batch, 1, hq, d, generator=g).to(DTYPE)
+    k_cache = torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE)
+    v_cache = torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE)
+    k, v = (torch.randn(7, hk, d, generator=g).to(DTYPE) for _ in range(2))
+    angle = torch.rand(cache_len + 8, 16, generator=g) * 2 * math.pi
+    cos, sin = angle.cos().to(DTYPE), angle.sin().to(DTYPE)
+    pos = torch.cat([seqlens[b].long() + torch.arange(n) for b, n in enumerate(lens_new)])
+    k_rot = rotary_ref(k, cos, sin, pos, True)
+    k_ref = _append_packed_ref(k_cache, k_rot, cu_new.tolist(), seqlens)
+    v_ref = _append_packed_ref(v_cache, v, cu_new.tolist(), seqlens)
+    q_ref = rotary_ref(q, cos, sin, seqlens.long()[:, None], True)
+    with emulated_varlen_ops(monkeypatch):
+        out = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                                       cache_seqlens=seqlens, cu_seqlens_k_new=cu_new, causal=True)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), "the append differs"
+    ends = torch.clamp(seqlens + torch.tensor(lens_new, dtype=torch.int32), max=cache_len)
+    zeros = torch.zeros(batch, dtype=torch.int32)
+    ref, _ = reference(q_ref, k_ref, v_ref, ends, zeros, causal=True)
+    low, _ = reference(q_ref, k_ref, v_ref, ends, zeros, causal=True, upcast=False)
+    assert_fa_close(out, ref, low, name="out")
+
+
+def test_cu_seqlens_k_new_is_checked():
+    q = torch.zeros(2, 1, 4, 64, dtype=DTYPE)
+    cache = torch.zeros(2, 16, 2, 64, dtype=DTYPE)
+    new = torch.zeros(3, 2, 64, dtype=DTYPE)
+    with pytest.raises(ValueError, match="cu_seqlens_k_new must be an int32"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(), new, new, cu_seqlens_k_new=torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="total_new, nheads_k, d"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(), new[None], new[None],
+                                                  cu_seqlens_k_new=torch.tensor([0, 1, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="pass k and v with it"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(),
+                                                  cu_seqlens_k_new=torch.tensor([0, 1, 3], dtype=torch.int32))

@@ -110,3 +110,26 @@ def test_lengths_outside_the_cache_are_clamped_and_a_capture_keeps_no_constants(
     assert_fa_close(flash_attn_with_kvcache(q5, k5, v5, cache_seqlens=600), ref, low, name="eager after capture")
     graph.replay()
     assert_fa_close(captured, ref, low, name="replay")
+
+
+def test_packed_new_tokens_with_cu_seqlens_k_new():
+    from test_kvcache_cpu import _append_packed_ref
+    d, dtype = compiled_config("fwd")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    batch, cache_len, hq, hk = 3, 1000, 8, 2
+    lens_new = [3, 0, 9]
+    cu_new = torch.tensor([0, 3, 3, 12], dtype=torch.int32, device="cuda")
+    seqlens = torch.tensor([17, 400, 995], dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, 1, hq, d, device="cuda", generator=g).to(dtype)
+    k_cache, v_cache = (torch.randn(batch, cache_len, hk, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(12, hk, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k_ref = _append_packed_ref(k_cache, k, cu_new.tolist(), seqlens.tolist())
+    v_ref = _append_packed_ref(v_cache, v, cu_new.tolist(), seqlens.tolist())
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cu_seqlens_k_new=cu_new,
+                                  causal=True)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    ends = torch.clamp(seqlens + torch.tensor(lens_new, dtype=torch.int32, device="cuda"), max=cache_len)
+    zeros = torch.zeros(batch, dtype=torch.int32)
+    ref, _ = reference(q, k_ref, v_ref, ends.cpu(), zeros, causal=True)
+    low, _ = reference(q, k_ref, v_ref, ends.cpu(), zeros, causal=True, upcast=False)
+    assert_fa_close(out, ref, low, name="out")

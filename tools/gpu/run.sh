@@ -28,6 +28,14 @@
 #              FULL=1 sets FLASH_ATTN_HOPPER_FULL_TESTS=1
 #   bench      benchmarks/benchmark_attn.py: $PROVIDERS on $BENCH_HDIMS (default HDIMS), forward and
 #              backward (BENCH_FWD_ONLY=1: forward), $BENCH_ARGS (default --rounds 3), $OUT/bench/
+#   baseline   a same-run grid against an older commit (a refactor's bar when SASS differs): the
+#              carried $BASELINE (default .peers/baseline.tar.gz, made by `git archive --format=tar.gz
+#              -o .peers/baseline.tar.gz <commit>`) is built for BENCH_HDIMS (default HDIMS) x DTYPES
+#              into /tmp/baseline-site (BASELINE_BUILD_TIMEOUT 300); then each version's own
+#              benchmarks/benchmark_attn.py runs BASELINE_ROUNDS (3) times, old and new alternating,
+#              ours and sdpa-cudnn (the anchor for drift between runs) with $BASELINE_ARGS (default
+#              "--bwd"); tools/gpu/baseline_grid.py prints new / old per point, $OUT/baseline.{csv,md}.
+#              "new" is what later steps import (the checkout's build, or the wheel with WHEEL_SITE=1)
 #   variants   tools/gpu/variants.py on each VARIANT SET given as an argument: "[@SECONDS] <variants.py
 #              arguments>", e.g. "@200 --bwd --hdim 128 --variant a --variant b:FLASH_BWD_DEV_X=1";
 #              $VARIANTS_COMMON is prepended to every set. The sets build side by side (beside the
@@ -75,7 +83,7 @@ export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-build,check,pytest}
 HDIMS=${HDIMS:-64,128,256}
 DTYPES=${DTYPES:-bf16}
-known=",fa3,build,wheel,check,pytest,wheeltest,bench,variants,breakdown,power,ncu,sanitize,cmd,"
+known=",fa3,build,wheel,check,pytest,wheeltest,bench,baseline,variants,breakdown,power,ncu,sanitize,cmd,"
 for s in ${STEPS//,/ }; do
   case "$known" in *",$s,"*) ;; *) echo "run.sh: unknown step '$s' (known: ${known:1:-1})"; exit 2;; esac
 done
@@ -252,6 +260,40 @@ if has bench; then
     --hdims "${BENCH_HDIMS:-$HDIMS}" $bwd ${BENCH_ARGS:---rounds 3} --no-check --out-dir "$OUT/bench" > "$OUT/bench.log" 2>&1
   rc=$?; tail -60 "$OUT/bench.log"
   result bench $rc
+fi
+
+if has baseline; then
+  step baseline
+  tarball=${BASELINE:-.peers/baseline.tar.gz}
+  rc=1
+  if [ ! -f "$tarball" ]; then
+    echo "no $tarball: carry a git archive of the baseline commit"
+  else
+    rm -rf /tmp/baseline /tmp/baseline-site && mkdir -p /tmp/baseline && tar xzf "$tarball" -C /tmp/baseline
+    start=$(date +%s)
+    (cd /tmp/baseline && FLASH_ATTN_HOPPER_HDIMS=${BENCH_HDIMS:-$HDIMS} timeout "${BASELINE_BUILD_TIMEOUT:-300}" \
+      python3 -m pip install -q --no-build-isolation --no-deps --no-index --no-compile --target /tmp/baseline-site . \
+      > "$OUT/baseline_build.log" 2>&1)
+    rc=$?
+    echo "baseline built in $(( $(date +%s) - start )) s (exit $rc)"
+    [ $rc -eq 0 ] || tail -20 "$OUT/baseline_build.log"
+  fi
+  if [ $rc -eq 0 ]; then
+    for i in $(seq "${BASELINE_ROUNDS:-3}"); do
+      for v in old new; do
+        if [ $v = old ]; then path=/tmp/baseline-site:/tmp/site; script=/tmp/baseline/benchmarks/benchmark_attn.py
+        else path=$PYTHONPATH; script=$REPO/benchmarks/benchmark_attn.py; fi
+        # shellcheck disable=SC2086
+        (cd /tmp && PYTHONPATH=$path PYTHONSAFEPATH=1 timeout "${BENCH_TIMEOUT:-330}" python3 "$script" \
+          --hdims "${BENCH_HDIMS:-$HDIMS}" --providers flash_attn_hopper,sdpa-cudnn --no-check ${BASELINE_ARGS:---bwd} \
+          --out-dir "$OUT/baseline-$v-$i" > "$OUT/baseline-$v-$i.log" 2>&1)
+        echo "$v round $i exit $?"
+      done
+    done
+    python3 tools/gpu/baseline_grid.py "$OUT"
+    rc=$?
+  fi
+  result baseline $rc
 fi
 
 if has variants; then
