@@ -4,10 +4,12 @@
 in the same run (benchmark_attn.py's timing and rotation).
 
 Grid: batch 1 / 8 / 64 x cache 4k / 32k / 128k (points past --max-cache-gib of K+V skipped) x GQA
-32:8 and 8:1 x hdim 64 / 128 / 256, bf16, contiguous caches (paged ones once page_table exists).
-Providers: flash_attn_hopper (flash_attn_with_kvcache: split-KV chosen), flash_attn_hopper-nosplit
-(flash_attn_func on (batch, 1, heads, d) queries, one CTA per head), sdpa-cudnn, sdpa-flash
-(enable_gqa), fa3 (flash_attn_with_kvcache when importable); flash_attn_hopper-sN (num_splits=N) on request.
+32:8 and 8:1 x hdim 64 / 128 / 256, bf16. Providers: flash_attn_hopper (flash_attn_with_kvcache:
+split-KV chosen), flash_attn_hopper-nosplit (flash_attn_func on (batch, 1, heads, d) queries, one CTA
+per head), sdpa-cudnn, sdpa-flash (enable_gqa), fa3 (flash_attn_with_kvcache when importable); on
+request flash_attn_hopper-sN (num_splits=N) and the paged cache: flash_attn_hopper-pagedP and
+fa3-pagedP (the same cache as pages of P rows in a random page table). --seqlen-q N > 1 times a causal
+chunk of N queries per sequence (prefill against the cache) instead of one.
 
     python benchmarks/benchmark_decode.py --rounds 3            # results/decode-<date>.{csv,md}
     python benchmarks/benchmark_decode.py --batches 8 --caches 32768 --hdims 128
@@ -49,8 +51,9 @@ def _ours(split: bool = True, num_splits: int = 0):
     if reason is not None:
         raise ba.ProviderUnavailable(reason)
     if split:
-        return lambda q, k, v: flash_attn_hopper.flash_attn_with_kvcache(q, k, v, num_splits=num_splits)
-    return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v)
+        return lambda q, k, v: flash_attn_hopper.flash_attn_with_kvcache(q, k, v, num_splits=num_splits,
+                                                                         causal=q.shape[1] > 1)
+    return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=q.shape[1] > 1)
 
 
 def _sdpa(backend_name: str):
@@ -60,6 +63,10 @@ def _sdpa(backend_name: str):
 
     def run(q, k, v):
         with sdpa_kernel(backend):
+            if q.shape[1] > 1:  # bottom-right causal, as the others
+                mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(k.shape[1] - q.shape[1])
+                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                      attn_mask=mask, enable_gqa=q.size(2) != k.size(2))
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   enable_gqa=q.size(2) != k.size(2))
 
@@ -68,7 +75,34 @@ def _sdpa(backend_name: str):
 
 def _fa3():
     fa3_kvcache = ba.fa3_function("flash_attn_with_kvcache")
-    return lambda q, k, v: fa3_kvcache(q, k, v)
+    return lambda q, k, v: fa3_kvcache(q, k, v, causal=q.shape[1] > 1)
+
+
+def _paged(fn, page_size: int):
+    """fn over the (batch, cache, hk, d) cache viewed as pages of page_size rows, in the order of a
+    random page table (one per shape, made outside the timing)."""
+    tables = {}
+
+    def run(q, k, v):
+        batch, cache, hk, d = k.shape
+        key = (batch, cache, k.device)
+        if key not in tables:
+            gen = torch.Generator(device=k.device).manual_seed(1)
+            pages = torch.randperm(batch * cache // page_size, device=k.device, generator=gen)
+            tables[key] = pages.view(batch, -1).to(torch.int32)
+        k_pages, v_pages = (t.view(-1, page_size, hk, d) for t in (k, v))
+        return fn(q, k_pages, v_pages, page_table=tables[key], causal=q.shape[1] > 1)
+
+    return run
+
+
+def _ours_paged(page_size: int):
+    import flash_attn_hopper
+
+    reason = flash_attn_hopper.unavailable_reason()
+    if reason is not None:
+        raise ba.ProviderUnavailable(reason)
+    return _paged(flash_attn_hopper.flash_attn_with_kvcache, page_size)
 
 
 PROVIDERS = {"flash_attn_hopper": _ours, "flash_attn_hopper-nosplit": lambda: _ours(split=False),
@@ -99,7 +133,7 @@ def measure(provider, run, batch, cache, gqa, hdim, args) -> Row:
     row = Row(provider, batch, cache, gqa, hdim)
     hq, hk = GQA[gqa]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(batch, 1, hq, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(batch, args.seqlen_q, hq, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(batch, cache, hk, hdim, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     try:
         with torch.no_grad():
@@ -125,24 +159,32 @@ def measure(provider, run, batch, cache, gqa, hdim, args) -> Row:
     return row
 
 
-def markdown(rows: list[Row], env: dict, graph: bool = False) -> str:
+def markdown(rows: list[Row], env: dict, graph: bool = False, seqlen_q: int = 1) -> str:
     providers = list(dict.fromkeys(r.provider for r in rows))
     table = {(r.provider, r.batch, r.cache, r.gqa, r.hdim): r.gbps for r in rows}
     keys = list(dict.fromkeys((r.batch, r.cache, r.gqa, r.hdim) for r in rows))
     out = [f"# Decode (K/V bytes read per second), {env['date']}", "",
            f"GPU {env['gpu']}, torch {env['torch']}, flash_attn_hopper {env['flash_attn_hopper']}. GB/s; "
-           "one query token per sequence; median of the rounds, providers rotated; "
+           + ("one query token per sequence; " if seqlen_q == 1 else f"{seqlen_q} causal queries per sequence; ")
+           + "median of the rounds, providers rotated; "
            + ("each call captured in a CUDA graph and replayed (GPU work only)." if graph
               else "eager calls (host work per call included)."), "",
-           "| batch | cache | GQA | hdim | " + " | ".join(providers) + " | ours / best peer |",
-           "|" + "---|" * (len(providers) + 5)]
+           "| batch | cache | GQA | hdim | " + " | ".join(providers) + " | ours / best peer | ours paged / best peer |",
+           "|" + "---|" * (len(providers) + 6)]
     for key in keys:
         vals = [table.get((p, *key), math.nan) for p in providers]
-        # Ours: the best of our providers (unsplit, split); peers: everyone else.
-        mine = [x for p, x in zip(providers, vals) if p.startswith("flash_attn_hopper") and not math.isnan(x)]
-        peers = [x for p, x in zip(providers, vals) if not p.startswith("flash_attn_hopper") and not math.isnan(x)]
-        ratio = f"{max(mine) / max(peers):.2f}" if peers and mine else ""
-        out.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(f"{x:.0f}" for x in vals) + f" | {ratio} |")
+        # Ours: the best of our contiguous providers (unsplit, split) and of our paged ones; peers:
+        # everyone else's contiguous providers (torch SDPA has no paged cache; FA3's paged ones are
+        # in their own columns).
+        def best(pick):
+            xs = [x for p, x in zip(providers, vals) if pick(p) and not math.isnan(x)]
+            return max(xs) if xs else math.nan
+        mine = best(lambda p: p.startswith("flash_attn_hopper") and "-paged" not in p)
+        mine_paged = best(lambda p: p.startswith("flash_attn_hopper-paged"))
+        peer = best(lambda p: not p.startswith("flash_attn_hopper") and "-paged" not in p)
+        ratio = lambda x: "" if math.isnan(x) or math.isnan(peer) else f"{x / peer:.2f}"  # noqa: E731
+        out.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(f"{x:.0f}" for x in vals)
+                   + f" | {ratio(mine)} | {ratio(mine_paged)} |")
     return "\n".join(out) + "\n"
 
 
@@ -157,6 +199,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-cache-gib", type=float, default=40.0, help="skip points whose K+V exceed this")
     ba.common_args(p)
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays of each call (no host work)")
+    p.add_argument("--seqlen-q", type=int, default=1, help="queries per sequence (> 1: a causal prefill chunk)")
     p.add_argument("--out", type=Path, default=None, help="file stem (default results/decode-<date>)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -167,6 +210,11 @@ def main(argv=None) -> int:
     for name in args.providers.split(","):
         if name.startswith("flash_attn_hopper-s") and name[len("flash_attn_hopper-s"):].isdigit():
             table[name] = (lambda n: lambda: _ours(num_splits=n))(int(name[len("flash_attn_hopper-s"):]))
+    for name in args.providers.split(","):
+        for prefix, make in (("flash_attn_hopper-paged", _ours_paged),
+                             ("fa3-paged", lambda n: _paged(ba.fa3_function("flash_attn_with_kvcache"), n))):
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                table[name] = (lambda n, make=make: lambda: make(n))(int(name[len(prefix):]))
     runs = ba.load_providers(table, args.providers.split(","))
     rows = []
     for i, (batch, cache, gqa, hdim) in enumerate(points(args.batches, args.caches, args.gqa.split(","), args.hdims,
@@ -178,7 +226,7 @@ def main(argv=None) -> int:
             print(f"b{batch:<3d} cache {cache:<7d} {gqa:5s} hdim {hdim:3d} {n:18s} {rows[-1].gbps:8.0f} GB/s", flush=True)
     records = [[r.provider, r.batch, r.cache, r.gqa, r.hdim, f"{r.gbps:.1f}"] for r in rows]
     rounds.write_results("decode", ["provider", "batch", "cache", "gqa", "hdim", "gbps"], records,
-                         markdown(rows, ba.environment(), args.graph), args.out)
+                         markdown(rows, ba.environment(), args.graph, args.seqlen_q), args.out)
     return 0
 
 

@@ -4,12 +4,15 @@ ours without, and ours with softcap against FlashAttention-3 with softcap, measu
 
 Points (bf16, nheads x hdim = 2048, 16k tokens): seqlen 512 / 2k / 8k / 16k at hdim 64 / 128 / 256,
 causal and not. Providers: plain (ours), softcap (ours, softcap=30), sink (ours, learnable_sink),
-fa3 and fa3-softcap (FA3 built with softcap). FLOPs as benchmark_attn.py (forward 4·B·H·S²·D,
-halved when causal; backward 2.5x). Each point is the median of --rounds rounds with the
-providers' order rotated (benchmark_attn.py's timing).
+padded (ours on v zero-padded to q's head dim, with --dv; not by default), fa3 and fa3-softcap (FA3 built with softcap). FLOPs as benchmark_attn.py (forward 4·B·H·S²·D,
+halved when causal; backward 2.5x); with --dv (v's head dim, FA3's dv != d, e.g. --hdims 192
+--dv 128 against FA3 built with --hdims 192 --enable HDIMDIFF192) forward 2·B·H·S²·(D + Dv) and
+backward 2·B·H·S²·(3·D + 2·Dv), the GEMMs each direction runs. Each point is the median of
+--rounds rounds with the providers' order rotated (benchmark_attn.py's timing).
 
     python benchmarks/benchmark_scoremods.py --rounds 3 --bwd    # writes benchmarks/results/scoremods-<date>.{csv,md}
     python benchmarks/benchmark_scoremods.py --hdims 128 --seqlens 8192 --providers plain,softcap
+    python benchmarks/benchmark_scoremods.py --hdims 192 --dv 128 --seqlens 2048,8192,16384 --providers plain,fa3 --bwd
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ TOKENS = 16384
 SOFTCAP = 30.0  # Gemma 2's attn_logit_softcapping
 
 
-def _ours(softcap: float = 0.0, sink: bool = False):
+def _ours(softcap: float = 0.0, sink: bool = False, padded: bool = False):
     import flash_attn_hopper
 
     reason = flash_attn_hopper.unavailable_reason()
@@ -40,7 +43,11 @@ def _ours(softcap: float = 0.0, sink: bool = False):
 
     def run(q, k, v, causal):
         s = torch.zeros(q.shape[2], device=q.device) if sink else None  # a sink that still joins every row
-        return flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, softcap=softcap, learnable_sink=s)
+        dv = v.shape[-1]
+        if padded:  # dv != d on v zero-padded to q's head dim and out cut back (what kernels of one width need)
+            v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
+        out = flash_attn_hopper.flash_attn_func(q, k, v, causal=causal, softcap=softcap, learnable_sink=s)
+        return out[..., :dv]
 
     return run
 
@@ -59,11 +66,12 @@ PROVIDERS = {
     "plain": _ours,
     "softcap": lambda: _ours(softcap=SOFTCAP),
     "sink": lambda: _ours(sink=True),
+    "padded": lambda: _ours(padded=True),
     "fa3": _fa3,
     "fa3-softcap": lambda: _fa3(softcap=SOFTCAP),
 }
 #: The ratios the markdown reports: (provider, the peer it is divided by).
-RATIOS = [("softcap", "plain"), ("sink", "plain"), ("softcap", "fa3-softcap"), ("plain", "fa3")]
+RATIOS = [("softcap", "plain"), ("sink", "plain"), ("softcap", "fa3-softcap"), ("plain", "fa3"), ("plain", "padded")]
 
 
 @dataclass
@@ -76,13 +84,20 @@ class Row:
     bwd_tflops: float = math.nan
 
 
+def flops_of(batch, nheads, seqlen, hdim, dv, causal) -> tuple[float, float]:
+    """(forward, backward) FLOPs: S = QK^T and PV forward; S, dP = dO V^T, dV, dK, dQ backward."""
+    pairs = batch * nheads * seqlen * seqlen / (2.0 if causal else 1.0)
+    return 2.0 * pairs * (hdim + dv), 2.0 * pairs * (3 * hdim + 2 * dv)
+
+
 def measure(provider, run, hdim, causal, seqlen, args) -> Row:
     row = Row(provider, hdim, causal, seqlen)
     batch, nheads = max(1, TOKENS // seqlen), HEADS_X_HDIM // hdim
+    dv = args.dv or hdim
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
-               for _ in range(3))
-    flops = ba.fwd_flops(batch, nheads, seqlen, hdim, causal)
+    q, k, v = (torch.randn(batch, seqlen, nheads, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for d in (hdim, hdim, dv))
+    flops, bwd_flops = flops_of(batch, nheads, seqlen, hdim, dv, causal)
     try:
         with torch.no_grad():
             row.fwd_tflops = flops / ba.time_ms(lambda: run(q, k, v, causal), args.warmup, args.rep) / 1e9
@@ -91,16 +106,16 @@ def measure(provider, run, hdim, causal, seqlen, args) -> Row:
             out = run(*leaves, causal)
             dout = torch.randn_like(out)
             ms = ba.time_ms(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True), args.warmup, args.rep)
-            row.bwd_tflops = 2.5 * flops / ms / 1e9
+            row.bwd_tflops = bwd_flops / ms / 1e9
     except Exception as err:  # a failing provider records NaN and the run goes on
         print(f"    {provider} hdim {hdim} causal {causal} seqlen {seqlen} failed: {ba._first_line(err)}", flush=True)
     return row
 
 
-def markdown(rows: list[Row], env: dict) -> str:
+def markdown(rows: list[Row], env: dict, dv: int = 0) -> str:
     lines = [f"# Score modifiers, {env['date']}", "", f"GPU {env['gpu']}, torch {env['torch']}, "
              f"flash_attn_hopper {env['flash_attn_hopper']}; bf16, {TOKENS} tokens, nheads x hdim = {HEADS_X_HDIM}, "
-             f"softcap {SOFTCAP}.", "",
+             f"softcap {SOFTCAP}" + (f"; v's head dim {dv} (hdim is q's and k's)." if dv else "."), "",
              "| hdim | causal | seqlen | provider | fwd TFLOP/s | bwd TFLOP/s |", "|---|---|---|---|---|---|"]
     points: dict[tuple, dict[str, Row]] = {}
     for r in rows:
@@ -122,8 +137,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hdims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256])
     p.add_argument("--seqlens", type=lambda s: [int(x) for x in s.split(",")], default=[512, 2048, 8192, 16384])
-    p.add_argument("--providers", default=",".join(PROVIDERS))
+    p.add_argument("--providers", default=",".join(p for p in PROVIDERS if p != "padded"))
     p.add_argument("--bwd", action="store_true")
+    p.add_argument("--dv", type=int, default=0, help="v's head dim (default: hdim)")
     ba.common_args(p)
     p.add_argument("--out", type=Path, default=None, help="file stem (default results/scoremods-<date>)")
     args = p.parse_args(argv)
@@ -146,7 +162,7 @@ def main(argv=None) -> int:
     records = [[r.provider, r.hdim, str(r.causal).lower(), r.seqlen, f"{r.fwd_tflops:.1f}", f"{r.bwd_tflops:.1f}"]
                for r in rows]
     rounds.write_results("scoremods", ["provider", "hdim", "causal", "seqlen", "fwd_tflops", "bwd_tflops"], records,
-                         markdown(rows, ba.environment()), args.out)
+                         markdown(rows, ba.environment(), args.dv), args.out)
     return 0
 
 

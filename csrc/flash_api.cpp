@@ -38,6 +38,9 @@
 #ifndef FLASH_ATTN_HOPPER_REGISTRY_PROVIDED  // developer variant builds define their own list
 #include "generated/fwd_registry.h"
 #endif
+#ifndef FLASH_ATTN_HOPPER_FOR_EACH_PAGED  // a registry without paged-KV kernels
+#define FLASH_ATTN_HOPPER_FOR_EACH_PAGED(X)
+#endif
 
 #if defined(FLASH_ATTN_HOPPER_HAS_BWD) && FLASH_ATTN_HOPPER_HAS_BWD
 #include "params/bwd_params.h"
@@ -49,6 +52,8 @@
 namespace flash {
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& params, cudaStream_t stream);
+template <int kHeadDim, typename Element>
+void run_flash_fwd_paged(FwdParams& params, cudaStream_t stream);
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 template <int kHeadDim, typename Element>
 void run_flash_bwd(BwdParams& params, cudaStream_t stream);
@@ -84,19 +89,68 @@ void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor c
   fwd(params, stream);
 }
 
+// The forward's outputs in its params: out viewed as (batch, rows, heads, d), the LSE, the sink.
+void set_outputs(flash::FwdParams& params, Tensor const& out4, Tensor& lse, float const* sink_ptr) {
+  params.o_ptr = out4.data_ptr();
+  params.lse_ptr = lse.mutable_data_ptr<float>();
+  params.sink_ptr = sink_ptr;
+  params.o_batch_stride = out4.stride(0);
+  params.o_row_stride = out4.stride(1);
+  params.o_head_stride = out4.stride(2);
+}
+
+// PackGQA inside the op (pack_gqa = g > 1, decode steps): q comes as (total_q, heads_kv, d) rows
+// t * g + j holding query head h * g + j of token t (packgqa.py's pack_rows), and out / the LSE go
+// back per query head, (total_q / g, heads_kv * g, dv) and (heads_kv * g, total_q / g), written by
+// the combine, so no copy unpacks them. Not with softcap (unsplit), seqused_q or a sink.
+void check_pack_gqa(int64_t pack_gqa, int64_t total_q, int64_t batch, bool softcap, bool seqused_q, bool sink) {
+  FLASH_CHECK(pack_gqa >= 1, "flash_attn_hopper: pack_gqa must be >= 1, got ", pack_gqa);
+  FLASH_CHECK(pack_gqa == 1 || (total_q % pack_gqa == 0 && !softcap && !seqused_q && !sink),
+              "flash_attn_hopper: pack_gqa > 1 needs total_q a multiple of it and no softcap, seqused_q or sink");
+  FLASH_CHECK(pack_gqa == 1 || 2 * batch <= kMaxGridBatches,
+              "flash_attn_hopper: pack_gqa > 1 splits every sequence at least in two; too many sequences (", batch,
+              ")");
+}
+
+// A varlen (or paged) forward whose params hold the problem: out / LSE pointers (out (total_q,
+// heads, d), LSE (heads, total_q)), the split plan, and the kernels, with the combine when split
+// (the partial buffers hold the packed rows as one batch entry) and the tile counter where asked.
+// With PackGQA (pack_gqa > 1, see packed_outputs) the call always splits, at least in two: the
+// combine writes out and the LSE per query head.
+void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Problem const& pb, Tensor const& q,
+                   Tensor const& out, Tensor& lse, float const* sink_ptr, bool softcap, int64_t num_splits,
+                   bool tile_counter, int64_t pack_gqa = 1) {
+  set_outputs(params, torch::stable::unsqueeze(out, 0), lse, sink_ptr);
+  int splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
+                             pb.head_dim_rounded, softcap, params.num_sms);
+  if (pack_gqa > 1) { splits = std::max(splits, 2); }
+  cudaStream_t const stream = current_stream(pb.device);
+  if (splits > 1) {
+    SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim_v, out,
+                       out.stride(0), out.stride(1), 0, int(pack_gqa));
+    fwd(params, stream);
+    run.finish(pb.is_bf16, stream);
+  } else if (tile_counter) {
+    run_fwd(fwd, params, pb.head_dim_rounded, q, pb.device);
+  } else {
+    fwd(params, stream);
+  }
+}
+
 std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left, double softcap,
                                            std::optional<Tensor> const& sink, int64_t num_splits) {
-  Problem const pb = check_problem(q, k, v);
+  Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
+  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device,
+              head_dim_v] = pb;
   FwdFn const fwd = find_fwd(head_dim_rounded, is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
 
-  Tensor out = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim});
+  Tensor out = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim_v});
   Tensor lse = empty_like_dev(q, {batch, heads_q, seqlen_q}, kFloat);
   if (batch == 0 || seqlen_q == 0 || heads_q == 0) { return {out, lse}; }
   if (seqlen_k == 0) {  // nothing to attend to: O = 0, LSE = -inf (or the sink's logit)
@@ -109,16 +163,11 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
   flash::FwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
-  params.o_ptr = out.data_ptr();
-  params.lse_ptr = lse.mutable_data_ptr<float>();
-  params.sink_ptr = sink_ptr;
-  params.o_batch_stride = out.stride(0);
-  params.o_row_stride = out.stride(1);
-  params.o_head_stride = out.stride(2);
+  set_outputs(params, out, lse, sink_ptr);
   int const splits = choose_splits(num_splits, batch, seqlen_q, seqlen_k, heads_q, head_dim_rounded, softcap > 0,
                                    params.num_sms);
   if (splits > 1) {
-    SplitRun const run(params, q, splits, /*varlen=*/false, batch, batch * seqlen_q, heads_q, head_dim, out,
+    SplitRun const run(params, q, splits, /*varlen=*/false, batch, batch * seqlen_q, heads_q, head_dim_v, out,
                        out.stride(1), out.stride(2), out.stride(0));
     fwd(params, current_stream(device));
     run.finish(is_bf16, current_stream(device));
@@ -138,51 +187,40 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
                                                   int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                   int64_t window_size_left, int64_t window_size_right, bool top_left,
                                                   double softcap, std::optional<Tensor> const& sink,
-                                                  int64_t num_splits) {
+                                                  int64_t num_splits, int64_t pack_gqa) {
   auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+      check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                        max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
 
+  check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, seqused_q.has_value(), sink.has_value());
+  int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
   bool const gaps = seqused_q.has_value();  // rows no sequence uses: 0 / -inf (the sink's logit), as rows without keys
-  Tensor out = gaps ? zeros_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim})
-                        : empty_like_dev(q, {vl.total_q, pb.heads_q, pb.head_dim});
-  Tensor lse = empty_like_dev(q, {pb.heads_q, vl.total_q}, kFloat);
+  Tensor out = gaps ? zeros_like_dev(q, {rows, heads, pb.head_dim_v}) : empty_like_dev(q, {rows, heads, pb.head_dim_v});
+  Tensor lse = empty_like_dev(q, {heads, rows}, kFloat);
   if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
   if (vl.total_k == 0 || vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
     torch::stable::zero_(out);
-    fill_empty_lse(lse, sink, {pb.heads_q, 1});
+    fill_empty_lse(lse, sink, {heads, 1});
     return {out, lse};
   }
   if (gaps) { fill_empty_lse(lse, sink, {pb.heads_q, 1}); }
 
   Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
-  Tensor const o4 = torch::stable::unsqueeze(out, 0);
   flash::FwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
-  params.o_ptr = out.data_ptr();
-  params.lse_ptr = lse.mutable_data_ptr<float>();
-  params.sink_ptr = sink_ptr;
-  params.o_batch_stride = o4.stride(0);
-  params.o_row_stride = o4.stride(1);
-  params.o_head_stride = o4.stride(2);
-  int const splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
-                                   pb.head_dim_rounded, softcap > 0, params.num_sms);
-  if (splits > 1) {  // the buffers hold the packed rows as one batch entry
-    SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim, out,
-                       out.stride(0), out.stride(1), 0);
-    fwd(params, current_stream(pb.device));
-    run.finish(pb.is_bf16, current_stream(pb.device));
-    return {out, lse};
-  }
-  run_fwd(fwd, params, pb.head_dim_rounded, q, pb.device);
+  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/true,
+                pack_gqa);
   return {out, lse};
 }
+
+#include "api/paged.h"  // paged_fwd (after fill_empty_lse)
 
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 using BwdFn = void (*)(flash::BwdParams&, cudaStream_t);
@@ -244,12 +282,14 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
                                                        double softmax_scale, bool causal, int64_t window_size_left,
                                                        int64_t window_size_right, bool top_left, bool deterministic,
                                                        double softcap) {
-  Problem const pb = check_problem(q, k, v);
+  Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true);
   check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device] = pb;
-  FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),
-              "flash_attn_hopper: dout and out must have q's shape (batch, seqlen_q, nheads, headdim)");
+  auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device,
+              head_dim_v] = pb;
+  std::vector<int64_t> const o_sizes{batch, seqlen_q, heads_q, head_dim_v};
+  FLASH_CHECK(sizes_of(dout) == o_sizes && sizes_of(out) == o_sizes,
+              "flash_attn_hopper: dout and out must be (batch, seqlen_q, nheads, headdim_v) as fwd returns out");
   FLASH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "flash_attn_hopper: dout and out must have q's dtype");
   FLASH_CHECK(same_device(dout, q) && same_device(out, q) && same_device(softmax_lse, q),
@@ -263,7 +303,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
 
   Tensor dq = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim});
   Tensor dk = empty_like_dev(q, {batch, seqlen_k, heads_kv, head_dim});
-  Tensor dv = empty_like_dev(q, {batch, seqlen_k, heads_kv, head_dim});
+  Tensor dv = empty_like_dev(q, {batch, seqlen_k, heads_kv, head_dim_v});
   if (batch == 0 || heads_q == 0 || seqlen_q == 0 || seqlen_k == 0) {  // no query sees any key
     torch::stable::zero_(dq);
     torch::stable::zero_(dk);
@@ -306,11 +346,13 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
     bool top_left, bool deterministic, double softcap) {
   auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+      check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                        max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  FLASH_CHECK(same_sizes(dout, q) && same_sizes(out, q),
-              "flash_attn_hopper: dout and out must have q's shape (total_q, nheads, headdim)");
+  std::vector<int64_t> const o_sizes{vl.total_q, pb.heads_q, pb.head_dim_v};
+  FLASH_CHECK(sizes_of(dout) == o_sizes && sizes_of(out) == o_sizes,
+              "flash_attn_hopper: dout and out must be (total_q, nheads, headdim_v) as varlen_fwd returns out");
   FLASH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "flash_attn_hopper: dout and out must have q's dtype");
   FLASH_CHECK(same_device(dout, q) && same_device(out, q) && same_device(softmax_lse, q),
@@ -385,11 +427,19 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
         "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None, int num_splits=1) "
         "-> (Tensor out, Tensor softmax_lse)");
   // q (total_q, nheads, d), k and v (total_k, nheads_kv, d), sequence b at rows cu_seqlens[b]; the
-  // LSE is (nheads, total_q).
+  // LSE is (nheads, total_q). pack_gqa = g > 1: q's rows are PackGQA's (t * g + j: query head
+  // h * g + j of token t) and out / the LSE come back per query head (check_pack_gqa).
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
         "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
-        "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
+        "Tensor? sink=None, int num_splits=1, int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)");
+  // q (total_q, nheads, d); k_cache and v_cache (num_pages, page_size, nheads_kv, d) read through
+  // page_table (batch, max_pages): sequence b's keys are seqused_k[b] positions from cu_seqlens_k[b]
+  // of its pages. The LSE is (nheads, total_q). No backward.
+  m.def("paged_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+        "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
+        "Tensor? sink=None, int num_splits=1, int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).
@@ -410,6 +460,7 @@ FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&mha_fwd));
   m.impl("varlen_fwd", TORCH_BOX(&mha_varlen_fwd));
   m.impl("fwd_combine", TORCH_BOX(&mha_combine));
+  m.impl("paged_fwd", TORCH_BOX(&mha_paged_fwd));
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.impl("bwd", TORCH_BOX(&mha_bwd));
   m.impl("varlen_bwd", TORCH_BOX(&mha_varlen_bwd));

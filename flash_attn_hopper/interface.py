@@ -19,11 +19,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import manifest, ops, packgqa, sinks, support
+from . import manifest, offsets, ops, packgqa, paged, sinks, support
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
 # --------------------------------------------------------------------------
+
+
+def _check_scale_and_causal(softmax_scale, causal) -> None:
+    """softmax_scale a Python number or None, causal a bool."""
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
+    ):
+        raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
 
 
 def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
@@ -35,12 +45,7 @@ def _check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap):
     compiled set, the device, in that order) by :func:`support.check`, whose
     refusal is raised as it is.
     """
-    if softmax_scale is not None and (
-        isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
-    ):
-        raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _check_scale_and_causal(softmax_scale, causal)
     answer = support.check(
         q, k, v, causal=causal, window_size=window_size,
         softmax_scale=None if softmax_scale is None else float(softmax_scale), softcap=softcap,
@@ -66,7 +71,8 @@ def _pad_head_dim(q, k, v, softmax_scale):
     d, dv = q.shape[-1], v.shape[-1]
     multiple = manifest.HEAD_DIM_MULTIPLE
     width = max(d + -d % multiple, dv + -dv % multiple)
-    if k.shape[-1] != d or width > manifest.MAX_HEAD_DIM or (d == dv and d % multiple == 0):
+    if k.shape[-1] != d or width > manifest.MAX_HEAD_DIM or (d == dv and d % multiple == 0) \
+            or manifest.own_value_kernels(d, dv):  # kernels of their own take the pair as it is
         return q, k, v, softmax_scale, None
     scale = d ** (-0.5) if softmax_scale is None else softmax_scale
 
@@ -74,6 +80,29 @@ def _pad_head_dim(q, k, v, softmax_scale):
         return F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] != width else t
 
     return pad(q), pad(k), pad(v), scale, dv
+
+
+def _value_chunks(q, k, v):
+    """v's head dim in pieces when it is wider than the widest kernel (FA3's d 64 / dv 512): pieces
+    of q's head dim rounded up to 8 (the last one narrower), each its own call over the same q and k.
+    Every piece's softmax is the same one, so the pieces of out side by side are out, every piece's
+    LSE is the LSE, and autograd sums the pieces' dq and dk (both linear in dS, which is the sum of
+    the pieces' dS). Costs one more q kᵀ per piece. None where v fits, or where q / k are not for
+    this (the checks then say why)."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in (q, k, v)):
+        return None
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv <= manifest.MAX_HEAD_DIM or k.shape[-1] != d or d > manifest.MAX_HEAD_DIM:
+        return None
+    width = d + -d % manifest.HEAD_DIM_MULTIPLE
+    return [(a, min(a + width, dv)) for a in range(0, dv, width)]
+
+
+def _over_value_chunks(call, v, chunks, return_lse: bool):
+    """call(v_piece, return_lse) per piece of v's head dim, the outputs side by side (_value_chunks)."""
+    results = [call(v[..., a:b], return_lse and i == 0) for i, (a, b) in enumerate(chunks)]
+    out = torch.cat([r[0] if isinstance(r, tuple) else r for r in results], dim=-1)
+    return (out, results[0][1]) if return_lse else out
 
 
 def _chunk_segments(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
@@ -103,8 +132,7 @@ def _chunk_segments(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
 def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     """flash_attn_func with attention_chunk: the varlen kernels over the chunk segments of the
     packed rows (views where the batch and sequence dims merge), out and lse back in q's layout."""
-    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
-        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
+    support.check_attention_chunk(attention_chunk)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (batch, seqlen, nheads, headdim) with attention_chunk")
@@ -127,12 +155,14 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     return (out, lse) if return_attn_probs else out
 
 
-def _op_kwargs(softcap, num_splits=1) -> dict:
-    """The ops' softcap and num_splits arguments, each left out at its default so that calls without
-    them stay as they were (both validated before)."""
+def _op_kwargs(softcap, num_splits=1, pack_gqa=1) -> dict:
+    """The ops' softcap, num_splits and pack_gqa arguments, each left out at its default so that
+    calls without them stay as they were (all validated before)."""
     kwargs = {"softcap": float(softcap)} if softcap else {}
     if num_splits != 1:
         kwargs["num_splits"] = num_splits
+    if pack_gqa != 1:
+        kwargs["pack_gqa"] = pack_gqa
     return kwargs
 
 
@@ -186,8 +216,9 @@ def flash_attn_func(
             a multiple of nheads_kv (grouped-query / multi-query attention:
             query head h uses kv head h // (nheads // nheads_kv)).
             Only the last dimension must be contiguous. v may have its own head dim
-            headdim_v (FA3's dv != d, e.g. 192 / 128), with both at most 256; such calls
-            run on zero-padded copies of q, k and v (correct, slower than kernels of their own).
+            headdim_v (FA3's dv != d, e.g. 192 / 128); such calls run on zero-padded copies of
+            q, k and v, and a headdim_v past 256 (64 / 512) in pieces of q's head dim, one call
+            each (correct, slower than kernels of their own).
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal: mask aligned to the bottom-right corner: query i sees key j
             when j <= i + seqlen_k - seqlen_q.  A query that sees no key
@@ -230,6 +261,14 @@ def flash_attn_func(
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    chunks = _value_chunks(q, k, v)
+    if chunks is not None:
+        return _over_value_chunks(
+            lambda v_piece, lse: flash_attn_func(
+                q, k, v_piece, softmax_scale, causal, window_size=window_size, attention_chunk=attention_chunk,
+                softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
+                return_attn_probs=lse, learnable_sink=learnable_sink),
+            v, chunks, return_attn_probs)
     if attention_chunk:
         return _chunked(q, k, v, attention_chunk, return_attn_probs, softmax_scale=softmax_scale, causal=causal,
                         window_size=window_size, softcap=softcap, deterministic=deterministic,
@@ -257,7 +296,8 @@ def flash_attn_func(
             out, softmax_lse = fwd(packed.view(batch, seqlen_q * group, k.shape[2], d), k, v, softmax_scale, False,
                                    -1, -1, **_op_kwargs(softcap, num_splits))
             out = packgqa.unpack_rows(out.reshape(batch * seqlen_q * group, k.shape[2], -1), group)
-            out, softmax_lse = out.view(batch, seqlen_q, heads, -1), packgqa.unpack_lse(softmax_lse, group)
+            out = out.view(batch, seqlen_q, heads, -1)
+            softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
         else:
             out, softmax_lse = fwd(q, k, v, softmax_scale, causal, left, right, **_op_kwargs(softcap, num_splits))
     if head_dim is not None:
@@ -362,6 +402,7 @@ def flash_attn_varlen_func(
     sm_margin=0,
     return_attn_probs=False,
     learnable_sink=None,
+    page_table=None,
 ):
     """Attention over a batch of sequences of different lengths, packed along one dimension.
 
@@ -379,7 +420,9 @@ def flash_attn_varlen_func(
         seqused_q, seqused_k: None or int32 (batch,) on q's device: only the first
             seqused[b] rows of sequence b's segment take part (a KV cache filled up to
             seqused_k, a batch padded per sequence).  With seqused_q, rows outside every
-            used part get out 0 and lse -inf; their gradients are 0.
+            used part get out 0 and lse -inf; their gradients are 0.  seqused_k is read as
+            FlashAttention-3 reads it, the keys' length from cu_seqlens_k[b] (at most
+            max_seqlen_k), so with it cu_seqlens_k[:-1] may be offsets in any order.
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal, window_size: per sequence, aligned to the bottom-right corner of that
             sequence's attention matrix, as :func:`flash_attn_func` does per batch entry;
@@ -395,6 +438,10 @@ def flash_attn_varlen_func(
         return_attn_probs: also return softmax_lse.
         learnable_sink: None, or a (nheads,) tensor: one logit per head in every row's softmax
             denominator, as in flash_attn_func.
+        page_table: None, or int32 (batch, max_pages) (vLLM's block_table): k and v are then a
+            paged cache (num_pages, page_size, nheads_kv, headdim) read in place, sequence b's
+            keys seqused_k[b] positions of its pages from cu_seqlens_k[b] (cu_seqlens_k may be
+            None: from 0); see flash_attn_hopper/paged.py. Forward only; no seqused_q.
 
     Contents of cu_seqlens / seqused are not checked on the host (that would need a
     device sync); the kernels clamp them so that no memory outside the tensors is
@@ -409,12 +456,25 @@ def flash_attn_varlen_func(
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    if softmax_scale is not None and (
-        isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, (int, float))
-    ):
-        raise TypeError(f"softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _check_scale_and_causal(softmax_scale, causal)
+    if page_table is not None:
+        if seqused_q is not None:
+            raise ValueError("seqused_q is not taken with a page table: pass cu_seqlens_q of the used queries")
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+            raise RuntimeError("flash_attn_varlen_func with a page table has no backward (as FlashAttention-3): call "
+                               "it under torch.no_grad() / torch.inference_mode()")
+        return paged.varlen_paged(q, k, v, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  seqused_k, softmax_scale, causal, window_size, softcap, num_splits, pack_gqa,
+                                  return_attn_probs, learnable_sink)
+    chunks = _value_chunks(q, k, v)
+    if chunks is not None:
+        return _over_value_chunks(
+            lambda v_piece, lse: flash_attn_varlen_func(
+                q, k, v_piece, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                softmax_scale, causal, window_size=window_size, softcap=softcap, num_splits=num_splits,
+                pack_gqa=pack_gqa, deterministic=deterministic, return_attn_probs=lse,
+                learnable_sink=learnable_sink),
+            v, chunks, return_attn_probs)
     q, k, v, softmax_scale, head_dim = _pad_head_dim(q, k, v, softmax_scale)
     answer = support.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -442,13 +502,15 @@ def flash_attn_varlen_func(
         fwd = ops.varlen_fwd_op()
     group = q.shape[1] // k.shape[1]
     if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)):
+        in_op = packgqa.unpacks_in_op(answer.max_seqlen_q, answer.batch, softcap, seqused_q, q, k, v)
         out, softmax_lse = fwd(
-            packgqa.pack_rows(q, k.shape[1]), k, v, cu_seqlens_q * group, cu_seqlens_k,
+            packgqa.pack_rows(q, k.shape[1]), k, v, offsets.scaled(cu_seqlens_q, group), cu_seqlens_k,
             None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
-            answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits),
+            answer.max_seqlen_k, scale, False, -1, -1, **_op_kwargs(softcap, num_splits, group if in_op else 1),
         )
-        out = packgqa.unpack_rows(out, group)
-        softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
+        if not in_op:
+            out = packgqa.unpack_rows(out, group)
+            softmax_lse = packgqa.unpack_lse(softmax_lse, group) if return_attn_probs else None
     else:
         out, softmax_lse = fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,

@@ -2,16 +2,18 @@
 variable-length kernels.
 
 A contiguous cache (batch_cache, seqlen_cache, nheads_k, d) is read in place as the packed rows
-of the varlen kernels: sequence b's keys are rows [b * seqlen_cache + leftpad_b, ...) with
-``seqused_k`` = its valid length, so nothing is copied and nothing is read on the host (a decode
-step can be captured in a CUDA graph). New keys and values are appended into the cache first
+of the varlen kernels: sequence b's keys are ``seqused_k`` = its valid length of rows from
+e * seqlen_cache + leftpad_b, e = cache_batch_idx[b] (default b), so nothing is copied and nothing
+is read on the host (a decode step can be captured in a CUDA graph). New keys and values are appended into the cache first
 (in place, with rotary embedding applied to the new keys and to q), then the attention runs with
 ``num_splits`` (split-KV; 0 = choose) as ``flash_attn_varlen_func`` does.
 
 New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_k, d) with
-``cu_seqlens_k_new``. Not in this version (refused, naming the argument): ``page_table`` (paged
-caches), ``cache_batch_idx``, ``qv``, FP8 descales, ``attention_chunk``,
-``sm_margin``. No backward, as in FlashAttention-3.
+``cu_seqlens_k_new``. A paged cache (``page_table``; paged.py) is read in place the same way, the
+new tokens written to their pages; ``cache_batch_idx`` then picks page-table rows, and
+``cache_leftpad`` moves each sequence's first key as in a contiguous cache. Not in this version
+(refused, naming the argument): ``qv``, FP8 descales, ``sm_margin``. No backward, as in
+FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (``_chunk_segments``).
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
 each KV head's cache is read once; ``pack_gqa`` None packs at decode (one query per sequence), True
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from . import packgqa, support
+from . import offsets, packgqa, paged, support
 
 
 def _refuse_extras(**extras) -> None:
@@ -37,30 +39,11 @@ def _refuse_extras(**extras) -> None:
             raise support.feature_refusal(name, f"{name}", why).exception()
 
 
-_CONSTANTS: dict = {}
-
-
-def _constant(kind: str, n: int, value: int, device) -> torch.Tensor:
-    """int32 (n,) filled with value ("full") or (n,) multiples of value ("steps"), made once per
-    (kind, n, value, device): a decode step then launches no small kernels for them. Never made or
-    kept while a CUDA graph captures (its tensors' contents exist only at replay)."""
-    key = (kind, n, value, device)
-    t = _CONSTANTS.get(key)
-    if t is None:
-        t = (torch.full((n,), value, dtype=torch.int32, device=device) if kind == "full"
-             else torch.arange(n, dtype=torch.int32, device=device) * value)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            if len(_CONSTANTS) >= 64:
-                _CONSTANTS.clear()
-            _CONSTANTS[key] = t
-    return t
-
-
 def _as_lengths(x, batch: int, default: int, device, name: str, cap: int, clamp: bool = True) -> torch.Tensor:
     """int32 (batch,) lengths on the device (contents are never read on the host), clamped to
     [0, cap] unless clamp=False (where the kernels clamp them: seqused_k)."""
     if x is None or (isinstance(x, int) and not isinstance(x, bool)):
-        return _constant("full", batch, default if x is None else min(max(x, 0), cap), device)
+        return offsets.constant("full", batch, default if x is None else min(max(x, 0), cap), device)
     if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.shape != (batch,) or x.device != device:
         raise ValueError(f"{name} must be an int or an int32 tensor of shape ({batch},) on {device}")
     return x.clamp(0, cap) if clamp else x
@@ -83,22 +66,33 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: to
     return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
-def _append(cache: torch.Tensor, rows: torch.Tensor, seq: torch.Tensor, idx: torch.Tensor,
-            first: torch.Tensor, starts: torch.Tensor) -> None:
-    """cache[seq_t, starts[seq_t] + idx_t] = rows[t] in place, for the new tokens that fit: rows
-    (T, nheads_k, d) are the new tokens, row t being number idx_t of sequence seq_t, whose tokens
-    start at row first[seq_t]. With S the cache's length, a token goes to min(starts + idx, S - 1),
-    and the ones that do not fit carry the value that lands there anyway (their sequence's last
-    fitting token, or the slot's own value when none fits), so every write to one slot writes the
-    same value. Slots and rows are clamped: whatever the index tensors hold, nothing lands or is
-    read outside the tensors."""
-    seqlen_cache, total = cache.shape[1], rows.shape[0]
+def _append(caches, rows, seq: torch.Tensor, idx: torch.Tensor, first: torch.Tensor, starts: torch.Tensor,
+            entry: torch.Tensor | None = None, page_table: torch.Tensor | None = None) -> None:
+    """cache[seq_t, starts[seq_t] + idx_t] = rows[t] in place for each (cache, rows) pair, for the new
+    tokens that fit: rows (T, nheads_k, d) are the new tokens, row t being number idx_t of sequence
+    seq_t, whose tokens start at row first[seq_t]. With S the cache's length, a token goes to
+    min(starts + idx, S - 1), and the ones that do not fit carry the value that lands there anyway
+    (their sequence's last fitting token, or the slot's own value when none fits), so every write to
+    one slot writes the same value. Slots and rows are clamped: whatever the index tensors hold,
+    nothing lands or is read outside the tensors. The indices are computed once for all pairs.
+    entry (cache_batch_idx, clamped): sequence b's cache entry, else b. page_table: a paged cache
+    (num_pages, page_size, ...), position p of sequence b at row p % page_size of page
+    page_table[b, p // page_size] (clamped to the cache); S is then the table's capacity."""
+    page_size = caches[0].shape[1]
+    seqlen_cache = page_size if page_table is None else page_table.shape[1] * page_size
+    total = rows[0].shape[0]
     start = starts.long()[seq]
     src = torch.minimum(idx, seqlen_cache - 1 - start)  # the number of the token whose value goes to the slot
     slot = torch.clamp(start + src, 0, seqlen_cache - 1)
     src_row = torch.clamp(first.long()[seq] + src, 0, max(total - 1, 0))
-    values = torch.where((src >= 0)[:, None, None], rows[src_row], cache[seq, slot])
-    cache[seq, slot] = values
+    fits = (src >= 0)[:, None, None]
+    if page_table is None:
+        where = seq if entry is None else entry.long()[seq]
+    else:
+        where = page_table.long()[seq, slot // page_size].clamp(0, caches[0].shape[0] - 1)
+        slot = slot % page_size
+    for cache, new in zip(caches, rows):
+        cache[where, slot] = torch.where(fits, new[src_row], cache[where, slot])
 
 
 def _new_tokens(k, batch: int, cu_seqlens_k_new):
@@ -112,7 +106,8 @@ def _new_tokens(k, batch: int, cu_seqlens_k_new):
         seq = torch.arange(batch, device=device).repeat_interleave(seqlen_new)
         idx = torch.arange(seqlen_new, device=device).repeat(batch)
         first = torch.arange(batch, device=device) * seqlen_new
-        return k.reshape(batch * seqlen_new, *k.shape[2:]), seq, idx, first, _constant("full", batch, seqlen_new, device)
+        counts = offsets.constant("full", batch, seqlen_new, device)
+        return k.reshape(batch * seqlen_new, *k.shape[2:]), seq, idx, first, counts
     cu = cu_seqlens_k_new.long()
     t = torch.arange(k.shape[0], device=device)
     seq = torch.searchsorted(cu[1:], t, right=True).clamp(max=batch - 1)
@@ -126,6 +121,32 @@ def _new_tokens(k, batch: int, cu_seqlens_k_new):
     idx = torch.where(outside, torch.where(cu[-1] > cu[0], 0, -(2**40)), idx)
     counts = (cu[1:] - cu[:-1]).clamp(min=0).to(torch.int32)
     return k, seq, idx, cu[:-1], counts
+
+
+def _chunk_segments(q_starts, q_lens, k_starts, k_lens, chunk: int, max_q: int, total_q: int, total_k: int):
+    """attention_chunk over the cache as variable-length segments made on the device (no host read,
+    so a captured step works): query i of sequence b sits at key position K_b - Q_b + i (bottom-right;
+    keys counted from the first valid one) and sees only the keys of its chunk of ``chunk`` keys
+    (FA3's mask). Per sequence: one segment for the queries before key 0 (no keys), then
+    ceil(max_q / chunk) + 1 chunk segments, enough for any sequence's queries; each segment's
+    queries and keys end at the same position, so its bottom-right diagonal is the problem's, and
+    segments past a sequence's queries are empty. Returns cu_q, cu_k, seqused_k of the segments."""
+    n = -(-max_q // chunk) + 1
+    q_len, k_len = q_lens.long(), k_lens.long()
+    first = k_len - q_len  # the position of query 0
+    blind = (-first).clamp(min=0).minimum(q_len)  # queries before key 0
+    c_start = (first.clamp(min=0) // chunk)[:, None] * chunk + torch.arange(n, device=q_len.device) * chunk
+    k_lo, k_hi = c_start.minimum(k_len[:, None]), (c_start + chunk).minimum(k_len[:, None])
+    q_hi = (k_hi - first[:, None]).clamp(min=0).minimum(q_len[:, None]).maximum(blind[:, None])
+    q_lo = torch.cat([blind[:, None], q_hi[:, :-1]], dim=1)
+    zeros = torch.zeros_like(blind)[:, None]
+    seg_q = q_starts.long()[:, None] + torch.cat([zeros, q_lo], dim=1)  # (batch, n + 1) segment starts
+    seg_k = k_starts.long()[:, None] + torch.cat([zeros, k_lo], dim=1)
+    used = torch.cat([zeros, k_hi - k_lo], dim=1)
+    end_q = seg_q.new_full((1,), total_q)
+    end_k = seg_k.new_full((1,), total_k)
+    return (torch.cat([seg_q.flatten(), end_q]).int(), torch.cat([seg_k.flatten(), end_k]).int(),
+            used.flatten().int())
 
 
 def flash_attn_with_kvcache(
@@ -159,6 +180,7 @@ def flash_attn_with_kvcache(
     pack_gqa=None,
     sm_margin=0,
     return_softmax_lse=False,
+    learnable_sink=None,
 ):
     """Attention of q over a KV cache, after appending k / v to it in place (FlashAttention-3's
     signature and semantics; see the module docstring for what this version refuses).
@@ -178,26 +200,29 @@ def flash_attn_with_kvcache(
             pairs (2i, 2i + 1) or (i, i + rotary_dim / 2).
         cache_seqlens: int or int32 (batch,): the cache's filled length per sequence (default: full).
         cache_leftpad: int32 (batch,): the first valid cache row per sequence (default 0).
+        cache_batch_idx: int32 (batch,): the cache entry each sequence reads (and appends to),
+            clamped to the cache; default b. Entries may repeat when nothing is appended (with
+            new keys, two sequences appending to one entry race, as in FlashAttention-3).
         softmax_scale, causal, window_size, softcap: as flash_attn_func, with the diagonal at the end
             of each sequence's valid keys.
         num_splits: split-KV: 0 (default) choose, 1 none, n at most n.
         pack_gqa: None (default) choose, True / False: see the module docstring.
         return_softmax_lse: also return the LSE, (batch, nheads, seqlen_q) float32
             ((nheads, total_q) with cu_seqlens_q).
+        learnable_sink: None, or a (nheads,) logit per head in every row's softmax denominator, as in
+            flash_attn_func (gpt-oss; FlashAttention-4's argument, not FlashAttention-3's).
 
     Returns:
         out like q, and softmax_lse when return_softmax_lse.
     """
     _refuse_extras(
-        page_table=(page_table, None, "Paged KV caches are not in this version: pass a contiguous cache."),
-        cache_batch_idx=(cache_batch_idx, None, "Index the cache yourself (k_cache[idx]) or pass None."),
         qv=(qv, None, "Pass qv=None."),
         q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         v_descale=(v_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
-        attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
         sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
     )
+    support.check_attention_chunk(attention_chunk)
     packgqa.check_pack_gqa(pack_gqa)
     from .interface import flash_attn_varlen_func  # the varlen path (interface imports this module's siblings)
 
@@ -208,11 +233,18 @@ def flash_attn_with_kvcache(
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache and v_cache must be (batch, seqlen_cache, nheads_k, d) of one shape, got "
+    if page_table is not None:
+        refusal = paged.cache_refusal(k_cache, v_cache, page_table, q)
+        if refusal is not None:
+            raise refusal.exception()
+    elif k_cache.dim() != 4 or v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"k_cache and v_cache must be (batch, seqlen_cache, nheads_k, d) and (..., dv), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     batch_cache, seqlen_cache, heads_k, d = k_cache.shape
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+    dv = v_cache.shape[-1]  # v's head dim: d, or (FA3's dv != d) its own
+    if page_table is not None:  # a sequence's capacity: its row of pages
+        batch_cache, seqlen_cache = page_table.shape[0], page_table.shape[1] * k_cache.shape[1]
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)) if page_table is None else ():
         if cache.stride(-1) != 1 or (batch_cache > 1 and cache.stride(0) != seqlen_cache * cache.stride(1)):
             raise ValueError(
                 f"{name} must keep each batch entry's rows consecutive (batch stride = seqlen_cache x row stride, "
@@ -229,8 +261,17 @@ def flash_attn_with_kvcache(
         if q.dim() != 4:
             raise ValueError(f"q must be (batch, seqlen_q, nheads, d), got shape {tuple(q.shape)}")
         batch, seqlen_q = q.shape[:2]
-    if batch != batch_cache:
-        raise ValueError(f"q has {batch} sequences but the cache {batch_cache} (cache_batch_idx is not in this version)")
+    if cache_batch_idx is None:
+        if batch != batch_cache:
+            raise ValueError(f"q has {batch} sequences but the cache {batch_cache}: pass cache_batch_idx to pick entries")
+        entry = None
+    else:
+        if not isinstance(cache_batch_idx, torch.Tensor) or cache_batch_idx.dtype != torch.int32 \
+                or cache_batch_idx.shape != (batch,) or cache_batch_idx.device != k_cache.device:
+            raise ValueError(f"cache_batch_idx must be an int32 tensor of shape ({batch},) on {k_cache.device}")
+        entry = cache_batch_idx.clamp(0, batch_cache - 1)  # contents are never read on the host
+        if page_table is not None:  # a paged cache's entry is its page-table row (FA3's test: page_table[idx])
+            page_table, entry = page_table.index_select(0, entry), None
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (q, k_cache, v_cache, k, v)):
         raise RuntimeError("flash_attn_with_kvcache has no backward (as FlashAttention-3): call it under "
@@ -249,11 +290,12 @@ def flash_attn_with_kvcache(
 
     if k is not None:
         if cu_seqlens_k_new is None:
-            if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) or v.shape != k.shape:
+            if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != (heads_k, d) \
+                    or v.shape != (*k.shape[:3], dv):
                 raise ValueError(f"k and v must be (batch, seqlen_new, nheads_k, d) = ({batch}, seqlen_new, {heads_k}, "
-                                 f"{d}), or (total_new, nheads_k, d) with cu_seqlens_k_new")
+                                 f"{d}) and (..., {dv}), or (total_new, nheads_k, d) with cu_seqlens_k_new")
         else:
-            if k.dim() != 3 or k.shape[1:] != (heads_k, d) or v.shape != k.shape:
+            if k.dim() != 3 or k.shape[1:] != (heads_k, d) or v.shape != (*k.shape[:2], dv):
                 raise ValueError(f"with cu_seqlens_k_new, k and v must be (total_new, nheads_k, d) = (total_new, "
                                  f"{heads_k}, {d})")
             if not isinstance(cu_seqlens_k_new, torch.Tensor) or cu_seqlens_k_new.dtype != torch.int32 \
@@ -262,7 +304,7 @@ def flash_attn_with_kvcache(
         if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
             raise ValueError("k and v must have the cache's dtype")
         k_rows, new_seq, new_idx, new_first, new_counts = _new_tokens(k, batch, cu_seqlens_k_new)
-        v_rows = v.reshape(k_rows.shape)
+        v_rows = v.reshape(*k_rows.shape[:2], dv)
     elif cu_seqlens_k_new is not None:
         raise ValueError("cu_seqlens_k_new describes new keys: pass k and v with it")
     if rotary_cos is not None:
@@ -272,51 +314,84 @@ def flash_attn_with_kvcache(
         if rotary_cos.dim() != 2 or rotary_sin.shape != rotary_cos.shape or rotary_dim > d or rotary_dim % 16:
             raise ValueError(f"rotary_cos / rotary_sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim a multiple "
                              f"of 16 and at most d = {d}; got {tuple(rotary_cos.shape)}")
-        offsets = _as_lengths(rotary_seqlens, batch, 0, device, "rotary_seqlens", 2**30) \
+        rotary_from = _as_lengths(rotary_seqlens, batch, 0, device, "rotary_seqlens", 2**30) \
             if rotary_seqlens is not None else seqlens
-        new_pos = offsets.long()[new_seq] + new_idx.clamp(min=0)
+        new_pos = rotary_from.long()[new_seq] + new_idx.clamp(min=0)
         k_rows = _rotate(k_rows.unsqueeze(0), rotary_cos, rotary_sin, new_pos.unsqueeze(0), rotary_interleaved)[0]
         local = causal or tuple(window_size) != (-1, -1)
         if varlen_q:
             starts = cu_seqlens_q[:-1].long()
             seq_of_row = torch.searchsorted(cu_seqlens_q[1:].long(), torch.arange(q.shape[0], device=device),
                                             right=True).clamp(max=batch - 1)
-            q_pos = offsets.long()[seq_of_row] + ((torch.arange(q.shape[0], device=device) - starts[seq_of_row])
+            q_pos = rotary_from.long()[seq_of_row] + ((torch.arange(q.shape[0], device=device) - starts[seq_of_row])
                                                   if local else 0)
             q = _rotate(q.unsqueeze(0), rotary_cos, rotary_sin, q_pos.unsqueeze(0), rotary_interleaved)[0]
         else:
-            q_pos = offsets.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
+            q_pos = rotary_from.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
     if k is not None:
-        _append(k_cache, k_rows, new_seq, new_idx, new_first, seqlens)
-        _append(v_cache, v_rows, new_seq, new_idx, new_first, seqlens)
+        _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, entry, page_table)
         seqlens = torch.clamp(seqlens + new_counts, max=seqlen_cache)
 
-    # The cache as packed rows: sequence b's valid keys start at row b * seqlen_cache + leftpad_b.
-    rows = _constant("steps", batch + 1, seqlen_cache, device)
+    # Sequence b's valid keys are seqused_k[b] from cu_k[b]: rows of the cache as one packed tensor,
+    # from entry_b * seqlen_cache + leftpad_b, or (paged) positions of its page-table row from
+    # leftpad_b. The kernels read seqused_k as the length from that offset, at most max_seqlen_k =
+    # seqlen_cache, so an entry (a row of pages) is never read past its end.
+    if page_table is not None:
+        total_k = seqlen_cache
+        rows = offsets.constant("full", batch + 1, 0, device)
+    else:
+        total_k = batch_cache * seqlen_cache
+        rows = offsets.constant("steps", batch + 1, seqlen_cache, device) if entry is None else \
+            torch.cat([entry * seqlen_cache, offsets.constant("full", 1, total_k, device)])
     if leftpad is None:
         cu_k, used_k = rows, seqlens
     else:
         cu_k = torch.cat([rows[:-1] + torch.minimum(leftpad, seqlens), rows[-1:]])
         used_k = torch.clamp(seqlens - leftpad, min=0)
-    k_rows = k_cache.view(batch * seqlen_cache, heads_k, d)
-    v_rows = v_cache.view(batch * seqlen_cache, heads_k, d)
-    if varlen_q:
-        q_rows, cu_q = q, cu_seqlens_q
-    else:
-        q_rows = q.reshape(batch * seqlen_q, *q.shape[2:])
-        cu_q = _constant("steps", batch + 1, seqlen_q, device)
+    q_rows, cu_q = _query_rows(q, cu_seqlens_q, batch, seqlen_q)
+    max_k = seqlen_cache
+    if attention_chunk:
+        # Each sequence's keys, kept inside its cache entry (the lengths may come unclamped).
+        k_len = used_k.clamp(0, seqlen_cache) if leftpad is None else used_k.clamp(min=0).minimum(seqlen_cache - leftpad)
+        q_lens = cu_q[1:] - cu_q[:-1]
+        cu_q, cu_k, used_k = _chunk_segments(cu_q[:-1], q_lens, cu_k[:-1], k_len, attention_chunk, seqlen_q,
+                                             q_rows.shape[0], total_k)
+        max_k = min(attention_chunk, seqlen_cache)
+        if page_table is not None:  # each chunk segment reads its sequence's row of pages
+            page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
+    if page_table is not None:
+        result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
+                                    softmax_scale, causal, window_size, softcap, num_splits, pack_gqa,
+                                    return_softmax_lse, learnable_sink)
+        return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
+    k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
+    v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, dv)
     result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
-        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, seqused_k=used_k,
+        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-        num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse,
+        num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse, learnable_sink=learnable_sink,
     )
-    out, lse = result if return_softmax_lse else (result, None)
+    return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
+
+
+def _query_rows(q, cu_seqlens_q, batch: int, seqlen_q: int):
+    """q as the varlen kernels' packed rows and their offsets: (total_q, nheads, d) with cu_seqlens_q
+    as given, or (batch, seqlen_q, nheads, d) flattened with constant offsets."""
+    if cu_seqlens_q is not None:
+        return q, cu_seqlens_q
+    return q.reshape(batch * seqlen_q, *q.shape[2:]), offsets.constant("steps", batch + 1, seqlen_q, q.device)
+
+
+def _caller_layout(result, return_lse: bool, varlen_q: bool, batch: int, seqlen_q: int):
+    """The varlen call's out (and LSE) in the caller's layout: (batch, seqlen_q, ...) and (batch,
+    nheads, seqlen_q) for a (batch, seqlen_q, ...) q, as they are for a packed one."""
+    out, lse = result if return_lse else (result, None)
     if not varlen_q:
         out = out.view(batch, seqlen_q, *out.shape[1:])
         if lse is not None:
             lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
-    return (out, lse) if return_softmax_lse else out
+    return (out, lse) if return_lse else out
 
 
 def get_scheduler_metadata(
@@ -340,18 +415,16 @@ def get_scheduler_metadata(
     """FlashAttention-3's plan precomputation for flash_attn_with_kvcache (see the module docstring):
     the arguments are checked as that call would check them, and the plan, which depends on shapes
     only, needs no tensor: returns an empty int32 tensor on cache_seqlens' device."""
-    _refuse_extras(
-        page_size=(page_size, None, "Paged KV caches are not in this version: pass a contiguous cache."),
-        attention_chunk=(attention_chunk, 0, "Pass attention_chunk=0."),
-        sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
-    )
+    _refuse_extras(sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."))
+    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+        raise ValueError(f"page_size must be None or an int >= 1, got {page_size!r}")
+    support.check_attention_chunk(attention_chunk)
     if cu_seqlens_k_new is not None and not (isinstance(cu_seqlens_k_new, torch.Tensor)
                                              and cu_seqlens_k_new.dtype == torch.int32
                                              and tuple(cu_seqlens_k_new.shape) == (batch_size + 1,)):
         raise ValueError(f"cu_seqlens_k_new must be None or an int32 tensor of shape ({batch_size + 1},)")
-    if headdim_v not in (None, headdim):
-        raise support.feature_refusal("dv", f"headdim_v={headdim_v} != headdim={headdim}",
-                                      "Pass headdim_v=None.").exception()
+    if headdim_v is not None and (isinstance(headdim_v, bool) or not isinstance(headdim_v, int) or headdim_v <= 0):
+        raise ValueError(f"headdim_v must be None or a positive int, got {headdim_v!r}")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
             or tuple(cache_seqlens.shape) != (batch_size,):
         raise ValueError(f"cache_seqlens must be an int32 tensor of shape ({batch_size},)")

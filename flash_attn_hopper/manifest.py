@@ -95,11 +95,20 @@ DIRECTIONS: Mapping[str, Direction] = {
         "bwd", "flash::run_flash_bwd", "FLASH_ATTN_HOPPER_FOR_EACH_BWD", "backward",
         "launch/bwd_launch.cuh", "flash::BwdParams",
     ),
+    "paged": Direction(
+        "paged", "flash::run_flash_fwd_paged", "FLASH_ATTN_HOPPER_FOR_EACH_PAGED", "paged-KV forward",
+        "launch/paged_launch.cuh", "flash::FwdParams",
+    ),
 }
+
+#: dv != d with kernels of their own (csrc/kernel/common/policy.h fwd_value_head_dim; the backward's
+#: BwdPolicy::kNarrowV reads v at its head dim too): the q/k head dim's manifest head dim -> the
+#: widest v head dim they take. Other pairs run on zero-padded copies (docs/decisions/061, 064).
+VALUE_HEAD_DIMS: Mapping[int, int] = {192: 128}
 
 #: Directions whose kernels exist in csrc/ and are verified on a GPU in this
 #: version: built by default (for the selected head dims and dtypes).
-AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd")
+AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "paged")
 
 #: Attention features and whether this version has kernels for them.  The
 #: Python layer refuses an unavailable feature before any launch, naming it.
@@ -111,7 +120,7 @@ FEATURES: Mapping[str, bool] = {
     "local_window": True,  # window_size other than (-1, -1) / causal
     "softcap": True,  # scores softcap * tanh(s / softcap), forward and backward (a build may leave it out)
     "varlen": True,  # flash_attn_varlen_func: packed sequences (cu_seqlens, seqused), forward and backward
-    "paged_kv": False,
+    "paged_kv": True,  # flash_attn_with_kvcache / flash_attn_varlen_func with page_table (forward)
     "fp8": False,
     # Verified backward kernels in this version (a build may still leave them out):
     # build_info()["features"]["backward"] says what the installed build can do.
@@ -278,6 +287,14 @@ def round_up_headdim(hdim: int) -> int | None:
         if hdim <= candidate:
             return candidate
     return None
+
+
+def own_value_kernels(head_dim: int, head_dim_v: int) -> bool:
+    """Whether the forward kernels take v's head dim ``head_dim_v`` beside q / k's ``head_dim`` as
+    they are (VALUE_HEAD_DIMS; both multiples of 8)."""
+    rounded = round_up_headdim(head_dim) if head_dim % HEAD_DIM_MULTIPLE == 0 else None
+    widest = VALUE_HEAD_DIMS.get(rounded, 0) if rounded else 0
+    return head_dim_v != head_dim and 0 < head_dim_v <= widest and head_dim_v % HEAD_DIM_MULTIPLE == 0
 
 
 def dtype_name(torch_dtype_name: str) -> str | None:

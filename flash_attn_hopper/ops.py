@@ -110,7 +110,7 @@ VARLEN_FWD_SCHEMA = (
     "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
     "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
     "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
-    "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)"
+    "Tensor? sink=None, int num_splits=1, int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)"
 )
 
 #: Variable-length backward (builds with the backward kernels): dq like q, dk and dv like k and v
@@ -126,6 +126,7 @@ VARLEN_BWD_SCHEMA = (
 VARLEN_FWD_SCHEMA_ARGS = (
     "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k",
     "softmax_scale", "causal", "window_size_left", "window_size_right", "top_left", "softcap", "sink", "num_splits",
+    "pack_gqa",
 )
 VARLEN_BWD_SCHEMA_ARGS = (
     "dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k",
@@ -222,8 +223,8 @@ def bwd_op():
 def _fwd_fake(q, k, v, softmax_scale, causal, *window_and_alignment):
     # The output shapes depend on q alone; the window arguments (window_size_left,
     # window_size_right, top_left) only choose which keys each query sees.
-    batch, seqlen_q, nheads_q, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads_q, head_dim))
+    batch, seqlen_q, nheads_q, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads_q, v.shape[-1]))  # v's head dim (dv != d kernels)
     softmax_lse = q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
     return out, softmax_lse
 
@@ -336,9 +337,12 @@ def varlen_unavailable_message() -> str:
     )
 
 
+_CHECKED_OPS: dict = {}  # name -> the op object whose schema was checked (a new object is checked again)
+
+
 def _checked_op(name: str, expected: tuple[str, ...]):
     op = getattr(torch.ops.flash_attn_hopper, name).default
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _CHECKED_OPS.get(name) is op:
         return op  # the schema is C++ state dynamo cannot trace; eager calls check it, traced ones bind by it
     names = tuple(arg.name for arg in op._schema.arguments)
     if names != expected:
@@ -346,6 +350,7 @@ def _checked_op(name: str, expected: tuple[str, ...]):
             f"flash_attn_hopper: the compiled {name} op takes {names}, but flash_attn_hopper/ops.py "
             f"calls it with {expected}; the Python package and the extension are out of step"
         )
+    _CHECKED_OPS[name] = op
     return op
 
 
@@ -375,14 +380,22 @@ def varlen_bwd_op():
     return _checked_op("varlen_bwd", VARLEN_BWD_SCHEMA_ARGS)
 
 
+def packed_output_shapes(q, dv: int, pack_gqa: int):
+    """out and softmax_lse shapes of a varlen / paged forward: (total_q, nheads, dv) and (nheads,
+    total_q), or with pack_gqa = g > 1 (q's rows PackGQA's, t * g + j) per query head:
+    (total_q / g, nheads * g, dv) and (nheads * g, total_q / g)."""
+    total_q, nheads, _ = q.shape
+    rows, heads = total_q // pack_gqa, nheads * pack_gqa
+    return (rows, heads, dv), (heads, rows)
+
+
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, *window_and_alignment):
-    # out (total_q, nheads, headdim) in q's dtype, softmax_lse float32 (nheads, total_q): the shapes
-    # depend on q alone (the sequences only decide which rows see which keys).
-    total_q, nheads_q, head_dim = q.shape
-    out = q.new_empty((total_q, nheads_q, head_dim))
-    softmax_lse = q.new_empty((nheads_q, total_q), dtype=torch.float32)
-    return out, softmax_lse
+                     softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False, softcap=0.0,
+                     sink=None, num_splits=1, pack_gqa=1):
+    # The shapes depend on q (and v's head dim, pack_gqa) alone: the sequences only decide which
+    # rows see which keys.
+    out_shape, lse_shape = packed_output_shapes(q, v.shape[-1], pack_gqa)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _varlen_bwd_fake(dout, q, k, v, *rest):
@@ -393,8 +406,9 @@ def _varlen_bwd_fake(dout, q, k, v, *rest):
 def _varlen_setup_context(ctx, inputs, output, deterministic: bool) -> None:
     # inputs has every schema argument, defaults filled in by torch.
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-     softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, _) = inputs
+     softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, _, pack_gqa) = inputs
     _no_sink_gradient(sink)
+    ctx.pack_gqa = pack_gqa
     out, softmax_lse = output
     # Only the inputs, out, lse and the int32 sequence tensors: nothing of size seqlen².
     ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
@@ -429,6 +443,9 @@ def _varlen_fwd_backward(ctx, grad_out, grad_lse):
     rest = (None,) * (ctx.num_inputs - 3)
     if grad_out is None:
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + rest
+    if ctx.pack_gqa != 1:
+        raise RuntimeError("flash_attn_hopper: varlen_fwd with pack_gqa > 1 (PackGQA inside the op, for decode) "
+                           "has no backward; call it with pack_gqa=1 where gradients are needed")
     op = varlen_bwd_op()
     dq, dk, dv = op(
         kernel_readable(grad_out), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
@@ -441,11 +458,11 @@ def _varlen_fwd_backward(ctx, grad_out, grad_lse):
 def _varlen_fwd_deterministic_bwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                                        max_seqlen_k, softmax_scale, causal, window_size_left=-1,
                                        window_size_right=-1, top_left=False, softcap=0.0, sink=None,
-                                       num_splits=1):
+                                       num_splits=1, pack_gqa=1):
     # varlen_fwd's kernel, below autograd: only the autograd formula differs.
     return torch.ops.flash_attn_hopper.varlen_fwd.default(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-        softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, num_splits,
+        softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, num_splits, pack_gqa,
     )
 
 

@@ -32,6 +32,19 @@ def packs(pack_gqa, group: int, seqlen_q: int, causal: bool, window_size) -> boo
     return same_keys and (bool(pack_gqa) or seqlen_q <= 1)
 
 
+#: The split kernels' grid holds batch x splits <= 65535 entries (csrc/api/split.h), two splits each here.
+_MAX_IN_OP_BATCH = 65535 // 2
+
+
+def unpacks_in_op(seqlen_q: int, batch: int, softcap, seqused_q, *tensors) -> bool:
+    """Whether the op itself returns out and the LSE per query head (its pack_gqa argument), so that
+    no copy unpacks them: at decode (one query per sequence), where the split-KV combine writes the
+    rows (not with softcap, whose kernels do not split, nor seqused_q), and without gradients."""
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return (seqlen_q <= 1 and batch <= _MAX_IN_OP_BATCH and not softcap and seqused_q is None
+            and not needs_grad)
+
+
 def pack_rows(q: torch.Tensor, heads_k: int) -> torch.Tensor:
     """(rows, nheads, d) -> (rows * group, nheads_k, d): row t of head hk * group + j -> row t * group + j."""
     rows, heads, d = q.shape

@@ -52,7 +52,7 @@ def flash_attention_forward_refusal(
     Keyword arguments of a later torch that this version does not know make it fall back.
     """
     varlen = cum_seq_q is not None or cum_seq_k is not None
-    if varlen and (cum_seq_q is None or cum_seq_k is None):
+    if varlen and (cum_seq_q is None or cum_seq_k is None) and block_table is None:
         return "only one of cum_seq_q and cum_seq_k is given"
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p}"
@@ -64,11 +64,12 @@ def flash_attention_forward_refusal(
         return f"num_splits={num_splits!r} (not an int >= 0)"
     if alibi_slopes is not None:
         return "alibi_slopes is given"
-    if block_table is not None:
-        return "block_table (paged KV) is given"
     reason = _unknown_arguments(newer)
     if reason is not None:
         return reason
+    if block_table is not None:
+        return _paged_refusal(query, key, value, cum_seq_q, cum_seq_k, seqused_k, block_table, max_q, max_k,
+                              is_causal, (window_size_left, window_size_right), scale)
     if varlen:
         return _varlen_refusal(
             query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, is_causal,
@@ -87,6 +88,42 @@ def _varlen_refusal(query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, m
         window_size=window_size, window_rules="fa2", softmax_scale=scale, names=("query", "key", "value"),
     )
     return str(answer) if isinstance(answer, support.Refusal) else None
+
+
+def _paged_refusal(query, key, value, cum_seq_q, cum_seq_k, seqused_k, block_table, max_q, max_k, is_causal,
+                   window_size, scale) -> str | None:
+    """A paged call (block_table, key / value (total_pages, page_size, heads_kv, head_dim)): our paged
+    op serves it when the varlen checks pass with one page as the keys; forward only."""
+    reason = _paged_reason(query, key, value, cum_seq_q, cum_seq_k, seqused_k, block_table, max_q, max_k, is_causal,
+                           window_size, scale)
+    return None if reason is None else f"block_table (paged KV): {reason}"
+
+
+def _paged_reason(query, key, value, cum_seq_q, cum_seq_k, seqused_k, block_table, max_q, max_k, is_causal,
+                  window_size, scale) -> str | None:
+    from . import paged
+
+    if cum_seq_q is None or seqused_k is None:
+        return "given without cum_seq_q and seqused_k"
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
+        return "inputs that require grad (the paged kernels have no backward)"
+    if not paged.has_paged_op():
+        return "this build of flash_attn_hopper has no paged_fwd op"
+    if isinstance(query, torch.Tensor) and query.numel() == 0:
+        return f"query is empty (shape {tuple(query.shape)})"
+    refusal = paged.cache_refusal(key, value, block_table, query)
+    if refusal is not None:
+        return str(refusal)
+    cum_k = cum_seq_k if cum_seq_k is not None else cum_seq_q  # any int32 (batch + 1,) passes the shape check
+    answer = support.check_varlen(
+        query, key[0], value[0], cum_seq_q, cum_k, None, seqused_k, max_q, max_k, causal=bool(is_causal),
+        window_size=window_size, window_rules="fa2", softmax_scale=scale, names=("query", "key", "value"),
+    )
+    if isinstance(answer, support.Refusal):
+        return str(answer)
+    if block_table.shape[0] != cum_seq_q.numel() - 1:
+        return f"{block_table.shape[0]} rows for {cum_seq_q.numel() - 1} sequences"
+    return None
 
 
 def _forward_refusal(query, key, value, layout, is_causal, window_size, scale) -> str | None:

@@ -55,8 +55,8 @@ def _fwd_sink_impl(q, k, v, sink, softmax_scale, causal, window_size_left=-1, wi
 
 
 def _fwd_sink_fake(q, k, v, sink, softmax_scale, causal, *rest):
-    batch, seqlen_q, heads, head_dim = q.shape
-    return q.new_empty((batch, seqlen_q, heads, head_dim)), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    batch, seqlen_q, heads, _ = q.shape
+    return q.new_empty((batch, seqlen_q, heads, v.shape[-1])), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
 
 
 def _fwd_sink_setup(ctx, inputs, output):
@@ -88,8 +88,8 @@ def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, 
 
 
 def _varlen_fwd_sink_fake(q, k, v, sink, *rest):
-    total_q, heads, head_dim = q.shape
-    return q.new_empty((total_q, heads, head_dim)), q.new_empty((heads, total_q), dtype=torch.float32)
+    total_q, heads, _ = q.shape
+    return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
 
 
 def _varlen_fwd_sink_setup(ctx, inputs, output):

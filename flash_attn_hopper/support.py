@@ -105,6 +105,12 @@ def feature_refusal(feature: str, asked: str, fix: str) -> Refusal:
     )
 
 
+def check_attention_chunk(attention_chunk) -> None:
+    """FlashAttention-3's attention_chunk: an int >= 0 (0: no chunking)."""
+    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) or attention_chunk < 0:
+        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
+
+
 def check_num_splits(num_splits) -> None:
     """FlashAttention-3's num_splits: an int >= 0 (1 no split, 0 choose, n at most n)."""
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
@@ -338,6 +344,13 @@ def _layout_scale_window(names, tensors, softmax_scale, scale_name, window_rules
     return causal, window
 
 
+def kv_shapes_taken(k: torch.Tensor, v: torch.Tensor, d_dim: int = -1) -> bool:
+    """Whether the kernels take k and v as they are: one shape, or shapes that differ only in a
+    head dim pair with kernels of its own (manifest.own_value_kernels)."""
+    return k.shape == v.shape or (k.shape[:-1] == v.shape[:-1]
+                                  and manifest.own_value_kernels(k.size(d_dim), v.size(d_dim)))
+
+
 def check(
     q,
     k,
@@ -386,7 +399,7 @@ def check(
     if refusal is not None:
         return refusal
     batch, seqlen_q, heads_q, head_dim = q.size(b_dim), q.size(s_dim), q.size(h_dim), q.size(d_dim)
-    if k.shape != v.shape:
+    if not kv_shapes_taken(k, v, d_dim):
         kv_dims = dims.replace("seqlen", "seqlen_k").replace("nheads", "nheads_kv")
         prefix = (
             f"{nv}'s head dim ({v.size(d_dim)}) differs from {nq}'s ({head_dim}), and such calls run zero-padded "

@@ -132,7 +132,7 @@ def check_varlen(
     if refusal is not None:
         return refusal
     total_q, heads_q, head_dim = q.shape
-    if k.shape != v.shape:
+    if not support.kv_shapes_taken(k, v):
         return Refusal(
             f"{nk} and {nv} must have the same shape (total_k, nheads_kv, headdim), got {nk} {_shape(k)} and {nv} {_shape(v)}"
         )

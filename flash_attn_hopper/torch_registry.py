@@ -32,8 +32,9 @@ Variable-length calls (``cum_seq_q`` / ``cum_seq_k``, optionally ``seqused_k``:
 what ``torch.nn.attention.varlen.varlen_attn`` sends) run the varlen ops
 (``varlen_fwd`` / ``varlen_bwd``) with FlashAttention-2's varlen conventions:
 q, k, v (total, heads, head_dim), log-sum-exp (heads, total_q) with +inf for rows
-that see no key, windows clamped against ``max_k``; ``block_table`` (paged KV),
-ALiBi and dropout still go to torch's kernels; ``num_splits`` reaches our split-KV kernels.
+that see no key, windows clamped against ``max_k``; ``block_table`` (paged KV) reaches our paged
+kernels (forward only: with inputs that require grad it goes to torch), ALiBi and dropout still
+go to torch's kernels; ``num_splits`` reaches our split-KV kernels.
 
 Backward: the backward overrides take exactly what the forward ops return
 (output and log-sum-exp in FlashAttention-2's conventions), whichever
@@ -243,33 +244,53 @@ def _sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, retur
     return output, lse, None, None, query.size(2), key.size(2), rng_state, unused, debug_mask
 
 
+def _run_paged_forward(q, k_pages, v_pages, block_table, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale,
+                       is_causal, window_left, window_right, num_splits=None):
+    """paged_fwd with FlashAttention-2's conventions (as _run_varlen_forward): sequence b's keys are
+    seqused_k[b] positions of its block_table row from cum_seq_k[b] (from 0 without cum_seq_k)."""
+    from . import paged
+
+    softmax_scale = _softmax_scale(q, scale)
+    left, right = support.fa2_window(window_left, window_right, is_causal, max_k)
+    if cum_seq_k is None:
+        cum_seq_k = paged._zeros(cum_seq_q.numel(), q.device)
+    out, lse = paged.paged_fwd_op()(  # the binding bounds max_k by the table's capacity
+        q, k_pages, v_pages, block_table, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k,
+        softmax_scale, bool(is_causal), left, right, False, **_splits(num_splits),
+    )
+    return out, lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
+def _run_any_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, scale, window_left,
+                     window_right, seqused_k, block_table, num_splits):
+    """(out, lse) of an aten flash forward call: paged, variable-length or dense."""
+    if block_table is not None:
+        return _run_paged_forward(query, key, value, block_table, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k,
+                                  scale, is_causal, window_left, window_right, num_splits)
+    if cum_seq_q is not None:
+        return _run_varlen_forward(query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale,
+                                   is_causal, window_left, window_right, num_splits)
+    return _run_forward(query, key, value, scale, is_causal, window_left, window_right, num_splits)
+
+
 def _flash_attention_forward(
     query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
-    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, num_splits=None, **_,
+    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, block_table=None, num_splits=None,
+    **_,
 ):
-    if cum_seq_q is not None:
-        out, lse = _run_varlen_forward(
-            query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-            window_size_left, window_size_right, num_splits,
-        )
-    else:
-        out, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right, num_splits)
+    out, lse = _run_any_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, scale,
+                                window_size_left, window_size_right, seqused_k, block_table, num_splits)
     rng_state, unused, debug_mask = _aux_outputs(query)
     return _with_strides_of(out, query), lse, rng_state, unused, debug_mask
 
 
 def _flash_attention_forward_inplace(
     out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
-    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, num_splits=None, **_,
+    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, block_table=None, num_splits=None,
+    **_,
 ):
-    if cum_seq_q is not None:
-        result, lse = _run_varlen_forward(
-            query, key, value, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
-            window_size_left, window_size_right, num_splits,
-        )
-    else:
-        result, lse = _run_forward(query, key, value, scale, is_causal, window_size_left, window_size_right,
-                                   num_splits)
+    result, lse = _run_any_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, scale,
+                                   window_size_left, window_size_right, seqused_k, block_table, num_splits)
     out.copy_(result)
     return lse
 

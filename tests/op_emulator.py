@@ -28,7 +28,7 @@ import contextlib
 import pytest
 import torch
 
-from flash_attn_hopper import ops
+from flash_attn_hopper import manifest, ops, packgqa
 
 
 def op_mask(seqlen_q, seqlen_k, causal, left, right, top_left, device=None) -> torch.Tensor:
@@ -100,8 +100,18 @@ def emulate_bwd(
     dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qf) * softmax_scale
     # Query head h reads kv head h // group: its gradients go back there.
     dk = dk.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
-    dv = dv.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
+    dv = dv.reshape(batch, seqlen_k, heads_kv, group, v.shape[-1]).sum(3)
     return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
+
+
+def check_bwd_head_dims(call: dict) -> None:
+    """The binding's rule (csrc/api/checks.h): q and k share a head dim; v, out and dout share
+    theirs, q's or a pair the kernels take (manifest.own_value_kernels, as the forward)."""
+    d, dk = call["q"].shape[-1], call["k"].shape[-1]
+    dv = {call[n].shape[-1] for n in ("v", "out", "dout")}
+    assert d == dk and len(dv) == 1, f"q / k and v / out / dout head dims: {d}, {dk}, {dv}"
+    (dv,) = dv
+    assert dv == d or manifest.own_value_kernels(d, dv), f"no backward kernels take head dims {d} / {dv}"
 
 
 class EmulatedKernel:
@@ -115,6 +125,8 @@ class EmulatedKernel:
 
     def __call__(self, q, k, v, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
                  softcap=0.0, sink=None, num_splits=1):
+        # The binding's rule: v's head dim is q's, or one the forward has kernels of its own for.
+        assert v.shape[-1] == q.shape[-1] or manifest.own_value_kernels(q.shape[-1], v.shape[-1]), (q.shape, v.shape)
         self.calls.append((q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left))
         self.softcaps.append(softcap)
         self.sinks.append(sink)
@@ -165,6 +177,7 @@ class EmulatedBackward:
         call = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         call.update(zip(ops.BWD_SCHEMA_ARGS, args), **kwargs)
         self.calls.append(call)
+        check_bwd_head_dims(call)
         return emulate_bwd(**call)
 
 
@@ -218,7 +231,9 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
 
     Strict where the kernels clamp: a malformed call (offsets out of order or out of range,
     lengths over max_seqlen, cu_seqlens_q[-1] != total_q without seqused_q) raises
-    AssertionError, so a Python layer that builds such a call fails its CPU test.
+    AssertionError, so a Python layer that builds such a call fails its CPU test. seqused_k is
+    the keys' length from cu_seqlens_k[b] (FA3's rule; those offsets may then come in any order),
+    seqused_q a length within the query segment.
     """
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     uq = None if seqused_q is None else seqused_q.tolist()
@@ -228,10 +243,15 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
         assert cq[-1] == total_q, f"cu_seqlens_q[-1] = {cq[-1]} but total_q = {total_q} (no seqused_q)"
     segments = []
     for b in range(len(cq) - 1):
-        assert 0 <= cq[b] <= cq[b + 1] <= total_q and 0 <= ck[b] <= ck[b + 1] <= total_k, (b, cq, ck)
+        assert 0 <= cq[b] <= cq[b + 1] <= total_q, (b, cq)
         len_q = cq[b + 1] - cq[b] if uq is None else uq[b]
-        len_k = ck[b + 1] - ck[b] if uk is None else uk[b]
-        assert 0 <= len_q <= cq[b + 1] - cq[b] and 0 <= len_k <= ck[b + 1] - ck[b], (b, len_q, len_k)
+        assert 0 <= len_q <= cq[b + 1] - cq[b], (b, len_q)
+        if uk is None:
+            assert 0 <= ck[b] <= ck[b + 1] <= total_k, (b, ck)
+            len_k = ck[b + 1] - ck[b]
+        else:  # FA3's rule: seqused_k rows from cu_seqlens_k[b], offsets in any order (a batch index's picks)
+            len_k = uk[b]
+            assert 0 <= ck[b] and 0 <= len_k and ck[b] + len_k <= total_k, (b, ck[b], len_k, total_k)
         assert len_q <= max_seqlen_q and len_k <= max_seqlen_k, (b, len_q, len_k, max_seqlen_q, max_seqlen_k)
         segments.append((cq[b], len_q, ck[b], len_k))
     return segments
@@ -239,13 +259,22 @@ def varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen
 
 def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                        softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
-                       softcap=0.0, sink=None, num_splits=1):
+                       softcap=0.0, sink=None, num_splits=1, pack_gqa=1):
     """What varlen_fwd returns: each sequence through emulate_fwd; rows outside every used part
-    out 0 and lse -inf (the sink with one), as rows that see no key."""
+    out 0 and lse -inf (the sink with one), as rows that see no key. pack_gqa > 1: q's rows are
+    PackGQA's and out / lse come back per query head (the binding's check_pack_gqa refusals too)."""
+    if pack_gqa != 1:
+        assert pack_gqa > 1 and q.shape[0] % pack_gqa == 0 and not softcap and seqused_q is None and sink is None
+        out, lse = emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                      max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right,
+                                      top_left, softcap, sink, num_splits)
+        return packgqa.unpack_rows(out, pack_gqa), packgqa.unpack_lse(lse, pack_gqa)
     total_q, heads_q, head_dim = q.shape
+    # The binding's rule: v's head dim is q's, or one the forward has kernels of its own for.
+    assert v.shape[-1] == head_dim or manifest.own_value_kernels(head_dim, v.shape[-1]), (q.shape, v.shape)
     segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                                total_q, k.size(0))
-    out = torch.zeros(total_q, heads_q, head_dim, dtype=q.dtype, device=q.device)
+    out = torch.zeros(total_q, heads_q, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.full((heads_q, total_q), float("-inf"), dtype=torch.float32, device=q.device)
     if sink is not None:
         lse[:] = sink.view(-1, 1)
@@ -266,10 +295,11 @@ def emulate_varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left=-1,
                        window_size_right=-1, top_left=False, deterministic=False, softcap=0.0):
     """(dq, dk, dv) of varlen_fwd per sequence through emulate_bwd; zero outside the used parts."""
+    check_bwd_head_dims(dict(q=q, k=k, v=v, out=out, dout=dout))
     segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                                q.size(0), k.size(0))
     assert softmax_lse.shape == (q.size(1), q.size(0)) and softmax_lse.dtype == torch.float32, softmax_lse.shape
-    assert dout.shape == q.shape and out.shape == q.shape, (dout.shape, out.shape, q.shape)
+    assert dout.shape == out.shape == (*q.shape[:-1], v.shape[-1]), (dout.shape, out.shape, q.shape)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     for q_start, len_q, k_start, len_k in segments:
         if len_q == 0 or len_k == 0:
@@ -349,3 +379,47 @@ def emulated_varlen_ops(monkeypatch: pytest.MonkeyPatch, device_type: str = "cpu
     finally:
         for library in reversed(libraries):
             library._destroy()
+
+
+# --------------------------------------------------------------------------
+# The paged-KV op (paged.PAGED_FWD_SCHEMA)
+# --------------------------------------------------------------------------
+
+
+def emulate_paged_fwd(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                      max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
+                      top_left=False, softcap=0.0, sink=None, num_splits=1, pack_gqa=1):
+    """What paged_fwd returns: sequence b's keys gathered from its pages (logical positions
+    cu_seqlens_k[b] + j, j < seqused_k[b]) into a packed varlen call. Strict where the kernels clamp:
+    a position past the page-table row or a page number outside the cache raises AssertionError."""
+    num_pages, page_size = k_cache.shape[:2]
+    batch, max_pages = page_table.shape
+    capacity = max_pages * page_size
+    starts, used = cu_seqlens_k.tolist(), seqused_k.tolist()
+    assert len(starts) == batch + 1 and len(used) == batch, (len(starts), len(used), batch)
+    rows_k, rows_v, cu_k = [], [], [0]
+    for b in range(batch):
+        assert 0 <= starts[b] and 0 <= used[b] <= max_seqlen_k and starts[b] + used[b] <= capacity, (b, starts, used)
+        pos = torch.arange(starts[b], starts[b] + used[b])
+        pages = page_table[b].long()[pos // page_size] if used[b] else torch.zeros(0, dtype=torch.long)
+        assert bool(((pages >= 0) & (pages < num_pages)).all()), (b, pages)
+        rows_k.append(k_cache[pages, pos % page_size])
+        rows_v.append(v_cache[pages, pos % page_size])
+        cu_k.append(cu_k[-1] + used[b])
+    cu_k = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
+    return emulate_varlen_fwd(q, torch.cat(rows_k), torch.cat(rows_v), cu_seqlens_q, cu_k, None, None, max_seqlen_q,
+                              max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, top_left,
+                              softcap, sink, num_splits, pack_gqa)
+
+
+@contextlib.contextmanager
+def emulated_paged_op(monkeypatch: pytest.MonkeyPatch):
+    """paged.paged_fwd_op returns the emulation (a recorder of its calls), with the varlen ops
+    emulated too (the paged path runs the varlen checks); yields the recorder."""
+    from flash_attn_hopper import paged
+
+    rec = EmulatedVarlen(paged.PAGED_FWD_SCHEMA, emulate_paged_fwd)
+    with emulated_varlen_ops(monkeypatch):
+        monkeypatch.setattr(paged, "paged_fwd_op", lambda: rec)
+        monkeypatch.setattr(paged, "has_paged_op", lambda: True)
+        yield rec

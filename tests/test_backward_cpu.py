@@ -170,22 +170,40 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(kernels, d):
 
 
 
-@pytest.mark.parametrize("d, dv", [(192, 128), (64, 256), (59, 100)])
-def test_value_head_dims_other_than_qs_run_zero_padded(kernels, d, dv):
-    """FA3's dv != d: the kernels see q, k, v padded to one width (the larger head dim rounded up to
-    8) and q's default scale; out and dv have v's head dim, dq and dk q's."""
+@pytest.mark.parametrize("d, dv, calls, width", [
+    (64, 256, 1, 256), (59, 100, 1, 104), (128, 64, 1, 128),  # one call, q, k, v padded to one width
+    (64, 512, 8, 64), (128, 300, 3, 128),  # past the widest kernel: a call per piece of q's head dim
+    (192, 128, 1, None), (160, 120, 1, None), (192, 96, 1, None),  # the forward's own dv != d kernels
+])
+def test_value_head_dims_other_than_qs(kernels, d, dv, calls, width):
+    """FA3's dv != d: the forward kernels take 192 / 128 (any q head dim that rounds to 192, v's up
+    to 128) as it is, and so do the backward kernels (v, out and dout at v's head dim); other
+    pairs see q, k, v padded to one width (the larger head dim rounded up to 8) and q's default
+    scale, or past 256 (FA3's 64 / 512) one call per piece of v's head dim over the same q and k;
+    out and dv have v's head dim, dq and dk q's; out, the LSE and every gradient against the
+    emulation of the whole problem."""
     fwd, bwd = kernels
     q, k, _, _ = random_qkv(sq=37, sk=53, hq=4, hk=2, d=d, seed=d + dv)
     _, _, v, dout = random_qkv(sq=37, sk=53, hq=4, hk=2, d=dv, seed=d * dv)
     out, grads = grads_of(lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=True), q, k, v, dout)
     assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     check_emulated_grads(grads, q, k, v, dout, f"d={d} dv={dv}", causal=True)
-    (f,), (b,) = fwd.calls, bwd.calls
-    width = max(-(-d // 8) * 8, -(-dv // 8) * 8)
-    assert [t.shape[-1] for t in f[:3]] == [width] * 3
-    assert f[3] == pytest.approx(d**-0.5) and b["softmax_scale"] == pytest.approx(d**-0.5)
-    with pytest.raises(ValueError, match="same shape"):  # wider than the largest kernel: refused, not padded
-        flash_attn_hopper.flash_attn_func(q[..., :64], k[..., :64], torch.zeros(*v.shape[:-1], 512, dtype=v.dtype))
+    assert len(fwd.calls) == calls and len(bwd.calls) == calls
+    if width is None:  # kernels of their own: q, k, v as they are, both ways
+        assert [t.shape[-1] for t in fwd.calls[0][:3]] == [d, d, dv]
+        assert [bwd.calls[0][n].shape[-1] for n in ("q", "k", "v", "out", "dout")] == [d, d, dv, dv, dv]
+    else:
+        assert all([t.shape[-1] for t in f[:3]] == [width] * 3 for f in fwd.calls)
+    assert fwd.calls[0][3] == pytest.approx(d**-0.5) and bwd.calls[0]["softmax_scale"] == pytest.approx(d**-0.5)
+    _, lse = flash_attn_hopper.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    _, lse_ref = emulate_fwd(q, k, v[..., :d], d**-0.5, True)
+    assert torch.allclose(lse, lse_ref)
+
+
+def test_q_head_dims_past_the_widest_kernel_are_refused(kernels):
+    with pytest.raises(ValueError):
+        flash_attn_hopper.flash_attn_func(torch.zeros(1, 4, 2, 320), torch.zeros(1, 4, 2, 320), torch.zeros(1, 4, 2, 512))
+
 
 def test_window_arguments_reach_the_backward_as_the_forward_got_them(kernels):
     fwd, bwd = kernels

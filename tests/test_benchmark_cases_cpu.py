@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
@@ -49,6 +51,15 @@ def test_scoremods_report_gives_the_bars_ratios():
     assert set(bs.PROVIDERS) >= {a for a, _ in bs.RATIOS} | {b for _, b in bs.RATIOS}
 
 
+def test_scoremods_flops_count_each_gemm_at_its_head_dim():
+    import benchmark_scoremods as bs
+
+    fwd, bwd = bs.flops_of(2, 3, 100, 128, 128, causal=False)
+    assert fwd == 4 * 2 * 3 * 100 * 100 * 128 and bwd == 2.5 * fwd  # benchmark_attn.py's convention
+    fwd, bwd = bs.flops_of(2, 3, 100, 192, 128, causal=True)
+    assert fwd == 2 * 2 * 3 * 100 * 100 * (192 + 128) / 2 and bwd == 2 * 2 * 3 * 100 * 100 * (3 * 192 + 2 * 128) / 2
+
+
 def test_rotated_rounds_give_each_providers_median_and_write_both_files(tmp_path):
     import math
     from types import SimpleNamespace
@@ -77,4 +88,22 @@ def test_decode_report_takes_our_best_provider_against_the_best_peer():
             bd.Row("flash_attn_hopper", 8, 32768, "32:8", 128, 3800.0),
             bd.Row("sdpa-cudnn", 8, 32768, "32:8", 128, 4000.0), bd.Row("sdpa-flash", 8, 32768, "32:8", 128, 3000.0)]
     md = bd.markdown(rows, {"date": "d", "gpu": "g", "torch": "t", "flash_attn_hopper": "v"})
-    assert md.rstrip().endswith("| 8 | 32768 | 32:8 | 128 | 1600 | 3800 | 4000 | 3000 | 0.95 |")
+    assert md.rstrip().endswith("| 8 | 32768 | 32:8 | 128 | 1600 | 3800 | 4000 | 3000 | 0.95 |  |")
+    # Paged providers get their own ratio, against the contiguous peers; FA3's paged one is no peer of those.
+    rows += [bd.Row("flash_attn_hopper-paged16", 8, 32768, "32:8", 128, 3600.0),
+             bd.Row("fa3-paged16", 8, 32768, "32:8", 128, 4400.0)]
+    md = bd.markdown(rows, {"date": "d", "gpu": "g", "torch": "t", "flash_attn_hopper": "v"})
+    assert md.rstrip().endswith("| 1600 | 3800 | 4000 | 3000 | 3600 | 4400 | 0.95 | 0.90 |")
+
+
+def test_decode_paged_provider_views_the_cache_as_pages():
+    import benchmark_decode as bd
+
+    seen = []
+    run = bd._paged(lambda q, k, v, page_table, causal: seen.append((k, page_table, causal)) or q, 16)
+    q, k = torch.zeros(2, 1, 4, 8), torch.arange(2 * 64 * 2 * 8, dtype=torch.float32).view(2, 64, 2, 8)
+    run(q, k, k)
+    run(q, k, k)
+    (pages, table, causal), (_, table2, _) = seen
+    assert pages.shape == (8, 16, 2, 8) and pages.data_ptr() == k.data_ptr() and not causal
+    assert table is table2 and table.dtype == torch.int32 and sorted(table.flatten().tolist()) == list(range(8))

@@ -49,8 +49,9 @@ def test_rows_without_any_key_and_the_out_argument():
     assert not out.isnan().any()
 
 
-def test_bitwise_repeatable():
-    o, lse_p = _partials(17, 3, 200, 8, 128, seed=2)
+@pytest.mark.parametrize("splits,batch,seqlen", [(17, 3, 200), (133, 1, 1)], ids=["warp-per-row", "block-per-row"])
+def test_bitwise_repeatable(splits, batch, seqlen):
+    o, lse_p = _partials(splits, batch, seqlen, 8, 128, seed=2)
     first = flash_attn_combine(o, lse_p, out_dtype=torch.bfloat16)
     for _ in range(5):
         again = flash_attn_combine(o, lse_p, out_dtype=torch.bfloat16)

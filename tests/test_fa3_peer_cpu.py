@@ -63,3 +63,14 @@ def test_enabled_features_are_compiled_in_with_their_own_files():
         assert "TELEPORT" in str(exc)
     else:
         raise AssertionError("an unknown FA3 switch was accepted")
+
+
+def test_the_decode_peer_compiles_the_split_paged_and_packgqa_forward_files_of_its_head_dims():
+    sources = peer._sources(frozenset({"SPLIT", "PAGEDKV", "PACKGQA", "VARLEN"}), hdims=(128,))
+    assert "flash_fwd_combine.cu" in sources  # the split kernels' merge: without it the library does not load
+    kernels = sorted(s.split("/")[1] for s in sources[1:-1] if s.startswith("instantiations/"))
+    assert kernels == sorted([
+        "flash_fwd_hdim128_bf16_sm90.cu", "flash_bwd_hdim128_bf16_sm90.cu",
+        "flash_fwd_hdim128_bf16_paged_sm90.cu", "flash_fwd_hdim128_bf16_split_sm90.cu",
+        "flash_fwd_hdim128_bf16_paged_split_sm90.cu", "flash_fwd_hdim128_bf16_packgqa_sm90.cu",
+    ])

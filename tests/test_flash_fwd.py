@@ -16,7 +16,7 @@ import torch
 
 import flash_attn_hopper
 from flash_attn_hopper import manifest, ops
-from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func
+from flash_attn_hopper import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 
 from helpers.cases import (
     BATCHES,
@@ -399,12 +399,14 @@ def test_head_dims_not_a_multiple_of_8(d, causal):
     check_padded_grads(q, k, v, causal)
 
 
-@pytest.mark.parametrize("d, dv", [(192, 128), (64, 256)])
+@pytest.mark.parametrize("d, dv", [(192, 128), (176, 96), (64, 256), (64, 512)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_value_head_dim_other_than_qs(d, dv, causal):
-    """FA3's dv != d (192 / 128, 64 / 256) runs on q, k, v zero-padded to the wider head dim: out and
-    the gradients against the float32 reference, with q's head dim's scale."""
-    skip_unless_compiled(max(d, dv), torch.bfloat16)
+    """FA3's dv != d: 192 / 128 (and any q head dim rounding to 192 with v's up to 128) on the
+    forward's own kernels and the backward's (v, out, dout at v's head dim); 64 / 256 on q, k, v
+    zero-padded to the wider head dim; dv > 256 (64 / 512) in pieces of v's head dim: out and the
+    gradients against the float32 reference, with q's head dim's scale."""
+    skip_unless_compiled(max(d, dv) if dv <= 256 else d, torch.bfloat16)
     q, k, _ = qkv(2, 113, 203, 4, 2, d, dtype=torch.bfloat16, seed=d + dv)
     v = qkv(2, 113, 203, 4, 2, dv, dtype=torch.bfloat16, seed=d * dv)[2]
     out, lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
@@ -414,3 +416,11 @@ def test_value_head_dim_other_than_qs(d, dv, causal):
     assert_fa_close(out, ref, low, name="out")
     assert torch.allclose(lse, ref_lse, atol=1e-3)
     check_padded_grads(q, k, v, causal)
+    if dv < d <= 192:  # the split path of the own kernels, and their varlen form
+        split = flash_attn_func(q, k, v, causal=causal, num_splits=3)
+        assert_fa_close(split, ref, low, name="out (3 splits)")
+        cu_q = torch.arange(0, 3 * 113, 113, dtype=torch.int32, device=q.device)
+        cu_k = torch.arange(0, 3 * 203, 203, dtype=torch.int32, device=q.device)
+        packed = flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 113, 203,
+                                        causal=causal)
+        assert_fa_close(packed.view_as(out), ref, low, name="out (varlen)")

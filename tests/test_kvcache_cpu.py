@@ -15,7 +15,7 @@ import flash_attn_hopper
 from flash_attn_hopper.kvcache import _append, _new_tokens, _rotate
 
 from op_emulator import emulated_varlen_ops
-from reference import assert_fa_close, attention_ref
+from reference import assert_fa_close, attention_ref, attention_ref_chunked
 
 DTYPE = torch.float16
 
@@ -54,7 +54,7 @@ def test_append_writes_in_place_and_drops_what_does_not_fit():
     new = torch.arange(1, 3 * 4 * 2 + 1, dtype=torch.float32).view(3, 4, 1, 2)
     rows, seq, idx, first, counts = _new_tokens(new, 3, None)
     assert counts.tolist() == [4, 4, 4]
-    _append(cache, rows, seq, idx, first, torch.tensor([1, 4, 6], dtype=torch.int32))
+    _append((cache,), (rows,), seq, idx, first, torch.tensor([1, 4, 6], dtype=torch.int32))
     assert torch.equal(cache[0, 1:5], new[0]) and torch.equal(cache[0, 5], torch.zeros(1, 2))
     assert torch.equal(cache[1, 4:6], new[1, :2]) and torch.equal(cache[1, :4], torch.zeros(4, 1, 2))
     assert torch.equal(cache[2], torch.zeros(6, 1, 2))  # a full cache: nothing written
@@ -152,8 +152,6 @@ def test_varlen_q_softcap_and_an_int_cache_seqlens(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    (dict(page_table=torch.zeros(2, 3, dtype=torch.int32)), "page_table"),
-    (dict(cache_batch_idx=torch.zeros(2, dtype=torch.int32)), "cache_batch_idx"),
     (dict(qv=torch.zeros(1)), "qv"),
     (dict(sm_margin=2), "sm_margin"),
 ])
@@ -190,10 +188,12 @@ def test_scheduler_metadata_is_checked_and_accepted(monkeypatch):
                                                      scheduler_metadata=md)
         b = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
     assert torch.equal(a, b)
-    with pytest.raises(RuntimeError, match="page_size"):
-        flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, page_size=16)
     with pytest.raises(ValueError, match="cache_seqlens must be an int32 tensor of shape"):
         flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens.long())
+    cu_new = torch.tensor([0, 1, 3], dtype=torch.int32)
+    assert flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, cu_seqlens_k_new=cu_new).numel() == 0
+    with pytest.raises(ValueError, match="cu_seqlens_k_new must be None or an int32 tensor of shape"):
+        flash_attn_hopper.get_scheduler_metadata(2, 1, 32, 4, 2, 64, seqlens, cu_seqlens_k_new=cu_new[:2])
     with pytest.raises(TypeError, match="scheduler_metadata must be None"):
         flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, scheduler_metadata=[1])
 
@@ -257,7 +257,7 @@ def test_packed_new_tokens_are_appended_per_sequence(cu, total):
     cu_t = torch.tensor(cu, dtype=torch.int32)
     want = _append_packed_ref(cache, new, cu, starts)
     rows, seq, idx, first, counts = _new_tokens(new, 3, cu_t)
-    _append(cache, rows, seq, idx, first, starts)
+    _append((cache,), (rows,), seq, idx, first, starts)
     assert torch.equal(cache, want)
     assert counts.tolist() == [max(b - a, 0) for a, b in zip(cu[:-1], cu[1:])]
 
@@ -301,3 +301,145 @@ def test_cu_seqlens_k_new_is_checked():
     with pytest.raises(ValueError, match="pass k and v with it"):
         flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(),
                                                   cu_seqlens_k_new=torch.tensor([0, 1, 3], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("sq, chunk, causal, window, leftpad, varlen_q", [
+    (1, 8, True, (-1, -1), False, False),  # decode: the query sees its chunk's keys
+    (5, 3, True, (-1, -1), False, False),  # queries straddling chunk boundaries
+    (6, 4, True, (2, 0), True, False),  # a window inside the chunk, left padding
+    (4, 16, False, (-1, -1), False, False),  # not causal: the whole chunk
+    (5, 3, True, (-1, -1), True, True),  # varlen q
+])
+def test_attention_chunk_against_the_reference(monkeypatch, sq, chunk, causal, window, leftpad, varlen_q):
+    g = torch.Generator().manual_seed(sq * 7 + chunk)
+    batch, cache_len, hq, hk, d = 4, 40, 4, 2, 64
+    q = torch.randn(batch, sq, hq, d, generator=g).to(DTYPE)
+    k_cache, v_cache = (torch.randn(batch, cache_len, hk, d, generator=g).to(DTYPE) for _ in range(2))
+    seqlens = torch.tensor([3, 17, 40, 9], dtype=torch.int32)  # sequence 0 has fewer keys than queries
+    pad = torch.tensor([0, 5, 11, 2], dtype=torch.int32) if leftpad else torch.zeros(batch, dtype=torch.int32)
+    q_lens = [sq, sq - 1, 1, sq] if varlen_q else [sq] * batch
+    kwargs = dict(cache_seqlens=seqlens, cache_leftpad=pad if leftpad else None, causal=causal, window_size=window,
+                  attention_chunk=chunk, return_softmax_lse=True)
+    with emulated_varlen_ops(monkeypatch):
+        if varlen_q:
+            cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+            rows = torch.cat([q[b, :n] for b, n in enumerate(q_lens)])
+            out, lse = flash_attn_hopper.flash_attn_with_kvcache(rows, k_cache, v_cache, cu_seqlens_q=cu,
+                                                               max_seqlen_q=sq, **kwargs)
+        else:
+            out, lse = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    start = 0
+    for b, n in enumerate(q_lens):
+        lo, hi = int(pad[b]), int(seqlens[b])
+        ref, lse_ref = attention_ref_chunked(q[b:b + 1, :n], k_cache[b:b + 1, lo:hi], v_cache[b:b + 1, lo:hi],
+                                             chunk=chunk, causal=causal, window_size=window)
+        low, _ = attention_ref_chunked(q[b:b + 1, :n], k_cache[b:b + 1, lo:hi], v_cache[b:b + 1, lo:hi],
+                                       chunk=chunk, causal=causal, window_size=window, upcast=False)
+        got = out[start:start + n][None] if varlen_q else out[b:b + 1, :n]
+        got_lse = lse[:, start:start + n][None] if varlen_q else lse[b:b + 1, :, :n]
+        assert_fa_close(got, ref, low, name=f"out {b}")
+        finite = torch.isfinite(lse_ref)
+        assert torch.equal(torch.isfinite(got_lse), finite), b
+        assert torch.allclose(got_lse[finite], lse_ref[finite], atol=1e-3), b
+        start += n
+
+
+def test_attention_chunk_must_be_a_non_negative_int():
+    q, cache = torch.zeros(2, 1, 4, 64, dtype=DTYPE), torch.zeros(2, 16, 2, 64, dtype=DTYPE)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="attention_chunk must be a non-negative int"):
+            flash_attn_hopper.flash_attn_with_kvcache(q, cache, cache.clone(), attention_chunk=bad)
+
+
+def test_attention_chunk_segments_cover_each_sequence_in_order():
+    from flash_attn_hopper.kvcache import _chunk_segments
+    # 2 sequences: 5 queries over 7 keys with chunks of 3 (queries at positions 2..6: chunks 0, 1, 2),
+    # and 4 queries over 2 keys (2 queries before key 0).
+    cu_q, cu_k, used = _chunk_segments(torch.tensor([0, 5]), torch.tensor([5, 4]), torch.tensor([0, 100]),
+                                       torch.tensor([7, 2]), 3, 5, 9, 200)
+    # Per sequence: the queries before key 0, then ceil(5 / 3) + 1 = 3 chunk segments.
+    assert cu_q.tolist() == [0, 0, 1, 4, 5, 7, 9, 9, 9]
+    assert cu_k.tolist() == [0, 0, 3, 6, 100, 100, 102, 102, 200]
+    assert used.tolist() == [0, 3, 3, 1, 0, 2, 0, 0]
+
+
+@pytest.mark.parametrize("new_tokens, leftpad", [(0, False), (2, True)])
+def test_cache_batch_idx_picks_the_entries(monkeypatch, new_tokens, leftpad):
+    g = torch.Generator().manual_seed(21 + new_tokens)
+    batch, batch_cache, cache_len, hq, hk, d = 3, 5, 24, 4, 2, 64
+    idx = torch.tensor([4, 0, 2] if new_tokens else [4, 4, 1], dtype=torch.int32)  # repeats only without appends
+    q = torch.randn(batch, 2, hq, d, generator=g).to(DTYPE)
+    k_cache, v_cache = (torch.randn(batch_cache, cache_len, hk, d, generator=g).to(DTYPE) for _ in range(2))
+    k, v = ((torch.randn(batch, new_tokens, hk, d, generator=g).to(DTYPE) for _ in range(2)) if new_tokens
+            else (None, None))
+    seqlens = torch.tensor([7, 20, 13], dtype=torch.int32)
+    pad = torch.tensor([2, 0, 5], dtype=torch.int32) if leftpad else None
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    for b in range(batch):
+        e, s0 = int(idx[b]), int(seqlens[b])
+        if new_tokens:
+            k_ref[e, s0:s0 + new_tokens], v_ref[e, s0:s0 + new_tokens] = k[b], v[b]
+    with emulated_varlen_ops(monkeypatch):
+        out = flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                                       cache_batch_idx=idx, cache_leftpad=pad, causal=True)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), "the append missed the picked entries"
+    for b in range(batch):
+        e, lo, hi = int(idx[b]), int(pad[b]) if leftpad else 0, int(seqlens[b]) + new_tokens
+        ref, _ = attention_ref(q[b:b + 1], k_ref[e:e + 1, lo:hi], v_ref[e:e + 1, lo:hi], causal=True)
+        low, _ = attention_ref(q[b:b + 1], k_ref[e:e + 1, lo:hi], v_ref[e:e + 1, lo:hi], causal=True, upcast=False)
+        assert_fa_close(out[b:b + 1], ref, low, name=f"out {b}")
+    with pytest.raises(ValueError, match="cache_batch_idx must be an int32 tensor"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache, cache_batch_idx=idx.long())
+    with pytest.raises(ValueError, match="pass cache_batch_idx"):
+        flash_attn_hopper.flash_attn_with_kvcache(q, k_cache, v_cache)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_everything_together_as_fa3s_kvcache_test_combines_it(monkeypatch, seed):
+    """varlen q with packed new keys (cu_seqlens_k_new), rotary, cache_batch_idx, leftpad and
+    attention_chunk at once, each on or off by the seed, against a per-sequence reference written
+    from FA3's docstring: the append into the picked entry, then q (rotated where the new keys are)
+    over that entry's keys [leftpad, cache_seqlens + new)."""
+    g = torch.Generator().manual_seed(100 + seed)
+    use_idx, use_pad, use_chunk = (bool(seed >> i & 1) for i in range(3))
+    batch, batch_cache, cache_len, hq, hk, d, sq = 3, 5, 48, 4, 2, 64, 4
+    q_lens, new_lens = [4, 1, 3], [2, 0, 3]
+    idx = torch.tensor([3, 0, 4], dtype=torch.int32) if use_idx else None
+    entries = idx.tolist() if use_idx else list(range(batch))
+    caches = batch_cache if use_idx else batch
+    k_cache, v_cache = (torch.randn(caches, cache_len, hk, d, generator=g).to(DTYPE) for _ in range(2))
+    q_rows = torch.randn(sum(q_lens), hq, d, generator=g).to(DTYPE)
+    k_new, v_new = (torch.randn(sum(new_lens), hk, d, generator=g).to(DTYPE) for _ in range(2))
+    seqlens = torch.tensor([9, 30, 40], dtype=torch.int32)
+    pad = torch.tensor([3, 0, 7], dtype=torch.int32) if use_pad else None
+    chunk = 8 if use_chunk else 0
+    angle = torch.rand(cache_len + 8, 16, generator=g) * 2 * math.pi
+    cos, sin = angle.cos().to(DTYPE), angle.sin().to(DTYPE)
+    cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    cu_new = torch.tensor([0, *torch.tensor(new_lens).cumsum(0).tolist()], dtype=torch.int32)
+    # The reference: the append, then each sequence alone.
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    new_pos = torch.cat([seqlens[b].long() + torch.arange(n) for b, n in enumerate(new_lens)])
+    k_rot = rotary_ref(k_new, cos, sin, new_pos, True)
+    for b, n in enumerate(new_lens):
+        e, s0, a = entries[b], int(seqlens[b]), int(cu_new[b])
+        k_ref[e, s0:s0 + n], v_ref[e, s0:s0 + n] = k_rot[a:a + n], v_new[a:a + n]
+    with emulated_varlen_ops(monkeypatch):
+        out = flash_attn_hopper.flash_attn_with_kvcache(
+            q_rows, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+            cache_batch_idx=idx, cache_leftpad=pad, cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_new, max_seqlen_q=sq,
+            causal=True, attention_chunk=chunk)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref), "the append differs"
+    for b, n in enumerate(q_lens):
+        e, lo, hi = entries[b], int(pad[b]) if use_pad else 0, int(seqlens[b]) + new_lens[b]
+        start = int(cu_q[b])
+        q_pos = seqlens[b].long() + torch.arange(n)  # causal: each query at its own position
+        qb = rotary_ref(q_rows[start:start + n][None], cos, sin, q_pos[None], True)
+        kb, vb = k_ref[e:e + 1, lo:hi], v_ref[e:e + 1, lo:hi]
+        if chunk:
+            ref, _ = attention_ref_chunked(qb, kb, vb, chunk=chunk, causal=True)
+            low, _ = attention_ref_chunked(qb, kb, vb, chunk=chunk, causal=True, upcast=False)
+        else:
+            ref, _ = attention_ref(qb, kb, vb, causal=True)
+            low, _ = attention_ref(qb, kb, vb, causal=True, upcast=False)
+        assert_fa_close(out[start:start + n][None], ref, low, name=f"seed {seed} out {b}")

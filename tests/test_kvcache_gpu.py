@@ -11,7 +11,7 @@ import torch
 
 from flash_attn_hopper import flash_attn_with_kvcache
 
-from helpers.kernels import compiled_config
+from helpers.kernels import compiled_config, cuda_kernel_names
 from reference import assert_fa_close
 from test_kvcache_cpu import reference, rotary_ref
 
@@ -133,3 +133,65 @@ def test_packed_new_tokens_with_cu_seqlens_k_new():
     ref, _ = reference(q, k_ref, v_ref, ends.cpu(), zeros, causal=True)
     low, _ = reference(q, k_ref, v_ref, ends.cpu(), zeros, causal=True, upcast=False)
     assert_fa_close(out, ref, low, name="out")
+
+
+@pytest.mark.parametrize("sq, chunk", [(1, 256), (7, 100)])
+def test_attention_chunk(sq, chunk):
+    from reference import attention_ref_chunked
+    d, dtype = compiled_config("fwd")
+    batch, cache_len, hq, hk = 3, 1000, 8, 2
+    q, k_cache, v_cache, _, _ = _inputs(batch, sq, 0, cache_len, hq, hk, d, dtype, seed=chunk + sq)
+    seqlens = torch.tensor([5, 300, 999], dtype=torch.int32, device="cuda")
+    for splits in (1, 0):
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True,
+                                      attention_chunk=chunk, num_splits=splits)
+        for b in range(batch):
+            n = int(seqlens[b])
+            ref, _ = attention_ref_chunked(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], chunk=chunk, causal=True)
+            low, _ = attention_ref_chunked(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], chunk=chunk,
+                                           causal=True, upcast=False)
+            assert_fa_close(out[b:b + 1], ref, low, name=f"out {b} splits {splits}")
+
+
+@pytest.mark.parametrize("splits", [1, 0])
+def test_cache_batch_idx(splits):
+    d, dtype = compiled_config("fwd")
+    g = torch.Generator(device="cuda").manual_seed(31)
+    batch, batch_cache, cache_len, hq, hk = 3, 6, 2000, 8, 2
+    q = torch.randn(batch, 1, hq, d, device="cuda", generator=g).to(dtype)
+    k_cache, v_cache = (torch.randn(batch_cache, cache_len, hk, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(batch, 1, hk, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    idx = torch.tensor([5, 0, 3], dtype=torch.int32, device="cuda")
+    seqlens = torch.tensor([1999, 17, 700], dtype=torch.int32, device="cuda")
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    for b in range(batch):
+        k_ref[int(idx[b]), int(seqlens[b])] = k[b, 0]
+        v_ref[int(idx[b]), int(seqlens[b])] = v[b, 0]
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                  causal=True, num_splits=splits)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    ends = (seqlens + 1).clamp(max=cache_len).cpu()
+    picked_k, picked_v = k_ref[idx.long()], v_ref[idx.long()]
+    ref, _ = reference(q, picked_k, picked_v, ends, torch.zeros(batch, dtype=torch.int32), causal=True)
+    low, _ = reference(q, picked_k, picked_v, ends, torch.zeros(batch, dtype=torch.int32), causal=True, upcast=False)
+    assert_fa_close(out, ref, low, name="out")
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_a_packed_decode_step_runs_the_split_kernel_and_the_combine_only(batch):
+    """PackGQA at decode: the op takes the packed rows and the combine writes out and the LSE per
+    query head, so no copy kernel unpacks them (at batch 1 the pack of q is a view too)."""
+    d, dtype = compiled_config("fwd")
+    q, k_cache, v_cache, _, _ = _inputs(batch, 1, 0, 3000, 32, 8, d, dtype, seed=11)
+    seqlens = torch.full((batch,), 2900, dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_softmax_lse=True)
+        names = cuda_kernel_names(lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens))
+    ends, lo = seqlens.cpu(), torch.zeros(batch, dtype=torch.int32)
+    ref, lse_ref = reference(q, k_cache, v_cache, ends, lo, causal=False)
+    low, _ = reference(q, k_cache, v_cache, ends, lo, causal=False, upcast=False)
+    assert_fa_close(out, ref, low, name="out")
+    assert torch.allclose(lse, lse_ref, atol=2e-3)
+    copies = [n for n in names if "flash" not in n]
+    assert (copies == []) if batch == 1 else len(copies) == 1, names  # batch > 1: the pack of q
+

@@ -50,7 +50,7 @@ def test_parse_dtypes():
 def test_disable_backward_knob():
     on = m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "1"})
     off = m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "0"})
-    assert on.directions == ("fwd",)
+    assert on.directions == ("fwd", "paged")
     assert off.directions == m.AVAILABLE_DIRECTIONS
     with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_BACKWARD"):
         m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "maybe"})
@@ -115,16 +115,18 @@ def test_backward_knobs():
     assert "bwd" in m.AVAILABLE_DIRECTIONS
     knobs = {"FLASH_ATTN_HOPPER_HDIMS": "64,256", "FLASH_ATTN_HOPPER_DTYPES": "bf16"}
     on = m.selection_from_env(knobs)
-    assert on.directions == ("fwd", "bwd")
+    assert on.directions == ("fwd", "bwd", "paged")
     assert on.instantiations() == [
         m.Instantiation("fwd", 64, "bf16"),
         m.Instantiation("fwd", 256, "bf16"),
         m.Instantiation("bwd", 64, "bf16"),
         m.Instantiation("bwd", 256, "bf16"),
+        m.Instantiation("paged", 64, "bf16"),
+        m.Instantiation("paged", 256, "bf16"),
     ]
     assert on.instantiations()[2].filename == "flash_bwd_hdim64_bf16_sm90.cu"
     assert m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "0"}).directions == m.AVAILABLE_DIRECTIONS
-    assert m.selection_from_env(dict(knobs, FLASH_ATTN_HOPPER_DISABLE_BACKWARD="yes")).directions == ("fwd",)
+    assert m.selection_from_env(dict(knobs, FLASH_ATTN_HOPPER_DISABLE_BACKWARD="yes")).directions == ("fwd", "paged")
     with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_BACKWARD='2'"):
         m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "2"})
 
@@ -162,3 +164,17 @@ def test_dtype_names_match_torch():
     for name, info in m.DTYPES.items():
         assert m.dtype_name(str(getattr(torch, info.torch_name)).removeprefix("torch.")) == name
     assert m.dtype_name("float32") is None
+
+
+def test_value_head_dims_agree_with_the_policy():
+    """manifest.VALUE_HEAD_DIMS is what csrc/kernel/common/policy.h's fwd_value_head_dim compiles."""
+    import re
+    from pathlib import Path
+
+    policy = (Path(__file__).resolve().parents[1] / "csrc" / "kernel" / "common" / "policy.h").read_text()
+    body = policy[policy.index("constexpr int fwd_value_head_dim()"):]
+    pairs = re.findall(r"kHeadDim == (\d+) \? (\d+) : 0", body[: body.index("}")])
+    assert {int(d): int(dv) for d, dv in pairs} == dict(m.VALUE_HEAD_DIMS)
+    assert m.own_value_kernels(192, 128) and m.own_value_kernels(160, 64)
+    assert not m.own_value_kernels(192, 192) and not m.own_value_kernels(192, 136) and not m.own_value_kernels(128, 64)
+    assert not m.own_value_kernels(190, 128)  # q's head dim not a multiple of 8: padded instead

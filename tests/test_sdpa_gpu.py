@@ -72,6 +72,17 @@ def test_head_dims(e, causal):
     check_against_torch_semantics(out, q, k, v, causal, None)
 
 
+@pytest.mark.parametrize("e, ev", [(192, 128), (176, 96)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_head_dims_of_their_own_take_the_fast_path(e, ev, causal):
+    skip_unless_compiled(e, torch.bfloat16)
+    q, k, v = sdpa_inputs(2, 4, 2, 177, 233, e, torch.bfloat16, seed=e + ev)
+    v = v[..., :ev]
+    assert sdpa.sdpa_fallback_reason(q, k, v, is_causal=causal, enable_gqa=True) is None
+    out = flash_attn_hopper.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    check_against_torch_semantics(out, q, k, v, causal, None)
+
+
 @pytest.mark.parametrize("layout", ["bshd_memory", "bhsd_contiguous", "packed_qkv"])
 def test_layouts_are_not_copied(layout):
     e, dtype = compiled_config()
@@ -107,7 +118,8 @@ def _fallback_case(name):
         "float32": ((q.float(), k.float(), v.float()), dict(is_causal=True, enable_gqa=True), "float32"),
         "head_dim_36": (sdpa_inputs(2, 4, 4, 100, 100, 36, dtype), dict(is_causal=True), "head dim 36"),
         "head_dim_264": (sdpa_inputs(2, 4, 4, 100, 100, 264, dtype), dict(), "head dim 264"),
-        "value_head_dim_differs": ((q, k, v[..., :64]), dict(enable_gqa=True), "value's head dim"),
+        # v wider than q: no kernels of their own (those take only a narrower v, manifest.VALUE_HEAD_DIMS)
+        "value_head_dim_differs": ((q, k, torch.cat([v, v[..., :8]], -1)), dict(enable_gqa=True), "value's head dim"),
         "three_dims": ((q[0], k[0], v[0]), dict(enable_gqa=True), "4 dimensions"),
         "mqa_broadcast_without_enable_gqa": ((q, k[:, :1], v[:, :1]), dict(), "enable_gqa"),
         "cpu": ((q.cpu(), k.cpu(), v.cpu()), dict(is_causal=True, enable_gqa=True), "cpu"),

@@ -95,6 +95,22 @@ def test_varlen_with_seqused_and_rows_outside_every_sequence():
     assert torch.equal(out[gap], torch.zeros_like(out[gap])) and torch.isneginf(lse[:, gap]).all()
 
 
+def test_varlen_rows_past_the_last_sequence_come_out_empty():
+    """Rows of q past cu_seqlens_q[-1] belong to no sequence: the combine writes them as 0 and
+    -inf (it reads the bound from cu_seqlens_q) and the sequences' rows match the reference."""
+    d, dtype = compiled_config("fwd")
+    q, k, v, _, cu_q, cu_k, max_q, max_k = varlen_qkv([2, 1, 3], [3000, 700, 4100], 8, 2, d, dtype=dtype,
+                                                      device="cuda", seed=6)
+    q_long = torch.cat([q, torch.randn(5, *q.shape[1:], device="cuda", dtype=dtype)])
+    out, lse = flash_attn_varlen_func(q_long, k, v, cu_q, cu_k, max_q, max_k, num_splits=16,
+                                      return_attn_probs=True)
+    ref = functools.partial(attention_ref_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    (ro, _), (lo, _) = ref(q, k, v), ref(q, k, v, upcast=False)
+    rows = q.shape[0]
+    assert_fa_close(out[:rows], ro, lo, name="out")
+    assert torch.equal(out[rows:], torch.zeros_like(out[rows:])) and torch.isneginf(lse[:, rows:]).all()
+
+
 def test_gradients_through_a_split_forward():
     if not ops.has_bwd_op():
         pytest.skip("this build has no backward")

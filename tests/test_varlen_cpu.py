@@ -60,13 +60,13 @@ def test_schema_constants_agree():
     assert tuple(a.name for a in bwd.arguments) == ops.VARLEN_BWD_SCHEMA_ARGS
     assert [str(a.type) for a in fwd.arguments] == (
         ["Tensor"] * 5 + ["Optional[Tensor]"] * 2
-        + ["int", "int", "float", "bool", "int", "int", "bool", "float", "Optional[Tensor]", "int"]
+        + ["int", "int", "float", "bool", "int", "int", "bool", "float", "Optional[Tensor]", "int", "int"]
     )
     assert [str(a.type) for a in bwd.arguments] == (
         ["Tensor"] * 8 + ["Optional[Tensor]"] * 2
         + ["int", "int", "float", "bool", "int", "int", "bool", "bool", "float"]
     )
-    assert [a.default_value for a in fwd.arguments[11:]] == [-1, -1, False, 0.0, None, 1]
+    assert [a.default_value for a in fwd.arguments[11:]] == [-1, -1, False, 0.0, None, 1, 1]
     assert [a.default_value for a in bwd.arguments[14:]] == [-1, -1, False, False, 0.0]
     assert [r.name for r in fwd.returns] == ["out", "softmax_lse"]
     assert [r.name for r in bwd.returns] == ["dq", "dk", "dv"]
@@ -172,15 +172,20 @@ def test_head_dims_not_a_multiple_of_8_run_zero_padded(varlen_kernels):
 
 
 
-def test_a_value_head_dim_other_than_qs_runs_zero_padded(varlen_kernels):
+@pytest.mark.parametrize("d, dv, calls, width", [(128, 64, 1, 128), (64, 512, 8, 64), (192, 128, 1, 128)])
+def test_a_value_head_dim_other_than_qs(varlen_kernels, d, dv, calls, width):
+    """dv != d: the forward's and the backward's kernels take 192 / 128 as it is; other pairs one call on q, k, v padded to one width, or past 256 a call per
+    piece of v's head dim."""
     fwd, bwd = varlen_kernels
-    q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=192, seed=192)
-    _, _, v, dout, *_ = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=128, seed=128)
+    q, k, _, _, cu_q, cu_k, max_q, max_k = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=d, seed=d)
+    _, _, v, dout, *_ = inputs([5, 0, 17], [9, 3, 1], hq=4, hk=2, d=dv, seed=dv)
     out, grads = varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal=True)
-    assert out.shape == (*q.shape[:-1], 128) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert out.shape == (*q.shape[:-1], dv) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     check_varlen_grads(grads, q, k, v, dout, cu_q, cu_k, causal=True)
-    (f,), (b,) = fwd.calls, bwd.calls
-    assert f["v"].shape[-1] == 192 and f["softmax_scale"] == pytest.approx(192**-0.5) == b["softmax_scale"]
+    assert len(fwd.calls) == calls == len(bwd.calls) and all(c["v"].shape[-1] == width for c in fwd.calls)
+    assert all(b[n].shape[-1] == f["v"].shape[-1] for f, b in zip(fwd.calls, bwd.calls) for n in ("v", "out", "dout"))
+    assert fwd.calls[0]["softmax_scale"] == pytest.approx(d**-0.5) == bwd.calls[0]["softmax_scale"]
+
 
 def test_effective_windows_reach_the_op(varlen_kernels):
     fwd, _ = varlen_kernels

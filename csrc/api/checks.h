@@ -116,9 +116,13 @@ struct Problem {
   int head_dim_rounded;
   bool is_bf16;
   int device;
+  int64_t head_dim_v;  // v's (and out's): head_dim, or where the forward has kernels for it narrower
 };
 
-Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v) {
+// value_head_dim: v's head dim may differ from q's where the kernels take the pair (policy.h
+// fwd_value_head_dim: the forward's dv != d kernels, the backward's BwdPolicy::kNarrowV);
+// otherwise q, k and v share one.
+Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, bool value_head_dim = false) {
   FLASH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "flash_attn_hopper: q, k and v must be CUDA tensors");
   FLASH_CHECK(same_device(k, q) && same_device(v, q),
               "flash_attn_hopper: q, k and v must be on the same device");
@@ -137,12 +141,17 @@ Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v) {
   pb.seqlen_k = k.size(1);
   pb.heads_kv = k.size(2);
   FLASH_CHECK(k.size(0) == pb.batch && v.size(0) == pb.batch, "flash_attn_hopper: batch sizes of q, k, v differ");
-  FLASH_CHECK(k.size(3) == pb.head_dim && v.size(3) == pb.head_dim,
-              "flash_attn_hopper: q, k and v must have the same head dim");
+  pb.head_dim_v = v.size(3);
   FLASH_CHECK(v.size(1) == pb.seqlen_k && v.size(2) == pb.heads_kv, "flash_attn_hopper: k and v shapes differ");
   pb.head_dim_rounded = flash::manifest::round_up_head_dim(pb.head_dim);
   FLASH_CHECK(pb.head_dim_rounded != 0, "flash_attn_hopper: head dim must be a multiple of ",
               flash::manifest::kHeadDimMultiple, " and at most ", flash::manifest::kMaxHeadDim, ", got ", pb.head_dim);
+  int const own_dv = value_head_dim ? flash::fwd_value_head_dim(pb.head_dim_rounded) : 0;
+  bool const dv_ok = pb.head_dim_v == pb.head_dim ||
+                     (pb.head_dim_v > 0 && pb.head_dim_v <= own_dv && pb.head_dim_v % flash::manifest::kHeadDimMultiple == 0);
+  FLASH_CHECK(k.size(3) == pb.head_dim && dv_ok, "flash_attn_hopper: q and k must have the same head dim, and v ",
+              own_dv ? "its own only up to " + std::to_string(own_dv) + " (a multiple of 8)" : std::string("too"),
+              "; got ", pb.head_dim, ", ", k.size(3), ", ", pb.head_dim_v);
   FLASH_CHECK(pb.heads_kv > 0 && pb.heads_q % pb.heads_kv == 0, "flash_attn_hopper: nheads of q (", pb.heads_q,
               ") must be a multiple of nheads of k/v (", pb.heads_kv, ")");
   FLASH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
@@ -226,6 +235,7 @@ void fill_common(Params& params, Problem const& pb, Tensor const& qt, Tensor con
   params.seqlen_q = int(pb.seqlen_q);
   params.seqlen_k = int(pb.seqlen_k);
   params.head_dim = int(pb.head_dim);
+  if constexpr (requires { params.head_dim_v; }) { params.head_dim_v = int(pb.head_dim_v); }  // the forward's
   params.softmax_scale = float(softmax_scale);
   params.softmax_scale_log2 = float((softcap > 0 ? softcap : softmax_scale) * M_LOG2E);
   params.softcap = float(softcap);
@@ -307,14 +317,15 @@ struct VarlenCall {
   Problem pb;
 };
 
-VarlenCall check_varlen_call(Tensor const& q, Tensor const& k, Tensor const& v, Tensor const& cu_seqlens_q,
+VarlenCall check_varlen_call(bool value_head_dim, Tensor const& q, Tensor const& k, Tensor const& v,
+                             Tensor const& cu_seqlens_q,
                              Tensor const& cu_seqlens_k, std::optional<Tensor> const& seqused_q,
                              std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
   Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0),
                v4 = torch::stable::unsqueeze(v, 0);
-  return {vl, q4, k4, v4, check_problem(q4, k4, v4)};
+  return {vl, q4, k4, v4, check_problem(q4, k4, v4, value_head_dim)};
 }
 
 }  // namespace

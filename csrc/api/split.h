@@ -10,6 +10,9 @@
 
 namespace {
 
+// The grid's batch dimension (batch x splits) is at most this (CUDA's grid y / z bound).
+constexpr int64_t kMaxGridBatches = 65535;
+
 // The split kernels' key block for a (rounded) head dim.
 int split_block_n(int head_dim_rounded) {
   switch (head_dim_rounded) {
@@ -24,8 +27,9 @@ int split_block_n(int head_dim_rounded) {
 // How many splits a call runs with. requested: 1 none, 0 choose, n > 1 at most n. Never with
 // softcap (its kernels are unsplit; the result does not depend on the splits), and
 // never more than the key blocks, 256 (the combine's bound) or the grid's batch dimension allows.
-// Choosing: only when the query tiles fill less than 80 % of the SMs, as many splits as fit in one
-// wave (the split kernels hold one CTA per SM), each with at least two key blocks.
+// Choosing: only when the query tiles fill less than 80 % of the SMs and there are at least 4 key
+// blocks (below that the combine costs more than the split saves), as many splits as fit in one
+// wave (the split kernels hold one CTA per SM), down to one key block each (FA3's bound).
 int choose_splits(int64_t requested, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                   int head_dim_rounded, bool unsplittable, int num_sms) {
   FLASH_CHECK(requested >= 0, "flash_attn_hopper: num_splits must be >= 0 (0: choose), got ", requested);
@@ -34,10 +38,10 @@ int choose_splits(int64_t requested, int64_t batch, int64_t seqlen_q, int64_t se
   int64_t const tiles = (seqlen_q + 127) / 128 * heads_q * batch;
   int64_t splits = requested;
   if (requested == 0) {
-    if (tiles * 5 >= int64_t(num_sms) * 4) { return 1; }
-    splits = std::min<int64_t>(num_sms / tiles, n_blocks / 2);
+    if (tiles * 5 >= int64_t(num_sms) * 4 || n_blocks < 4) { return 1; }
+    splits = std::min<int64_t>(num_sms / tiles, n_blocks);
   }
-  splits = std::min<int64_t>({splits, n_blocks, flash::kCombineMaxSplits, 65535 / std::max<int64_t>(batch, 1)});
+  splits = std::min<int64_t>({splits, n_blocks, flash::kCombineMaxSplits, kMaxGridBatches / std::max<int64_t>(batch, 1)});
   return splits >= 2 ? int(splits) : 1;
 }
 
@@ -49,13 +53,16 @@ struct SplitRun {
 
   SplitRun(flash::FwdParams& params, Tensor const& like, int splits, bool varlen, int64_t batch, int64_t rows,
            int64_t heads, int64_t head_dim, Tensor const& out, int64_t out_row_stride, int64_t out_head_stride,
-           int64_t out_batch_stride) {
+           int64_t out_batch_stride, int group = 1) {
     // A sink joins the combine, not the splits (each split's softmax is its own).
     int64_t const seqlen = rows / batch;
     oaccum = empty_like_dev(like, {splits, batch, seqlen, heads, head_dim}, kFloat);
     lseaccum = empty_like_dev(like, {splits, batch, heads, seqlen}, kFloat);
-    // Varlen rows outside every sequence (or past seqused_q) are not written: -inf makes them 0.
-    if (varlen) { torch::stable::fill_(lseaccum, -std::numeric_limits<float>::infinity()); }
+    // Varlen rows past seqused_q are not written: -inf makes them 0. Rows outside every sequence
+    // the combine knows from cu_seqlens_q (below), with no fill kernel.
+    if (varlen && params.varlen.seqused_q != nullptr) {
+      torch::stable::fill_(lseaccum, -std::numeric_limits<float>::infinity());
+    }
     params.num_splits = splits;
     params.oaccum_ptr = oaccum.mutable_data_ptr<float>();
     params.lseaccum_ptr = lseaccum.mutable_data_ptr<float>();
@@ -89,6 +96,11 @@ struct SplitRun {
     c.vec4 = head_dim % 4 == 0;  // fresh float32 buffers: aligned, strides multiples of 4 with it
     c.num_sms = params.num_sms;
     c.sink = params.sink_ptr;
+    if (varlen) {
+      c.cu_seqlens = params.varlen.cu_seqlens_q;
+      c.cu_count = params.varlen.batch;
+    }
+    c.group = group;
   }
 
   void finish(bool is_bf16, cudaStream_t stream) const {

@@ -35,13 +35,20 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       make_shape(kVarlen ? p.varlen.total_q : p.seqlen_q, p.head_dim, p.heads_q, kVarlen ? 1 : p.batch);
   ShapeQKV const shape_k =
       make_shape(kVarlen ? p.varlen.total_k : p.seqlen_k, p.head_dim, p.heads_kv, kVarlen ? 1 : p.batch);
+  // v and dO at their own head dim (dv != d): the descriptors zero-fill the tile's columns past it,
+  // which add nothing to dP = dO.V^T; the tiles' coordinates are those of k and q.
+  if (p.head_dim_v <= 0 || p.head_dim_v > p.head_dim || (!Kernel::Policy::kNarrowV && p.head_dim_v != p.head_dim)) {
+    throw std::runtime_error("flash_attn_hopper: v's head dim is not one this backward kernel takes");
+  }
+  ShapeQKV const shape_do = make_shape(get<0>(shape_q), p.head_dim_v, p.heads_q, get<3>(shape_q));
+  ShapeQKV const shape_v = make_shape(get<0>(shape_k), p.head_dim_v, p.heads_kv, get<3>(shape_k));
   auto tensor = [](void const* ptr, ShapeQKV const& shape, int64_t row, int64_t head, int64_t batch) {
     return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), shape, make_stride(row, _1{}, head, batch));
   };
   Tensor mQ = tensor(p.q_ptr, shape_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
-  Tensor mdO = tensor(p.do_ptr, shape_q, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
+  Tensor mdO = tensor(p.do_ptr, shape_do, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
   Tensor mK = tensor(p.k_ptr, shape_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-  Tensor mV = tensor(p.v_ptr, shape_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  Tensor mV = tensor(p.v_ptr, shape_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
 
   using M = Int<Kernel::kBlockM>;
   using N = Int<Kernel::kBlockN>;
@@ -75,6 +82,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       p.window_right,
       {},  // varlen, set below
       p.softcap_prescale,
+      p.head_dim_v,
   };
   if constexpr (kVarlen) { params.varlen = p.varlen; }
 

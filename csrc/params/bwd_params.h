@@ -70,6 +70,8 @@ struct BwdParams {
 
   float softcap;  // as FwdParams
   float softcap_prescale;
+
+  int head_dim_v;  // v's, out's, dout's and dv's: head_dim, or narrower (dv != d; BwdPolicy::kNarrowV)
 };
 
 }  // namespace flash

@@ -27,6 +27,13 @@ struct CombineParams {
   int splits, batch, seqlen, heads, head_dim;
   bool vec4;  // every pointer and stride of out_partial 16-byte aligned and head_dim % 4 == 0: float4 loads
   float const* sink = nullptr;  // optional learnable sink per head (natural log): one more term in the LSE
+  // Varlen split calls (null: every row is one): rows outside [cu_seqlens[0], cu_seqlens[cu_count])
+  // belong to no sequence, no split wrote them, and they come out 0 with LSE -inf (or the sink).
+  int const* cu_seqlens = nullptr;
+  int cu_count = 0;
+  // PackGQA (group > 1): row l of head h holds token l / group of query head h * group + l % group;
+  // out, lse and the sink are indexed per query head and token (seqlen / group rows, heads * group).
+  int group = 1;
   int num_sms;
 };
 

@@ -27,6 +27,8 @@ struct FwdParams {
   int seqlen_q;
   int seqlen_k;
   int head_dim;     // the real head dim (a multiple of 8); the kernel's tile may be wider
+  int head_dim_v = 0;  // v's and out's head dim (0: head_dim); != head_dim only where the kernels take it
+                      // (policy.h fwd_value_head_dim)
 
   float softmax_scale;       // multiplies Q.K^T
   float softmax_scale_log2;  // the exp2-domain factor of the kernel's scores: softmax_scale * log2(e),
@@ -69,6 +71,15 @@ struct FwdParams {
   float* lseaccum_ptr = nullptr;
   int64_t oaccum_split_stride = 0, oaccum_batch_stride = 0, oaccum_row_stride = 0, oaccum_head_stride = 0;
   int64_t lseaccum_split_stride = 0;
+
+  // Paged KV cache (page_table null: none), varlen calls only: k_ptr / v_ptr are (num_pages,
+  // page_size, heads_kv, d) caches, their batch strides the page strides. Sequence b's key j sits at
+  // logical position p = cu_seqlens_k[b] + j of its pages: row p % page_size of page
+  // page_table[b * page_table_stride + p / page_size]; varlen.total_k = max_pages * page_size bounds p.
+  int const* page_table = nullptr;
+  int64_t page_table_stride = 0;
+  int page_size = 0;
+  int num_pages = 0;
 };
 
 }  // namespace flash

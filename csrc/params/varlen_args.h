@@ -6,7 +6,8 @@ namespace flash {
 
 // q, k, v (and o, do, dq, dk, dv) are packed (total, heads, head_dim) tensors. Sequence b's rows:
 // [cu_seqlens[b], cu_seqlens[b] + (seqused ? seqused[b] : cu_seqlens[b + 1] - cu_seqlens[b])),
-// clamped by the kernels to [0, total]. A null cu_seqlens_q means a dense problem.
+// clamped by the kernels to [0, total] (seqused_q also to its segment, seqused_k to the longest
+// key length; kernel/common/seqlen.h). A null cu_seqlens_q means a dense problem.
 struct VarlenArgs {
   int const* cu_seqlens_q = nullptr;  // (batch + 1), int32, device
   int const* cu_seqlens_k = nullptr;

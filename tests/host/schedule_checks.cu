@@ -258,6 +258,7 @@ int check_split_ranges(int cases) {
 
 struct VarlenOnly {
   flash::VarlenArgs varlen;
+  int seqlen_k;  // the longest key length (varlen: max_seqlen_k), seqused_k's bound
 };
 
 int check_varlen_extents(int cases) {
@@ -279,8 +280,9 @@ int check_varlen_extents(int cases) {
       for (int& x : used_q) { x = uniform(-50, 400); }
     }
     bool const with_used = uniform(0, 1);
+    int const max_k = uniform(0, 320);
     VarlenOnly p{{cu_q.data(), cu_k.data(), with_used ? used_q.data() : nullptr, with_used ? used_k.data() : nullptr,
-                  total_q, total_k, false, batch}};
+                  total_q, total_k, false, batch}, max_k};
     int64_t const rows_padded = (int64_t(total_q) + int64_t(batch) * kPad + kPad - 1) / kPad * kPad;
     bool ok = true;
     int64_t prev_end = 0;
@@ -293,7 +295,10 @@ int check_varlen_extents(int cases) {
       ok &= padded % kPad == 0 && padded >= 0 && end <= rows_padded;
       if (!malformed) {
         int const want_q = with_used ? std::min(used_q[b], cu_q[b + 1] - cu_q[b]) : cu_q[b + 1] - cu_q[b];
+        // seqused_k: FA3's length from the offset, at most the longest key length and the tensor.
+        int const want_k = with_used ? std::min({used_k[b], max_k, total_k - cu_k[b]}) : cu_k[b + 1] - cu_k[b];
         ok &= seq.offset_q() == cu_q[b] && seq.seqlen_q() == want_q && seq.offset_k() == cu_k[b];
+        ok &= seq.seqlen_k() == want_k;
         ok &= padded >= prev_end;  // no overlap with the sequence before
         prev_end = end;
       }

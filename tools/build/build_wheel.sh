@@ -9,7 +9,7 @@
 # Both land in DIR (default: dist/ of the checkout); the last line printed is the wheel's path.
 #
 #   --minimal            CI's kernel set: FLASH_ATTN_HOPPER_HDIMS=128 FLASH_ATTN_HOPPER_DTYPES=bf16
-#                        (forward + backward, 3 files); default: the knobs in the environment,
+#                        (forward, backward, paged forward: 4 files); default: the knobs in the environment,
 #                        else every head dim and dtype.
 #   --local-version X    append +X to the version ("auto": cu<CUDA> of this torch, e.g. 0.1.0+cu130),
 #                        so the wheels for several CUDA majors can sit side by side in one release.

@@ -68,7 +68,8 @@ def build_one(inst, out: Path, cuda_home: str, include_dirs: list[str], cuobjdum
         src = Path(tmp) / inst.filename
         src.write_text(gen.render_instantiation(inst))
         cubin = out / (inst.filename[:-3] + ".cubin")
-        cmd = [str(Path(cuda_home) / "bin" / "nvcc"), *bs.NVCC_FLAGS, "-Xptxas=-v", "-cubin", "-o", str(cubin),
+        extra = os.environ.get("FLASH_ATTN_HOPPER_EXTRA_NVCC_FLAGS", "").split()  # developer macros, as setup.py
+        cmd = [str(Path(cuda_home) / "bin" / "nvcc"), *bs.NVCC_FLAGS, *extra, "-Xptxas=-v", "-cubin", "-o", str(cubin),
                str(src), *(f"-I{d}" for d in include_dirs)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         (out / (inst.filename[:-3] + ".ptxas.txt")).write_text(proc.stderr)
@@ -133,7 +134,7 @@ def main() -> int:
     p.add_argument("--out", help="folder for cubins, SASS and digest.json")
     p.add_argument("--hdims")
     p.add_argument("--dtypes")
-    p.add_argument("--direction", choices=["fwd", "bwd"])
+    p.add_argument("--direction", choices=["fwd", "bwd", "paged"])
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = p.parse_args()

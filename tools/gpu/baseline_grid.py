@@ -1,9 +1,11 @@
-"""The baseline step's table (tools/gpu/run.sh): our kernels against an older commit's, point by
-point, from the CSVs of alternating benchmark_attn.py runs under $OUT/baseline-{old,new}-<round>/.
-Per point and direction: the median TFLOP/s of each version over the rounds, new / old, and each
-version's ratio to sdpa-cudnn measured in the same process (drift between runs shows there).
+"""The baseline step's table (tools/gpu/run.sh): our kernels against a baseline build (an older
+commit, or a variant wheel), point by point, from the CSVs of alternating benchmark runs under
+$OUT/baseline-{old,new}-<round>/. Per point and direction: each version's median TFLOP/s over the
+rounds, new / old, and each version's ratio to an anchor provider measured in the same process
+(drift between processes shows there). Works on benchmark_attn.py's and benchmark_varlen.py's
+CSVs: a point is every column but the provider and the measurements.
 
-    python3 tools/gpu/baseline_grid.py OUT_DIR [--tolerance 0.02]   # exit 1 if a point is outside
+    python3 tools/gpu/baseline_grid.py OUT_DIR [--ours flash_attn_hopper] [--anchor sdpa-cudnn] [--tolerance 0.02]
 """
 import argparse
 import csv
@@ -11,63 +13,74 @@ import math
 import statistics
 from pathlib import Path
 
+VALUES = ("fwd_tflops", "bwd_tflops")
 
-def load(out: Path) -> dict:
-    """{(version, round): {(hdim, causal, seqlen, provider): (fwd, bwd)}}"""
-    runs = {}
+
+def load(out: Path) -> tuple[dict, list[str]]:
+    """({(version, round): {(point..., provider): {direction: tflops}}}, the point's column names)"""
+    runs, columns = {}, []
     for folder in sorted(out.glob("baseline-*-*")):
         if not folder.is_dir():
             continue
         _, version, rnd = folder.name.split("-")
-        for f in folder.glob("*.csv"):
+        for f in sorted(folder.glob("*.csv")):
             rows = runs.setdefault((version, int(rnd)), {})
             for r in csv.DictReader(f.open()):
-                num = lambda x: float(x) if x else math.nan  # noqa: E731
-                rows[(int(r["hdim"]), r["causal"], int(r["seqlen"]), r["provider"])] = (
-                    num(r["fwd_tflops"]), num(r.get("bwd_tflops", "")))
-    return runs
+                columns = [c for c in r if c != "provider" and c not in VALUES and not c.endswith(("_min", "_max"))
+                           and c not in ("sm_mhz", "power_w")]
+                point = tuple(r[c] for c in columns)
+                rows[(*point, r["provider"])] = {v[:3]: float(r[v]) if r.get(v) else math.nan for v in VALUES}
+    return runs, columns
+
+
+def median_of(runs, version, key, direction, anchor_key=None):
+    vals = []
+    for (v, _), rows in runs.items():
+        if v != version or key not in rows:
+            continue
+        x = rows[key][direction]
+        if anchor_key is not None:
+            x = x / rows[anchor_key][direction] if anchor_key in rows else math.nan
+        if not math.isnan(x):
+            vals.append(x)
+    return statistics.median(vals) if vals else math.nan
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
+    p.add_argument("--ours", default="flash_attn_hopper", help="our provider's name in the CSVs (varlen: varlen)")
+    p.add_argument("--anchor", default="sdpa-cudnn", help="the peer measured beside it (varlen: fa3-varlen)")
     p.add_argument("--tolerance", type=float, default=0.02)
     args = p.parse_args()
-    runs = load(args.out)
-    points = sorted({k[:3] for rows in runs.values() for k in rows})
-    lines = ["hdim,causal,seqlen,direction,old_tflops,new_tflops,new_over_old,old_vs_cudnn,new_vs_cudnn"]
-    md = ["| hdim | causal | seqlen | dir | old TFLOP/s | new TFLOP/s | new / old | old / cuDNN | new / cuDNN |",
-          "|---|---|---|---|---|---|---|---|---|"]
-    outside = 0
+    runs, columns = load(args.out)
+    points = sorted({k[:-1] for rows in runs.values() for k in rows})
+    head = " | ".join(columns)
+    lines = [",".join(columns) + ",direction,old_tflops,new_tflops,new_over_old,old_vs_anchor,new_vs_anchor"]
+    md = [f"| {head} | dir | old TFLOP/s | new TFLOP/s | new / old | old / {args.anchor} | new / {args.anchor} |",
+          "|" + "---|" * (len(columns) + 6)]
+    outside = shown = 0
     for point in points:
-        for direction, j in (("fwd", 0), ("bwd", 1)):
-            med, anchor = {}, {}
-            for version in ("old", "new"):
-                ours = [rows[(*point, "flash_attn_hopper")][j] for (v, _), rows in runs.items()
-                        if v == version and (*point, "flash_attn_hopper") in rows]
-                rel = [rows[(*point, "flash_attn_hopper")][j] / rows[(*point, "sdpa-cudnn")][j]
-                       for (v, _), rows in runs.items()
-                       if v == version and (*point, "flash_attn_hopper") in rows and (*point, "sdpa-cudnn") in rows]
-                ours = [x for x in ours if not math.isnan(x)]
-                rel = [x for x in rel if not math.isnan(x)]
-                med[version] = statistics.median(ours) if ours else math.nan
-                anchor[version] = statistics.median(rel) if rel else math.nan
-            if math.isnan(med["old"]) or math.isnan(med["new"]):
+        ours, anchor = (*point, args.ours), (*point, args.anchor)
+        for direction in ("fwd", "bwd"):
+            old, new = (median_of(runs, v, ours, direction) for v in ("old", "new"))
+            if math.isnan(old) or math.isnan(new):
                 continue
-            ratio = med["new"] / med["old"]
+            rel_old, rel_new = (median_of(runs, v, ours, direction, anchor) for v in ("old", "new"))
+            ratio = new / old
+            shown += 1
             outside += abs(ratio - 1) > args.tolerance
-            lines.append(f"{point[0]},{point[1]},{point[2]},{direction},{med['old']:.1f},{med['new']:.1f},{ratio:.3f},"
-                         f"{anchor['old']:.3f},{anchor['new']:.3f}")
-            md.append(f"| {point[0]} | {point[1]} | {point[2]} | {direction} | {med['old']:.1f} | {med['new']:.1f} | "
-                      f"{ratio:.3f} | {anchor['old']:.3f} | {anchor['new']:.3f} |")
+            cells = ",".join(f'"{c}"' if "," in c else c for c in point)
+            lines.append(f"{cells},{direction},{old:.1f},{new:.1f},{ratio:.3f},{rel_old:.3f},{rel_new:.3f}")
+            md.append(f"| {' | '.join(point)} | {direction} | {old:.1f} | {new:.1f} | {ratio:.3f} | {rel_old:.3f} | "
+                      f"{rel_new:.3f} |")
     rounds = sorted({r for _, r in runs})
-    md.append("")
-    md.append(f"{len(rounds)} rounds per version, alternating; {outside} of {len(md) - 3} points outside "
-              f"±{args.tolerance:.0%}.")
+    md += ["", f"{len(rounds)} rounds per version, alternating; {outside} of {shown} points outside "
+               f"±{args.tolerance:.0%} (new / old)."]
     (args.out / "baseline.csv").write_text("\n".join(lines) + "\n")
     (args.out / "baseline.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    return 1 if outside or len(md) <= 4 else 0
+    return 1 if outside or not shown else 0
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ yardstick's build left out compiled out too (varlen, split-KV, paged KV, append-
 softcap, PackGQA, fp16, fp8, sm80), then lays out a directory which, on PYTHONPATH, makes
 `flash_attn_interface` importable: benchmarks/benchmark_attn.py's `fa3` provider then runs.
 `build --enable SOFTCAP,VARLEN` compiles those features back in (the peers of issues that compare
-them: benchmarks/benchmark_scoremods.py's fa3-softcap, benchmark_varlen.py's fa3-varlen).
+them: benchmarks/benchmark_scoremods.py's fa3-softcap, benchmark_varlen.py's fa3-varlen); the
+decode peer (benchmark_decode.py's fa3 at its best) is `--enable SPLIT,PAGEDKV,PACKGQA,VARLEN,APPENDKV
+--hdims 128`, exported to .peers/fa3decode.
 
     python3 tools/gpu/fa3_peer.py pack --fa-repo /work/.mirror/Dao-AILab+flash-attention/repo \\
         --cutlass-repo /work/.mirror/NVIDIA+cutlass/repo            # here, once
@@ -43,26 +45,42 @@ FA3_COMMIT = "0251105"
 CUTLASS_COMMIT = "7127592069c2fe01b041e174ba4345ef9b279671"
 FA3_ARCHIVE = PEERS / f"fa3-hopper-{FA3_COMMIT}.tar.gz"
 CUTLASS_ARCHIVE = PEERS / f"cutlass-include-{CUTLASS_COMMIT[:7]}.tar.gz"
-HDIMS = (64, 128, 256)
+HDIMS = (64, 128, 256)  # the default build
+BUILDABLE_HDIMS = (64, 128, 192, 256)  # 192's files come from FA3's own generate_kernels.py at build time
 
 # FA3's setup.py switches, as the yardstick's build set them (BENCHMARKS.md): True = compiled out.
 DISABLED = {
     "BACKWARD": False, "SPLIT": True, "PAGEDKV": True, "APPENDKV": True, "LOCAL": True,
     "SOFTCAP": True, "PACKGQA": True, "FP16": True, "FP8": True, "VARLEN": True, "CLUSTER": False,
-    "HDIM64": False, "HDIM96": True, "HDIM128": False, "HDIM192": True, "HDIM256": False, "SM8x": True,
-}
+    "HDIM96": True, "SM8x": True,
+}  # HDIM64 / 128 / 192 / 256: compiled in where --hdims names them
 DISABLED_DIFF = {"HDIMDIFF64": True, "HDIMDIFF192": True}  # config keys FLASH_ATTENTION_DISABLE_* upstream
 
 
-#: Features whose kernels FA3 instantiates in files of their own (flash_fwd_hdim128_bf16_softcap_sm90.cu).
-OWN_FILES = ("SOFTCAP",)
+#: Features whose kernels FA3 instantiates in files of their own, in its file names' order
+#: (flash_fwd_hdim128_bf16_paged_split_softcap_sm90.cu); all but SOFTCAP are forward-only.
+OWN_FILES = ("PAGEDKV", "SPLIT", "SOFTCAP", "PACKGQA")
+_TAG = {"PAGEDKV": "paged", "SPLIT": "split", "SOFTCAP": "softcap", "PACKGQA": "packgqa"}
+#: The feature combinations FA3 0251105 has sm90 files for (PackGQA is built into the split and
+#: paged kernels, so it has files of its own only beside softcap or alone).
+_FWD_COMBOS = ((), ("PAGEDKV",), ("SPLIT",), ("PAGEDKV", "SPLIT"), ("SOFTCAP",), ("PAGEDKV", "SOFTCAP"),
+               ("SPLIT", "SOFTCAP"), ("PAGEDKV", "SPLIT", "SOFTCAP"), ("PACKGQA",), ("SOFTCAP", "PACKGQA"))
 
 
-def _sources(enable: frozenset[str] = frozenset()) -> list[str]:
-    variants = [""] + [f"_{f.lower()}" for f in OWN_FILES if f in enable]
-    kernels = [f"instantiations/flash_{kind}_hdim{d}_bf16{v}_sm90.cu"
-               for v in variants for d in HDIMS for kind in ("fwd", "bwd")]
-    return ["flash_api_stable.cpp", *kernels, "flash_prepare_scheduler.cu"]
+def _sources(enable: frozenset[str] = frozenset(), hdims=HDIMS) -> list[str]:
+    def name(kind, d, combo):
+        return f"instantiations/flash_{kind}_hdim{d}_bf16{''.join('_' + _TAG[f] for f in combo)}_sm90.cu"
+
+    kernels = []
+    for combo in _FWD_COMBOS:
+        if set(combo) <= enable:
+            kernels += [name("fwd", d, combo) for d in hdims]
+            if "HDIMDIFF192" in enable and 192 in hdims:  # q / k 192 with v 128 (DeepSeek's prefill)
+                kernels.append(name("fwd", "192_128", combo))
+            if set(combo) <= {"SOFTCAP"}:
+                kernels += [name("bwd", d, combo) for d in hdims]
+    combine = ["flash_fwd_combine.cu"] if "SPLIT" in enable else []  # the split kernels' merge
+    return ["flash_api_stable.cpp", *kernels, *combine, "flash_prepare_scheduler.cu"]
 
 
 def pack(fa_repo: Path, cutlass_repo: Path) -> None:
@@ -95,7 +113,7 @@ def _feature_defines(enable: frozenset[str] = frozenset()) -> list[str]:
     return [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in _switches(enable).items() if off]
 
 
-def build(out: Path, jobs: int, enable: frozenset[str] = frozenset()) -> None:
+def build(out: Path, jobs: int, enable: frozenset[str] = frozenset(), hdims=HDIMS) -> None:
     for a in (FA3_ARCHIVE, CUTLASS_ARCHIVE):
         if not a.exists():
             sys.exit(f"{a} is missing: run `tools/gpu/fa3_peer.py pack` here and carry .peers/")
@@ -106,12 +124,16 @@ def build(out: Path, jobs: int, enable: frozenset[str] = frozenset()) -> None:
             with tarfile.open(a) as t:
                 t.extractall(src, filter="data")
     hopper, cutlass_include = src / "hopper", src / "include"
+    missing = [f for f in _sources(enable, hdims) if not (hopper / f).exists()]
+    if missing:  # instantiation stubs the archive does not carry (head dim 192): FA3's generator writes them
+        subprocess.run([sys.executable, "generate_kernels.py", "--output_dir", "instantiations"], cwd=hopper, check=True)
 
     # The interface module and the build-flag record it reads (FA3's setup.py writes the latter).
     shutil.copy(hopper / "flash_attn_interface.py", out / "flash_attn_interface.py")
     switches = _switches(enable)
     flags = {f"FLASHATTENTION_DISABLE_{k}": switches[k] for k in DISABLED}
     flags |= {f"FLASH_ATTENTION_DISABLE_{k}": switches[k] for k in DISABLED_DIFF}
+    flags |= {f"FLASHATTENTION_DISABLE_HDIM{d}": d not in hdims for d in BUILDABLE_HDIMS}
     flags["FLASHATTENTION_ENABLE_VCOLMAJOR"] = False
     (out / "flash_attn_config.py").write_text(f"# written by tools/gpu/fa3_peer.py\nCONFIG = {{'build_flags': {flags!r}}}\n")
     package = out / "flash_attn_3"
@@ -127,10 +149,12 @@ def build(out: Path, jobs: int, enable: frozenset[str] = frozenset()) -> None:
             "-DCUTLASS_DEBUG_TRACE_LEVEL=0", "-DNDEBUG"]
     cxx = ["-O3", "-std=c++17", "-DPy_LIMITED_API=0x03090000", "-DTORCH_TARGET_VERSION=0x0209000000000000"]
     start = time.time()
-    load(name="_C", sources=[str(hopper / s) for s in _sources(enable)], extra_cflags=cxx + _feature_defines(enable),
-         extra_cuda_cflags=nvcc + _feature_defines(enable), extra_include_paths=[str(hopper), str(cutlass_include)],
+    switches_hdim = {f"HDIM{d}": d not in hdims for d in BUILDABLE_HDIMS}
+    defines = _feature_defines(enable) + [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in switches_hdim.items() if off]
+    load(name="_C", sources=[str(hopper / s) for s in _sources(enable, hdims)], extra_cflags=cxx + defines,
+         extra_cuda_cflags=nvcc + defines, extra_include_paths=[str(hopper), str(cutlass_include)],
          build_directory=str(package), is_python_module=False, verbose=False)
-    print(f"FA3 {FA3_COMMIT} built in {time.time() - start:.0f} s ({len(_sources(enable))} files, {jobs} jobs, "
+    print(f"FA3 {FA3_COMMIT} built in {time.time() - start:.0f} s ({len(_sources(enable, hdims))} files, {jobs} jobs, "
           f"enabled: {','.join(sorted(enable)) or 'none'}) -> {out}")
 
 
@@ -175,6 +199,9 @@ def main() -> None:
     bd.add_argument("--jobs", type=int, default=int(os.environ.get("MAX_JOBS", "16")))
     bd.add_argument("--enable", default=os.environ.get("FA3_ENABLE", ""),
                     help="comma-separated FA3 switches to compile in, e.g. SOFTCAP,VARLEN (default: $FA3_ENABLE)")
+    bd.add_argument("--hdims", default=",".join(map(str, HDIMS)),
+                    help="head dims to compile, a subset of 64,128,192,256 (e.g. 128 for a smaller decode peer; "
+                         "192 with --enable HDIMDIFF192 for the 192 / 128 pair)")
     sub.add_parser("check", help="FA3 against flash_attn_hopper on one shape (on the GPU machine)")
     ex = sub.add_parser("export", help="copy a built peer's runtime files (for carrying to the GPU machine)")
     ex.add_argument("built", type=Path)
@@ -188,7 +215,11 @@ def main() -> None:
         pack(args.fa_repo, args.cutlass_repo)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
-        build(args.out.resolve(), args.jobs, frozenset(x.strip().upper() for x in args.enable.split(",") if x.strip()))
+        hdims = tuple(int(x) for x in args.hdims.split(","))
+        if not set(hdims) <= set(BUILDABLE_HDIMS):
+            sys.exit(f"--hdims: a subset of {BUILDABLE_HDIMS}, got {hdims}")
+        build(args.out.resolve(), args.jobs, frozenset(x.strip().upper() for x in args.enable.split(",") if x.strip()),
+              hdims)
 
 
 if __name__ == "__main__":

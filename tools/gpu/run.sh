@@ -28,14 +28,19 @@
 #              FULL=1 sets FLASH_ATTN_HOPPER_FULL_TESTS=1
 #   bench      benchmarks/benchmark_attn.py: $PROVIDERS on $BENCH_HDIMS (default HDIMS), forward and
 #              backward (BENCH_FWD_ONLY=1: forward), $BENCH_ARGS (default --rounds 3), $OUT/bench/
-#   baseline   a same-run grid against an older commit (a refactor's bar when SASS differs): the
-#              carried $BASELINE (default .peers/baseline.tar.gz, made by `git archive --format=tar.gz
-#              -o .peers/baseline.tar.gz <commit>`) is built for BENCH_HDIMS (default HDIMS) x DTYPES
-#              into /tmp/baseline-site (BASELINE_BUILD_TIMEOUT 300); then each version's own
-#              benchmarks/benchmark_attn.py runs BASELINE_ROUNDS (3) times, old and new alternating,
-#              ours and sdpa-cudnn (the anchor for drift between runs) with $BASELINE_ARGS (default
-#              "--bwd"); tools/gpu/baseline_grid.py prints new / old per point, $OUT/baseline.{csv,md}.
-#              "new" is what later steps import (the checkout's build, or the wheel with WHEEL_SITE=1)
+#   baseline   our build against a baseline build, alternating runs of one benchmark in separate
+#              processes: $BASELINE (default .peers/baseline.tar.gz) is an older commit's source
+#              (`git archive --format=tar.gz -o .peers/baseline.tar.gz <commit>`, built here for
+#              BENCH_HDIMS (default HDIMS) x DTYPES, BASELINE_BUILD_TIMEOUT 300, and timed with its
+#              own scripts) or a wheel (a variant built on the CPU machine, timed with ours);
+#              BASELINE_ROUNDS (3) runs per version of $BASELINE_BENCH (default benchmark_attn.py
+#              with ours and sdpa-cudnn, $BASELINE_ARGS default "--bwd"; e.g. "benchmark_varlen.py
+#              --cases ragged --bwd --rounds 1" with BASELINE_TABLE="--ours varlen --anchor
+#              fa3-varlen"; BASELINE_TESTS, e.g. "tests/test_varlen_gpu.py", first runs those tests
+#              against the baseline build and times nothing if they fail), then
+#              tools/gpu/baseline_grid.py $BASELINE_TABLE: new / old per point,
+#              $OUT/baseline.{csv,md}. "new" is what later steps import (the checkout's build, or
+#              the carried wheel with WHEEL_SITE=1)
 #   variants   tools/gpu/variants.py on each VARIANT SET given as an argument: "[@SECONDS] <variants.py
 #              arguments>", e.g. "@200 --bwd --hdim 128 --variant a --variant b:FLASH_BWD_DEV_X=1";
 #              $VARIANTS_COMMON is prepended to every set. The sets build side by side (beside the
@@ -55,8 +60,15 @@
 #              samples (tools/profile/ncu_source_top.py). Reports: $OUT/ncu_*.ncu-rep
 #   sanitize   compute-sanitizer over tools/check/sanitize_check.py (HDIMS, first dtype): first
 #              the planted-overrun probe (must be caught), then each of $SANITIZE_TOOLS (default
-#              memcheck,synccheck,racecheck,varlen; all but memcheck on the --quick cases)
+#              memcheck,synccheck,racecheck,varlen,paged; all but memcheck on the --quick cases)
 #   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, clock_probe.py, ...)
+#   readme     the README's "fresh Hopper machine" commands ($README_CMDS, default 1,2), taken from
+#              README.md and run verbatim from the repository root in the runner's caller's environment
+#              (no PYTHONPATH, none of the build knobs above), pip pointed at the carried .whl/
+#              and .whl/readme/ (PIP_NO_INDEX=1, PIP_FIND_LINKS; no network here: .whl/readme/ holds
+#              nvidia-cutlass's dependencies the machine lacks, cuda-python, pydot, treelib and theirs,
+#              kept out of the runner's /tmp/site), each under /usr/bin/time -v
+#              (wall time, peak memory) and README_TIMEOUT (560); $OUT/readme_N.log
 # Default STEPS: build,check,pytest.
 #
 # WHEEL_SITE=1: the steps after wheeltest (check, bench, sanitize, cmd, ...) import the carried wheel
@@ -83,7 +95,7 @@ export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-build,check,pytest}
 HDIMS=${HDIMS:-64,128,256}
 DTYPES=${DTYPES:-bf16}
-known=",fa3,build,wheel,check,pytest,wheeltest,bench,baseline,variants,breakdown,power,ncu,sanitize,cmd,"
+known=",fa3,build,wheel,check,pytest,wheeltest,bench,baseline,variants,readme,breakdown,power,ncu,sanitize,cmd,"
 for s in ${STEPS//,/ }; do
   case "$known" in *",$s,"*) ;; *) echo "run.sh: unknown step '$s' (known: ${known:1:-1})"; exit 2;; esac
 done
@@ -207,6 +219,10 @@ if has check; then
     $vl_bwd > "$OUT/varlen_check.log" 2>&1
   rc=$?; grep -v "^ok\|^ran" "$OUT/varlen_check.log" | tail -20; echo "$(grep -c '^ok' "$OUT/varlen_check.log") varlen cases ok"
   result varlen_check $rc
+  timeout "${CHECK_TIMEOUT:-200}" python3 tools/check/paged_check.py --hdims "$HDIMS" --dtype "${DTYPES%%,*}" \
+    > "$OUT/paged_check.log" 2>&1
+  rc=$?; grep -v "^ok\|^ran" "$OUT/paged_check.log" | tail -20; echo "$(grep -c '^ok' "$OUT/paged_check.log") paged cases ok"
+  result paged_check $rc
 fi
 
 if has pytest; then
@@ -264,12 +280,16 @@ fi
 
 if has baseline; then
   step baseline
-  tarball=${BASELINE:-.peers/baseline.tar.gz}
+  base=${BASELINE:-.peers/baseline.tar.gz}
   rc=1
-  if [ ! -f "$tarball" ]; then
-    echo "no $tarball: carry a git archive of the baseline commit"
+  rm -rf /tmp/baseline /tmp/baseline-site && mkdir -p /tmp/baseline
+  if [ ! -f "$base" ]; then
+    echo "no $base: carry a git archive of the baseline commit, or a wheel"
+  elif [[ "$base" == *.whl ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/baseline-site "$base"; rc=$?
+    base_scripts=$REPO
   else
-    rm -rf /tmp/baseline /tmp/baseline-site && mkdir -p /tmp/baseline && tar xzf "$tarball" -C /tmp/baseline
+    tar xzf "$base" -C /tmp/baseline
     start=$(date +%s)
     (cd /tmp/baseline && FLASH_ATTN_HOPPER_HDIMS=${BENCH_HDIMS:-$HDIMS} timeout "${BASELINE_BUILD_TIMEOUT:-300}" \
       python3 -m pip install -q --no-build-isolation --no-deps --no-index --no-compile --target /tmp/baseline-site . \
@@ -277,20 +297,33 @@ if has baseline; then
     rc=$?
     echo "baseline built in $(( $(date +%s) - start )) s (exit $rc)"
     [ $rc -eq 0 ] || tail -20 "$OUT/baseline_build.log"
+    base_scripts=/tmp/baseline
+  fi
+  if [ $rc -eq 0 ] && [ -n "${BASELINE_TESTS:-}" ]; then  # a variant is timed only once its results are right
+    workers=""; [ "${PYTEST_WORKERS:-4}" = 0 ] || workers="-n ${PYTEST_WORKERS:-4}"  # 0: no pytest-xdist
+    # shellcheck disable=SC2086
+    (cd "$REPO" && PYTHONPATH=/tmp/baseline-site:$PYTHONPATH PYTHONSAFEPATH=1 timeout "${TEST_TIMEOUT:-300}" \
+      python3 -m pytest -q -p no:cacheprovider $workers $BASELINE_TESTS > "$OUT/baseline_tests.log" 2>&1)
+    rc=$?
+    echo "baseline tests ($BASELINE_TESTS) exit $rc: $(tail -1 "$OUT/baseline_tests.log")"
   fi
   if [ $rc -eq 0 ]; then
+    fa3_wait
+    bench=${BASELINE_BENCH:-benchmark_attn.py --hdims ${BENCH_HDIMS:-$HDIMS} --providers flash_attn_hopper,sdpa-cudnn --no-check ${BASELINE_ARGS:---bwd}}
     for i in $(seq "${BASELINE_ROUNDS:-3}"); do
       for v in old new; do
-        if [ $v = old ]; then path=/tmp/baseline-site:/tmp/site; script=/tmp/baseline/benchmarks/benchmark_attn.py
-        else path=$PYTHONPATH; script=$REPO/benchmarks/benchmark_attn.py; fi
+        if [ $v = old ]; then path=/tmp/baseline-site:$PYTHONPATH; scripts=$base_scripts/benchmarks
+        else path=$PYTHONPATH; scripts=$REPO/benchmarks; fi
+        dir=$OUT/baseline-$v-$i; mkdir -p "$dir"
+        case "$bench" in *benchmark_attn.py*) where="--out-dir $dir";; *) where="--out $dir/run";; esac
         # shellcheck disable=SC2086
-        (cd /tmp && PYTHONPATH=$path PYTHONSAFEPATH=1 timeout "${BENCH_TIMEOUT:-330}" python3 "$script" \
-          --hdims "${BENCH_HDIMS:-$HDIMS}" --providers flash_attn_hopper,sdpa-cudnn --no-check ${BASELINE_ARGS:---bwd} \
-          --out-dir "$OUT/baseline-$v-$i" > "$OUT/baseline-$v-$i.log" 2>&1)
+        (cd /tmp && PYTHONPATH=$path PYTHONSAFEPATH=1 timeout "${BENCH_TIMEOUT:-330}" python3 $scripts/$bench $where \
+          > "$dir.log" 2>&1)
         echo "$v round $i exit $?"
       done
     done
-    python3 tools/gpu/baseline_grid.py "$OUT"
+    # shellcheck disable=SC2086
+    python3 tools/gpu/baseline_grid.py "$OUT" ${BASELINE_TABLE:-}
     rc=$?
   fi
   result baseline $rc
@@ -386,16 +419,48 @@ if has sanitize; then
   # kernel filter instruments nothing and the clean reports below mean nothing.
   cs memcheck 60 probe --probe
   [ $? -eq 9 ] || { echo "the probe's overrun was not reported"; failed="$failed sanitize_probe"; }
-  for tool in $(tr ',' ' ' <<< "${SANITIZE_TOOLS:-memcheck,synccheck,racecheck,varlen}"); do
+  for tool in $(tr ',' ' ' <<< "${SANITIZE_TOOLS:-memcheck,synccheck,racecheck,varlen,paged}"); do
     case $tool in
       memcheck) cs memcheck "${MEMCHECK_SECS:-200}" memcheck || failed="$failed memcheck";;
       synccheck) cs synccheck "${SYNCCHECK_SECS:-80}" synccheck --quick || failed="$failed synccheck";;
       racecheck) cs racecheck "${RACECHECK_SECS:-120}" racecheck --quick || failed="$failed racecheck";;
       varlen) CS_SCRIPT=varlen_check.py cs memcheck "${VARLEN_MEMCHECK_SECS:-200}" varlen_memcheck \
                 || failed="$failed varlen_memcheck";;  # malformed cu_seqlens / seqused
+      paged) CS_SCRIPT=paged_check.py cs memcheck "${PAGED_MEMCHECK_SECS:-200}" paged_memcheck \
+               || failed="$failed paged_memcheck";;  # malformed page tables
       *) echo "unknown sanitizer tool $tool"; failed="$failed sanitize";;
     esac
   done
+fi
+
+if has readme; then
+  step readme
+  # The numbered `pip install ...` lines of the README's first bash block under "On a fresh Hopper machine".
+  mapfile -t readme_cmds < <(awk '/^## On a fresh Hopper machine/ {s = 1} s && /^```bash/ {b = 1; next}
+                                  b && /^```/ {exit} b && /^pip install/' README.md)
+  rc=0
+  # The README's `pip` and `pytest` are those of the machine's python3, as in an activated venv (the
+  # machine's venv has no pip script: /usr/local/bin/pip is the system Python's, so one is made).
+  pybin=/tmp/readme-bin; mkdir -p $pybin
+  printf '#!/bin/sh\nexec %s -m pip "$@"\n' "$(command -v python3)" > $pybin/pip; chmod +x $pybin/pip
+  timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"  # peak memory too where it exists
+  readme_list=${README_CMDS:-1,2}
+  for i in ${readme_list//,/ }; do
+    c=${readme_cmds[$((i - 1))]:-}
+    if [ -z "$c" ]; then echo "README command $i: not found"; rc=1; continue; fi
+    echo "README command $i: $c"
+    # As a user's shell would run it: none of this runner's build knobs (HDIMS, MAX_JOBS, ...) and no
+    # PYTHONPATH (the source tree or /tmp/site would stand in for what the command installs).
+    t0=$(date +%s)
+    (cd "$REPO" && for v in $(compgen -e | grep -E '^(FLASH_ATTN_HOPPER_|MAX_JOBS$|PYTHONPATH$)'); do unset "$v"; done
+     PATH=$pybin:$PATH PIP_NO_INDEX=1 PIP_FIND_LINKS="$REPO/.whl $REPO/.whl/readme" timeout "${README_TIMEOUT:-560}" \
+      $timer bash -c "$c") > "$OUT/readme_$i.log" 2>&1
+    r=$?; [ $r -eq 0 ] || rc=$r
+    echo "README command $i: $(( $(date +%s) - t0 )) s wall" | tee -a "$OUT/readme_$i.log"
+    grep -E "Elapsed \(wall|Maximum resident|passed|failed|Self-check|compiled [0-9]+ file|largest nvcc" "$OUT/readme_$i.log" | tail -8
+    echo "README command $i exit $r"
+  done
+  result readme $rc
 fi
 
 if has cmd; then

@@ -7,7 +7,8 @@ per call of every kernel that ran, the memsets and copies included.
     python3 tools/profile/kernel_breakdown.py --decode 1x4096x32:8,8x32768x32:8 [--splits 0,1]
 
 --decode BATCHxCACHExHQ:HKV times flash_attn_with_kvcache (one query token) per num_splits: the
-kernels, the host's launch time per call, the do_bench median and a CUDA-graph replay (no host).
+kernels, the host's launch time per call, the do_bench median, a CUDA-graph replay (no host) and
+the kernels that replay runs.
 """
 import time
 import argparse
@@ -99,6 +100,7 @@ def decode(cases, splits, hdim, iters, host_profile=False):
                     fn()
                 graph_ms = do_bench(g.replay, warmup=25, rep=200, return_mode="median")
                 print(f"    graph replay {graph_ms * 1e3:8.1f} us ({gb / graph_ms * 1e3:6.0f} GB/s)")
+                show("graph replay's kernels", kernel_times(g.replay, iters))  # what the capture recorded
             except RuntimeError as e:
                 print(f"    graph capture failed: {str(e)[:200]}")
 

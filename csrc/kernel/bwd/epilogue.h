@@ -45,6 +45,12 @@ struct BwdEpilogue {
         return (int64_t(batch) * params.seqlen_k) * row_stride + int64_t(head_kv) * params.head_dim;
       }
     }();
+    // kNarrowV: dv's rows have v's head dim.
+    int64_t const row_stride_v = int64_t(params.heads_kv) * params.head_dim_v;
+    auto base_v = [&] {
+      int64_t const first_key = Policy::kVarlen ? int64_t(seq.offset_k(params)) : int64_t(batch) * params.seqlen_k;
+      return first_key * row_stride_v + int64_t(head_kv) * params.head_dim_v;
+    };
     auto pack = [](float x, float y) {
       Element pair[2] = {Element(x), Element(y)};
       return *reinterpret_cast<uint32_t*>(pair);
@@ -64,7 +70,16 @@ struct BwdEpilogue {
         uint4 const dv_chunk = quad_transpose(dv_words, lane_in_quad);
         // Column g of this thread is 2 * lane_in_quad into the group's first chunk.
         int const col = get<1>(tc_rc(r, g)) - 2 * lane_in_quad + 8 * lane_in_quad;
-        if (key < seq.seqlen_k(params) && col < params.head_dim) {  // head dims are multiples of 8
+        if constexpr (Policy::kNarrowV) {
+          if (key < seq.seqlen_k(params)) {  // head dims are multiples of 8
+            if (col < params.head_dim) {
+              *reinterpret_cast<uint4*>(params.dk + base + int64_t(key) * row_stride + col) = dk_chunk;
+            }
+            if (col < params.head_dim_v) {
+              *reinterpret_cast<uint4*>(params.dv + base_v() + int64_t(key) * row_stride_v + col) = dv_chunk;
+            }
+          }
+        } else if (key < seq.seqlen_k(params) && col < params.head_dim) {  // head dims are multiples of 8
           int64_t const offset = base + int64_t(key) * row_stride + col;
           *reinterpret_cast<uint4*>(params.dk + offset) = dk_chunk;
           *reinterpret_cast<uint4*>(params.dv + offset) = dv_chunk;

@@ -97,6 +97,7 @@ struct BwdKernel {
     int window_right;
     [[no_unique_address]] std::conditional_t<kVarlen, VarlenArgs, NoVarlen> varlen;
     float softcap_prescale;  // kSoftcap: BwdParams
+    int head_dim_v;  // kNarrowV: v's, dO's and dv's (<= head_dim; the descriptors zero-fill the rest)
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {

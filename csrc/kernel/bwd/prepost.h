@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
+#include "kernel/common/policy.h"  // fwd_value_head_dim
 #include "kernel/common/seqlen.h"
 #include "params/bwd_params.h"
 
@@ -59,6 +60,8 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
     flash_bwd_preprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p, int units_per_head, int64_t units) {
   constexpr int kGroup = prep_lanes_per_row<kHeadDim>();
   static_assert(kGroup * 8 >= kHeadDim);
+  // out's and dout's head dim: v's where it may be narrower (BwdPolicy::kNarrowV), else q's.
+  int const head_dim_o = fwd_value_head_dim<kHeadDim>() != 0 ? p.head_dim_v : p.head_dim;
   constexpr int kRowsPerPass = 32 / kGroup;
   int const lane = threadIdx.x % 32;
   int const d = (lane % kGroup) * 8;  // this lane's 8 columns
@@ -84,7 +87,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
       for (int pass = 0; pass < kPrepPasses; ++pass) {
         int const i = u.first_row + pass * kRowsPerPass;
         o_chunk[pass] = do_chunk[pass] = make_uint4(0, 0, 0, 0);
-        if (i < e.rows && d < p.head_dim) {
+        if (i < e.rows && d < head_dim_o) {
           o_chunk[pass] = *reinterpret_cast<uint4 const*>(o + i * p.o_row_stride);
           do_chunk[pass] = *reinterpret_cast<uint4 const*>(dout + i * p.do_row_stride);
         }
@@ -98,7 +101,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
     for (int pass = 0; pass < kPrepPasses; ++pass) {
       int const i = u.first_row + pass * kRowsPerPass;
       o_chunk[pass] = do_chunk[pass] = make_uint4(0, 0, 0, 0);
-      if (i < p.seqlen_q && d < p.head_dim) {  // head dims are multiples of 8
+      if (i < p.seqlen_q && d < head_dim_o) {  // head dims are multiples of 8
         o_chunk[pass] = *reinterpret_cast<uint4 const*>(o + i * p.o_row_stride);
         do_chunk[pass] = *reinterpret_cast<uint4 const*>(dout + i * p.do_row_stride);
       }

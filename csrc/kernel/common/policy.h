@@ -90,9 +90,14 @@ constexpr FwdTileShape fwd_tile() {
 // split), each split a contiguous share of the tile's key blocks, partial O and LSE in float32
 // for the combine kernel. Non-persistent 128-row tiles with the key block of the head dim's
 // non-persistent tile.
+// FLASH_FWD_DEV_SPLIT_STAGES (a decode measurement, default 2): K/V stages of these tiles (3 fit
+// in shared memory at hdim <= 128 only).
+#ifndef FLASH_FWD_DEV_SPLIT_STAGES
+#define FLASH_FWD_DEV_SPLIT_STAGES 2
+#endif
 template <int kHeadDim>
 constexpr FwdTileShape fwd_split_tile() {
-  return {128, kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 112 : 80, 2};
+  return {128, kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 112 : 80, FLASH_FWD_DEV_SPLIT_STAGES};
 }
 
 // Persistent causal/local kernels take their tiles from a zeroed counter (FwdParams::tile_counter).
@@ -136,12 +141,15 @@ inline FwdKeys fwd_keys_class_for(int seqlen_k) {
 // What the forward kernel of (head dim, dtype, mask, tile, varlen, softcap, split) does beyond its
 // tile.
 template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_, bool kVarlen_ = false,
-          bool kSoftcap_ = false, bool kSplit_ = false>
+          bool kSoftcap_ = false, bool kSplit_ = false, bool kPaged_ = false, int kHeadDimV_ = 0>
 struct FwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
   static constexpr FwdTileShape kTile = kTile_;
   static constexpr int kHeadDim = kHeadDim_;
+  // V's (and O's) head dim: kHeadDim, or (dv != d kernels, fwd_value_head_dim) narrower.
+  static constexpr int kHeadDimV = kHeadDimV_ ? kHeadDimV_ : kHeadDim_;
+  static_assert(kHeadDimV <= kHeadDim, "O is staged in Q's buffer");
   static constexpr bool kLocal = Mask::kLocal;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -155,6 +163,10 @@ struct FwdPolicy {
   // partial O (float32, from registers) and LSE for the combine kernel.
   static constexpr bool kSplit = kSplit_;
   static_assert(!kSplit || !kTile_.persistent, "split-KV kernels are one CTA per tile and split");
+  // Paged KV cache (varlen): the producer warpgroup gathers K/V rows page by page with cp.async
+  // (paged_kv.h), one CTA per tile.
+  static constexpr bool kPaged = kPaged_;
+  static_assert(!kPaged || (kVarlen_ && !kTile_.persistent), "paged kernels are varlen, one CTA per tile");
 
   // Persistent with its own O buffer: O is staged there and a second Q buffer alternates with the
   // first, so the next tile's Q loads while this tile still reads its own [D:012]; the O
@@ -178,19 +190,46 @@ struct FwdPolicy {
   // warpgroup needs [D:017].
   static constexpr bool kHalfSoftmax = kHeadDim == 64 && kLocal && kBlockN == 128;
   // Key blocks after the first full unmasked one skip the row-max search [D:010].
-  // Not with softcap at hdim 256, where the second S(n) spills [D:056].
+  // Not at hdim 256 with softcap [D:056] or paged (232 consumer registers [D:063]), where the
+  // second S(n) spills.
   static constexpr bool kMaxFree =
       kHeadDim == 96 || (kHeadDim == 64 && (!kLocal || kBlockM == 192)) ||
-      (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap)));
+      (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap && !kPaged)));
 };
 
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false>
-using FwdPolicyFor =
-    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_tile<kHeadDim, kLocal, kKeys>(), kVarlen, kSoftcap>;
+// Varlen kernels without a mask take the table's tile, or (FLASH_FWD_DEV_VARLEN_ONE_CTA, a
+// measurement for ragged batches, default off) that tile one CTA per tile: the hardware then hands
+// out the unequal sequences' tiles as SMs free up, where the persistent static stride cannot.
+template <bool kVarlen, bool kLocal>
+constexpr FwdTileShape fwd_varlen_tile(FwdTileShape tile) {
+#ifdef FLASH_FWD_DEV_VARLEN_ONE_CTA
+  if (kVarlen && !kLocal) { return {tile.block_m, tile.block_n, tile.stages}; }
+#endif
+  return tile;
+}
 
-template <int kHeadDim, typename Element, bool kLocal, bool kVarlen>
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false,
+          int kHeadDimV = 0>
+using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>,
+                               fwd_varlen_tile<kVarlen, kLocal>(fwd_tile<kHeadDim, kLocal, kKeys>()), kVarlen, kSoftcap,
+                               false, false, kHeadDimV>;
+
+template <int kHeadDim, typename Element, bool kLocal, bool kVarlen, int kHeadDimV = 0>
 using FwdSplitPolicyFor =
-    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_split_tile<kHeadDim>(), kVarlen, false, true>;
+    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_split_tile<kHeadDim>(), kVarlen, false, true, false, kHeadDimV>;
+
+// dv != d: the V head dim with kernels of its own beside Q/K head dim kHeadDim (0: none; other
+// pairs run on zero-padded copies, decision 061): 192 / 128 (DeepSeek-style MLA prefill).
+template <int kHeadDim>
+constexpr int fwd_value_head_dim() {
+  return kHeadDim == 192 ? 128 : 0;
+}
+inline int fwd_value_head_dim(int head_dim_rounded) { return head_dim_rounded == 192 ? 128 : 0; }
+
+// Paged KV kernels take the split tile (decode and chunked prefill over a cache), split or not.
+template <int kHeadDim, typename Element, bool kLocal, bool kSoftcap, bool kSplit>
+using FwdPagedPolicyFor =
+    FwdPolicy<kHeadDim, Element, MaskFor<kLocal>, fwd_split_tile<kHeadDim>(), true, kSoftcap, kSplit, true>;
 
 // For the binding: whether the forward kernel that (rounded head dim, mask, seqlen_k) dispatches
 // to needs a tile counter. A class that does not differ from the one below has the same tile, so
@@ -242,8 +281,13 @@ constexpr bool bwd_dv_after_ds() {
 
 // Persistent (one CTA per SM) at hdim <= 128 in the default mode; causal/local ones draw their
 // tiles from a counter, longest first [D:033, D:034].
-template <int kHeadDim, bool kLocal, bool kDeterministic>
+// FLASH_BWD_DEV_VARLEN_ONE_CTA (a measurement for ragged batches, default off): varlen kernels
+// without a mask one CTA per tile, as fwd_varlen_tile.
+template <int kHeadDim, bool kLocal, bool kDeterministic, bool kVarlen = false>
 constexpr bool bwd_persistent() {
+#ifdef FLASH_BWD_DEV_VARLEN_ONE_CTA
+  if (kVarlen && !kLocal) { return false; }
+#endif
   return kHeadDim <= 128 && !kDeterministic;
 }
 
@@ -287,6 +331,9 @@ struct BwdPolicy {
   // step loop of each, from the SASS [D:056].
   static constexpr bool kSoftcap = kSoftcap_;
   using SoftcapDerivative = std::conditional_t<kPersistent_, float, cutlass::half_t>;
+  // v, dO and dv may be narrower than q (BwdParams::head_dim_v) where the forward has dv != d
+  // kernels (fwd_value_head_dim); the other head dims keep one head dim and their code.
+  static constexpr bool kNarrowV = fwd_value_head_dim<kHeadDim>() != 0;
   // SS with one Q/dO stage: Q and dO in two pipelines, so each stage is released as soon as its
   // GEMM has read it [D:041].
   static constexpr bool kSplitQdO = !kRS && kStages == 1;
@@ -313,6 +360,6 @@ struct BwdPolicy {
 template <int kHeadDim, typename Element, bool kLocal, bool kDeterministic, bool kVarlen = false,
           bool kSoftcap = false>
 using BwdPolicyFor = BwdPolicy<kHeadDim, Element, MaskFor<kLocal>, bwd_dv_after_ds<kHeadDim, kLocal, kDeterministic>(),
-                               bwd_persistent<kHeadDim, kLocal, kDeterministic>(), kVarlen, kSoftcap>;
+                               bwd_persistent<kHeadDim, kLocal, kDeterministic, kVarlen>(), kVarlen, kSoftcap>;
 
 }  // namespace flash

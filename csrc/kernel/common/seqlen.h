@@ -31,7 +31,10 @@ struct FixedSeqLen {
 
 // Variable length: sequence b's queries are rows [offset_q, offset_q + seqlen_q) of the packed
 // (total_q, ...) tensors, its keys rows [offset_k, offset_k + seqlen_k) of (total_k, ...).
-// Offsets and ends are clamped to [0, total]; seqused, where given, to the segment.
+// Offsets and ends are clamped to [0, total]. seqused_q, where given, is clamped to the segment
+// (the backward's per-row buffers need the queries' segments apart); seqused_k is the keys'
+// length from cu_seqlens_k[b] as FA3 reads it, so those offsets need not be in order (a KV cache
+// whose entries a batch index picks), at most the call's longest key length.
 template <typename Params>
 struct VarSeqLen {
   int offset_q_, offset_k_, seqlen_q_, seqlen_k_, diag_, batch_;
@@ -43,10 +46,16 @@ struct VarSeqLen {
     length = end - begin;
     if (used != nullptr) { length = min(max(used[b], 0), length); }
   }
+  CUTLASS_HOST_DEVICE static void key_segment(int const* cu, int const* used, int b, int total, int max_len,
+                                              int& offset, int& length) {
+    if (used == nullptr) { return segment(cu, used, b, total, offset, length); }
+    offset = min(max(cu[b], 0), total);
+    length = min(max(used[b], 0), min(max_len, total - offset));
+  }
   CUTLASS_HOST_DEVICE VarSeqLen(Params const& p, int b) {
     VarlenArgs const& v = p.varlen;
     segment(v.cu_seqlens_q, v.seqused_q, b, v.total_q, offset_q_, seqlen_q_);
-    segment(v.cu_seqlens_k, v.seqused_k, b, v.total_k, offset_k_, seqlen_k_);
+    key_segment(v.cu_seqlens_k, v.seqused_k, b, v.total_k, p.seqlen_k, offset_k_, seqlen_k_);
     diag_ = v.top_left ? 0 : seqlen_k_ - seqlen_q_;
     batch_ = b;
   }

@@ -38,7 +38,8 @@ struct NoSplit {};
 template <typename Policy, typename TiledMmaPV>
 struct FwdEpilogue {
   using Element = typename Policy::Element;
-  static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kHeadDim = Policy::kHeadDimV;  // O's head dim: V's
+  static constexpr bool kSameV = Policy::kHeadDimV == Policy::kHeadDim;
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
   static constexpr bool kSeparateO = Policy::kSeparateO;
@@ -49,7 +50,7 @@ struct FwdEpilogue {
 
   using Layouts = FwdSmemLayouts<Policy>;
   using SharedStorage = FwdSharedStorage<Policy>;
-  using SmemLayoutQ = typename Layouts::SmemLayoutQ;
+  using SmemLayoutO = typename Layouts::SmemLayoutO;  // O's staging: Q's buffer, or its own
   using SmemLayoutO64 = typename Layouts::SmemLayoutO64;
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
@@ -57,6 +58,16 @@ struct FwdEpilogue {
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutO64{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
   using DirectO = std::conditional_t<kDirectO, DirectOArgs<Element>, NoDirectO>;
+
+  // O's global shape (rows, head dim, heads, batch): Q's, or (dv != d) its own.
+  template <typename Params>
+  CUTLASS_DEVICE static auto const& shape_o(Params const& params) {
+    if constexpr (kSameV) {
+      return params.shape_q;
+    } else {
+      return params.shapes_v.o;
+    }
+  }
 
   // kDirectO: O straight to global memory in 16-byte stores. A quad of lanes holds a row's 8-column
   // chunks in pairs (lane q: columns 2q, 2q + 1 of every chunk); a 4 x 4 transpose across the quad
@@ -73,7 +84,7 @@ struct FwdEpilogue {
     Tensor tOrO_rc = make_tensor(tOrO_out.data(), acc_layout_rowcol(tOrO_out.layout()));
     constexpr int kCols = decltype(size<1>(tOrO_rc))::value;  // pairs of 2: kCols / 2 chunks
     static_assert(kCols % 8 == 0);
-    int const head_dim = get<1>(params.shape_q);
+    int const head_dim = get<1>(shape_o(params));
     int const quad_lane = threadIdx.x % 4;
     Element* o_head;  // this head's rows of the batch entry, or of the sequence
     if constexpr (Policy::kVarlen) {
@@ -118,7 +129,7 @@ struct FwdEpilogue {
     Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
     Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
-    int const head_dim = get<1>(params.shape_q);
+    int const head_dim = get<1>(shape_o(params));
     // Varlen: the sequence's rows of the packed (splits, total_q, heads, d) buffer.
     int64_t const first_row = Policy::kVarlen ? int64_t(seq.offset_q(params)) * sp.o_row_stride
                                               : int64_t(batch) * sp.o_batch_stride;
@@ -174,7 +185,7 @@ struct FwdEpilogue {
       auto smem_tiled_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
       auto smem_thr_copy_o = smem_tiled_copy_o.get_thread_slice(mma_tidx);
       Element* const o_buffer = smem.o_data();
-      Tensor sO = make_tensor(make_smem_ptr(o_buffer), SmemLayoutQ{});
+      Tensor sO = make_tensor(make_smem_ptr(o_buffer), SmemLayoutO{});
       Tensor taccOrO = smem_thr_copy_o.retile_S(tOrO_out);
       Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
       copy(smem_tiled_copy_o, taccOrO, taccOsO);
@@ -182,7 +193,7 @@ struct FwdEpilogue {
       cutlass::arch::NamedBarrier::sync(128, static_cast<int>(FwdNamedBarrier::kEpilogueWG1) + wg);
 
       if (warp_idx_in_wg == 0 && cute::elect_one_sync()) {
-        Tensor mO = params.tma_o.get_tma_tensor(params.shape_q)(_, _, head, batch);
+        Tensor mO = params.tma_o.get_tma_tensor(shape_o(params))(_, _, head, batch);
         Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(m_block * kNumMmaWarpGroups + wg, _0{}));
         Tensor sOwg = make_tensor(make_smem_ptr(o_buffer + wg * 64 * kHeadDim), SmemLayoutO64{});
         auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));

@@ -25,17 +25,26 @@
 #include "kernel/common/utils.h"
 #include "kernel/fwd/epilogue.h"
 #include "kernel/fwd/mainloop.h"
+#include "kernel/fwd/paged_kv.h"
 #include "kernel/fwd/shared_storage.h"
 
 namespace flash {
 
 using namespace cute;
 
+// dv != d kernels: V's global shape (rows, dv, heads_kv, batch) and O's (rows, dv, heads_q, batch).
+template <typename Shape_>
+struct ValueShapes {
+  Shape_ v, o;
+};
+struct NoValueShapes {};
+
 template <typename Policy_>
 struct FwdKernel {
   using Policy = Policy_;
   using Element = typename Policy::Element;
   static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kHeadDimV = Policy::kHeadDimV;
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kBlockN = Policy::kBlockN;
   static constexpr bool kLocal = Policy::kLocal;
@@ -47,6 +56,7 @@ struct FwdKernel {
   // the producer's whole warp finds each tile, one lane loads it.
   static constexpr bool kCompact = kVarlen && Policy::kPersistent;
   using Walk = VarlenTileWalk<kBlockM, kLocal>;
+  static constexpr bool kPaged = Policy::kPaged;
 
   using Mainloop = FwdMainloop<Policy>;
   using Epilogue = FwdEpilogue<Policy, typename Mainloop::TiledMmaPV>;
@@ -55,6 +65,7 @@ struct FwdKernel {
   using Layouts = FwdSmemLayouts<Policy>;
   using SmemLayoutQ = typename Layouts::SmemLayoutQ;
   using SmemLayoutKV = typename Layouts::SmemLayoutKV;
+  using SmemLayoutV = typename Layouts::SmemLayoutV;
   using SmemLayoutO64 = typename Layouts::SmemLayoutO64;
   using ShapeQKV = typename Mainloop::ShapeQKV;
   using Pipeline = typename Mainloop::Pipeline;
@@ -64,15 +75,18 @@ struct FwdKernel {
   static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
   static constexpr int kNumThreads = kNumMmaThreads + 128;
 
+  static_assert(!kPaged || (!kDynamic && !Policy::kPersistent), "all producer threads walk the same static tiles");
+
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
 
   // setmaxnreg budgets: the producer keeps the minimum, the consumers share the rest of the CTA's
   // launch pool (launch_register_pool: 168 x 384 with two consumer warpgroups, 64K with three). A
   // consumer's count must not be below what the kernel starts with, since setmaxnreg.inc may
-  // only raise it.
-  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : 24;
-  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : 240;
+  // only raise it. Paged kernels' producers compute row addresses: 40 registers, as FA3's.
+  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : kPaged ? 40 : 24;
+  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : kPaged ? 232 : 240;
+  static_assert(!kPaged || kNumMmaWarpGroups == 2, "paged kernels have two consumer warpgroups");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= launch_register_pool(kNumThreads, 1),
                 "setmaxnreg.inc would wait forever for registers the CTA does not hold");
   static_assert(kConsumerRegs >= 64 * 1024 / kNumThreads, "consumers would start above their setmaxnreg count");
@@ -80,7 +94,7 @@ struct FwdKernel {
   struct Params {
     typename Mainloop::TmaQ tma_q;
     typename Mainloop::TmaKV tma_k;
-    typename Mainloop::TmaKV tma_v;
+    typename Mainloop::TmaV tma_v;
     typename Epilogue::TmaO tma_o;
     ShapeQKV shape_q;
     ShapeQKV shape_k;
@@ -104,6 +118,9 @@ struct FwdKernel {
     float softcap_prescale;  // kSoftcap: FwdParams
     float const* sink;       // FwdParams
     [[no_unique_address]] std::conditional_t<Policy::kSplit, SplitArgs, NoSplit> split;
+    [[no_unique_address]] std::conditional_t<kPaged, PagedKVParams, NoPagedKV> paged;
+    // dv != d: V's and O's global shapes (else K's and Q's).
+    [[no_unique_address]] std::conditional_t<Policy::kHeadDimV != kHeadDim, ValueShapes<ShapeQKV>, NoValueShapes> shapes_v;
   };
   using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
 
@@ -141,6 +158,7 @@ struct FwdKernel {
     pipeline_params.is_leader = threadIdx.x == 0;
     pipeline_params.num_consumers = kNumMmaThreads;
     Pipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    if constexpr (Mainloop::kBytesV != Mainloop::kBytesKV) { pipeline_params.transaction_bytes = Mainloop::kBytesV; }
     Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on them
 
@@ -180,7 +198,9 @@ struct FwdKernel {
 
     if (warp_group_idx == int(WarpGroupRole::kProducer)) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && (kCompact || lane_predicate)) {
+      // One thread issues the TMA loads (compact kernels: its whole warp walks the tiles); paged
+      // kernels' K/V copies take the whole warpgroup.
+      if (kPaged || (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && (kCompact || lane_predicate))) {
         PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
         PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
         // Which release of the Q buffer to wait for before loading Q (-1: none). Without
@@ -307,8 +327,9 @@ struct FwdKernel {
 
 // The kernel of (head dim, dtype, mask, key-length class, varlen, softcap): the tile of policy.h's
 // table.
-template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false>
-using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys, kVarlen, kSoftcap>>;
+template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false,
+          int kHeadDimV = 0>
+using FwdKernelFor = FwdKernel<FwdPolicyFor<kHeadDim, Element, kLocal, kKeys, kVarlen, kSoftcap, kHeadDimV>>;
 
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

@@ -22,6 +22,7 @@
 #include "kernel/common/softmax.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
+#include "kernel/fwd/paged_kv.h"
 #include "kernel/fwd/shared_storage.h"
 
 namespace flash {
@@ -32,6 +33,7 @@ template <typename Policy>
 struct FwdMainloop {
   using Element = typename Policy::Element;
   static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kHeadDimV = Policy::kHeadDimV;  // V's and O's
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kBlockN = Policy::kBlockN;
   static constexpr bool kLocal = Policy::kLocal;
@@ -44,13 +46,15 @@ struct FwdMainloop {
 
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
   static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 2 && kNumMmaWarpGroups <= 3);
-  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
+  static_assert(!Policy::kPaged || kHeadDimV == kHeadDim, "paged caches hold K and V of one head dim");
   static_assert(!kMaxFree || kFwdVoteHwBarrier + kNumMmaWarpGroups <= 8, "vote barriers past CUTLASS's reserved ids");
 
   using Layouts = FwdSmemLayouts<Policy>;
   using SharedStorage = FwdSharedStorage<Policy>;
   using SmemLayoutQ = typename Layouts::SmemLayoutQ;
   using SmemLayoutKV = typename Layouts::SmemLayoutKV;
+  using SmemLayoutV = typename Layouts::SmemLayoutV;
   using SmemLayoutVt = typename Layouts::SmemLayoutVt;
   using Pipeline = typename Layouts::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
@@ -62,7 +66,7 @@ struct FwdMainloop {
       GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>(), AtomLayoutMNK{}));
   // O += P.V: P from registers, V^T read MN-major (V is stored as it arrives, head dim fastest).
   using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutMNK{}));
   // kHalfSoftmax: views of one half of the diagonal block's S (the GEMMs stay full width: a
@@ -80,9 +84,23 @@ struct FwdMainloop {
   using TmaKV = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutV{}), Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
 
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);  // a K stage
+  static constexpr uint32_t kBytesV = kBlockN * kHeadDimV * sizeof(Element);
+
+  // V's global shape: K's, or (dv != d) its own (Params::shapes_v).
+  template <typename Params>
+  CUTLASS_DEVICE static auto const& shape_v(Params const& params) {
+    if constexpr (kHeadDimV == kHeadDim) {
+      return params.shape_k;
+    } else {
+      return params.shapes_v.v;
+    }
+  }
 
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
 
@@ -100,29 +118,33 @@ struct FwdMainloop {
     }
   }
 
-  // Producer: K(n_max-1), then Q once (after the previous tile released the Q buffer: persistent
-  // mode), then K(n-1) ahead of V(n), matching the consumers' order.
+  // Producer: one thread issues the TMA loads of a tile in walk()'s order, Q once the previous
+  // tile released its buffer (persistent mode); in paged kernels the producer warpgroup gathers K/V
+  // (load_paged).
   template <typename Params, typename Seq>
   CUTLASS_DEVICE void load(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                            Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
                            FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
                            int q_empty_phase, int q_slot) const {
+    if constexpr (Policy::kPaged) {
+      load_paged(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, q_empty_phase, q_slot);
+      return;
+    }
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     int const head_kv = head / params.q_heads_per_kv_head;
     Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch_coord(batch)), seq.offset_q(params));  // (sq, d)
     Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));  // (sk, d)
-    Tensor mV = rows_of(params.tma_v.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));
+    Tensor mV = rows_of(params.tma_v.get_tma_tensor(shape_v(params))(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
-    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (N, DV, n)
     Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});  // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});   // (N, D, stages)
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});   // (N, D, stages)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});    // (N, DV, stages)
 
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-
 
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state_k);
@@ -134,19 +156,63 @@ struct FwdMainloop {
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
       ++state_v;
     };
-    int n = range.n_block_max - 1;
-    load_k(n);  // may stream in while the previous tile still holds the Q buffer
     // The Q buffer is free once the previous tile that used it released it (its epilogue's O
     // store has read it, or with kEarlyQ its last Q.K^T GEMM is done; with kQ2 that tile is
     // the one before the previous).
-    if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
-    smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
-    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+    walk(range, load_k, load_v, [&] {
+      if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
+      smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+    });
+  }
+
+  // The producer's order: K(n_max-1) (it may stream in while the previous tile still holds the Q
+  // buffer), then Q, then K(n-1) ahead of V(n), matching the consumers' order.
+  template <typename LoadK, typename LoadV, typename LoadQ>
+  CUTLASS_DEVICE static void walk(BlockRange<kBlockM, kBlockN, kLocal> const& range, LoadK&& load_k, LoadV&& load_v,
+                                  LoadQ&& load_q) {
+    int n = range.n_block_max - 1;
+    load_k(n);
+    load_q();
     for (; n > range.n_block_min; --n) {
       load_k(n - 1);
       load_v(n);
     }
     load_v(range.n_block_min);
+  }
+
+  // load() of paged kernels, by every thread of the producer warpgroup: K/V rows gathered page by
+  // page with cp.async (paged_kv.h), each thread arriving on the stage when its copies land; Q by
+  // TMA from the first thread. One tile per CTA, so Q's buffer is never waited for.
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void load_paged(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
+                                 Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
+                                 FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
+                                 int q_empty_phase, int q_slot) const {
+    int const head_kv = t.head / params.q_heads_per_kv_head;
+    int const tid = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});  // (N, D, stages)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});
+    PagedKVLoader<Element, kBlockN, kHeadDim> const paged(params.paged, t.batch, seq.offset_k(params),
+                                                          seq.seqlen_k(params), tid);
+    auto load_kv = [&](auto keys, Pipeline& pipeline, PipelineState& state, auto& s, int n) {
+      pipeline.producer_acquire(state);
+      paged.template load<decltype(keys)::value>(n, head_kv, s(_, _, state.index()));
+      pipeline.producer_commit(state, cutlass::arch::cpasync_barrier_arrive);
+      ++state;
+    };
+    auto load_q = [&] {
+      if (tid != 0) { return; }
+      Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, batch_coord(t.batch)), seq.offset_q(params));
+      Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));  // (M, D)
+      Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
+      smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+    };
+    walk(range, [&](int n) { load_kv(std::true_type{}, pipeline_k, state_k, sK, n); },
+         [&](int n) { load_kv(std::false_type{}, pipeline_v, state_v, sV, n); }, load_q);
   }
 
   // Inter-warpgroup ping-pong: the consumer warpgroups take turns issuing GEMMs, so one
@@ -194,7 +260,7 @@ struct FwdMainloop {
     Tensor tOrV = wg_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
     Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // fp32
-    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // fp32
+    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDimV>>{});  // fp32
     Tensor tOrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));  // (rows, cols)
     Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));

@@ -17,24 +17,53 @@ namespace flash {
 
 using namespace cute;
 
+// cutlass::PipelineAsync for K/V stages filled with cp.async (paged kernels): each of the producer
+// warpgroup's 128 threads arrives once its copies of the stage land. Built like PipelineTmaAsync
+// (same Params fields, a cluster shape), so the kernel constructs either the same way.
+template <int kStages>
+struct CpAsyncPipeline : cutlass::PipelineAsync<kStages> {
+  using Base = cutlass::PipelineAsync<kStages>;
+  struct Params : Base::Params {
+    uint32_t transaction_bytes = 0;  // unused: a stage completes by arrivals
+    uint32_t is_leader = 0;          // unused
+    uint32_t num_consumers = 0;      // consumer threads
+  };
+  template <typename ClusterShape>
+  CUTLASS_DEVICE CpAsyncPipeline(typename Base::SharedStorage& storage, Params const& params, ClusterShape)
+      : Base(storage, counts(params)) {}
+  CUTLASS_DEVICE static typename Base::Params counts(Params const& params) {
+    typename Base::Params base = params;
+    base.producer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    base.consumer_arv_count = params.num_consumers;
+    return base;
+  }
+};
+
 template <typename Policy>
 struct FwdSmemLayouts {
   using Element = typename Policy::Element;
   static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kHeadDimV = Policy::kHeadDimV;
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kBlockN = Policy::kBlockN;
   static constexpr int kStages = Policy::kStages;
 
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+  using SmemAtomV = decltype(smem_atom_k_major<Element, kHeadDimV>());
   // Q tiles in row-major order of atoms so that each warpgroup's 64 rows form one contiguous
-  // block laid out exactly like SmemLayoutO64: the epilogue reuses them for O.
+  // block laid out like SmemLayoutO64 (with dv != d, narrower): the epilogue reuses them for O.
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, Step<_2, _1>{}));
-  using SmemLayoutO64 = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}, Step<_2, _1>{}));
+  using SmemLayoutO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, Step<_2, _1>{}));
+  using SmemLayoutO64 = decltype(tile_to_shape(SmemAtomV{}, Shape<_64, Int<kHeadDimV>>{}, Step<_2, _1>{}));
+  static_assert(cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutQ>, "O is staged in Q's buffer");
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-  // (head_dim, block_n, stages) view of V: the B operand of P.V.
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+  // (head_dim_v, block_n, stages) view of V: the B operand of P.V.
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
-  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // K/V stages filled by TMA (one transaction per stage), or (paged) by the producer warpgroup's
+  // cp.async, each thread arriving when its copies land.
+  using Pipeline = std::conditional_t<Policy::kPaged, CpAsyncPipeline<kStages>, cutlass::PipelineTmaAsync<kStages>>;
 };
 
 template <typename Policy>
@@ -57,7 +86,7 @@ struct FwdSharedStorage {
 
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQ>> q;  // O reuses it unless kSeparateO
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutKV>> k;
-  alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutKV>> v;
+  alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutV>> v;
   std::conditional_t<kSeparateO, BufferOQ2, NoO> o;
   alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q tile landed
   alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
