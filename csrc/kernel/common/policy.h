@@ -182,7 +182,8 @@ struct FwdPolicy {
   static constexpr bool kDynamic = fwd_dynamic_schedule(kPersistent, kLocal);
   // The dynamic ring carries decoded tiles at hdim 64 (at 128 / 256 the producer then spills)
   // [D:014].
-  static constexpr bool kRingDecode = kHeadDim <= 64;
+  // Varlen persistent kernels too: their producer's walk decodes (tile_scheduler.h).
+  static constexpr bool kRingDecode = kHeadDim <= 64 || (kVarlen && kPersistent);
   // Causal/local: the key-block loop in three parts around its unmasked middle [D:008].
   static constexpr bool kSplitMask = kLocal;
   // hdim 64 causal/local 128-key tiles: the diagonal block's mask and softmax over the half each

@@ -52,6 +52,10 @@ struct FwdKernel {
   static constexpr bool kDirectO = Policy::kDirectO;
   static constexpr bool kRingDecode = Policy::kRingDecode;
   static constexpr bool kVarlen = Policy::kVarlen;
+  // Varlen persistent kernels walk only the tiles that hold rows (tile_scheduler.h, VarlenTileWalk):
+  // the producer's whole warp finds each tile, one lane loads it.
+  static constexpr bool kCompact = kVarlen && Policy::kPersistent;
+  using Walk = VarlenTileWalk<kBlockM, kLocal>;
   static constexpr bool kPaged = Policy::kPaged;
 
   using Mainloop = FwdMainloop<Policy>;
@@ -194,8 +198,9 @@ struct FwdKernel {
 
     if (warp_group_idx == int(WarpGroupRole::kProducer)) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      // One thread issues the TMA loads; paged kernels' K/V copies take the whole warpgroup.
-      if (kPaged || (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && lane_predicate)) {
+      // One thread issues the TMA loads (compact kernels: its whole warp walks the tiles); paged
+      // kernels' K/V copies take the whole warpgroup.
+      if (kPaged || (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && (kCompact || lane_predicate))) {
         PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
         PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
         // Which release of the Q buffer to wait for before loading Q (-1: none). Without
@@ -218,7 +223,37 @@ struct FwdKernel {
                         Policy::kSeparateO ? q_loads & 1 : 0);
           ++q_loads;
         };
-        if constexpr (kDynamic) {
+        if constexpr (kCompact && kDynamic) {
+          static_assert(kRingDecode, "the ring carries the walk's tiles");
+          int const leader = __ffs(__ballot_sync(0xffffffffu, lane_predicate)) - 1;
+          Walk walk;
+          int tile = scheduler.first();
+          for (int iteration = 0;; ++iteration) {
+            FwdTile t;
+            bool const valid = walk.find(params, tile, t);
+            int next = 0;
+            if (lane_predicate) {
+              int const slot = iteration & 1;
+              smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // the consumers read its last item
+              smem.ring.items[slot] = valid ? t : FwdTile{-1, 0, 0};
+              smem.ring.full[slot].arrive();
+              if (valid) { next = atomicAdd(params.tile_counter, 1) + int(gridDim.x); }  // in flight meanwhile
+            }
+            if (!valid) { break; }
+            next = __shfl_sync(0xffffffffu, next, leader);
+            if (lane_predicate) { produce(t, iteration); }
+            __syncwarp();
+            tile = next;
+          }
+        } else if constexpr (kCompact) {
+          Walk walk;
+          FwdTile t;
+          int iteration = 0;
+          for (int tile = scheduler.first(); walk.find(params, tile, t); tile += int(gridDim.x), ++iteration) {
+            if (lane_predicate) { produce(t, iteration); }
+            __syncwarp();
+          }
+        } else if constexpr (kDynamic) {
           int tile = scheduler.first();
           for (int iteration = 0;; ++iteration) {
             int const slot = iteration & 1;
@@ -276,6 +311,10 @@ struct FwdKernel {
           if (!valid) { break; }
           consume_tile(item);
         }
+      } else if constexpr (kCompact) {
+        Walk walk;
+        FwdTile t;
+        for (int tile = scheduler.first(); walk.find(params, tile, t); tile += int(gridDim.x)) { consume_tile(t); }
       } else {
         for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) { consume_tile(tile); }
       }
