@@ -99,7 +99,8 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
       return std::max(n, 1);
     }();
     constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
-    // Varlen: units over the longest sequence's padded rows, per (head, sequence).
+    // Varlen: the longest sequence's units per (head, sequence), a bound on the grid (the kernel
+    // counts the real ones).
     int const rows = kVarlen ? (p.seqlen_q + kBwdPadM - 1) / kBwdPadM * kBwdPadM : p.seqlen_q_padded;
     int const units_per_head = (rows + kPrepRows - 1) / kPrepRows;
     int64_t const units = int64_t(units_per_head) * p.heads_q * p.batch;

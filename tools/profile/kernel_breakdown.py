@@ -5,6 +5,7 @@ per call of every kernel that ran, the memsets and copies included.
 
     python3 tools/profile/kernel_breakdown.py --hdim 128 --seqlens 512,8192 [--causal] [--bwd]
     python3 tools/profile/kernel_breakdown.py --decode 1x4096x32:8,8x32768x32:8 [--splits 0,1]
+    python3 tools/profile/kernel_breakdown.py --varlen "16k + 64 x U[16,512]" [--causal] [--bwd]
 
 --decode BATCHxCACHExHQ:HKV times flash_attn_with_kvcache (one query token) per num_splits: the
 kernels, the host's launch time per call, the do_bench median, a CUDA-graph replay (no host) and
@@ -105,11 +106,49 @@ def decode(cases, splits, hdim, iters, host_profile=False):
                 print(f"    graph capture failed: {str(e)[:200]}")
 
 
+def varlen(names, hdim, causal, bwd, iters):
+    """benchmarks/benchmark_varlen.py's ragged cases (by name, separated by ';'): ours and FA3's varlen."""
+    import sys
+    from pathlib import Path
+
+    from triton.testing import do_bench
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import benchmark_varlen as bv
+
+    from flash_attn_hopper import flash_attn_varlen_func as ours_fn
+    try:
+        from flash_attn_interface import flash_attn_varlen_func as fa3_fn
+    except ImportError:
+        fa3_fn = None
+    by_name = {c.name: c for c in bv.cases("all")}
+    for name in names.split(";"):
+        lengths = by_name[name].lengths
+        h = bv.HEADS_X_HDIM // hdim
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        total, max_len = int(cu[-1]), max(lengths)
+        q, k, v, dout = (torch.randn(total, h, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        print(f"varlen {name}: {len(lengths)} sequences, {total} tokens, hdim {hdim} heads {h} causal={causal}")
+        for label, fn in (("ours", ours_fn), ("fa3", fa3_fn)):
+            if fn is None:
+                continue
+            qa, ka, va = (x.detach().requires_grad_() for x in (q, k, v))
+            call = lambda: fn(qa, ka, va, cu, cu, max_len, max_len, causal=causal)  # noqa: E731
+            if bwd:
+                o = call()
+                o = o[0] if isinstance(o, tuple) else o
+                run = lambda: torch.autograd.grad(o, (qa, ka, va), dout, retain_graph=True)  # noqa: E731
+            else:
+                run = call
+            show(label, kernel_times(run, iters))
+            print(f"  {label}: {do_bench(run, warmup=25, rep=200, return_mode='median') * 1e3:9.1f} us (do_bench median)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--decode", default="", help="BATCHxCACHExHQ:HKV,... (flash_attn_with_kvcache)")
     ap.add_argument("--splits", default="0,1", help="--decode: the num_splits values to time")
     ap.add_argument("--host-profile", action="store_true", help="--decode: the host's syncs and Python costs")
+    ap.add_argument("--varlen", default="", help="benchmarks/benchmark_varlen.py case names, separated by ';'")
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--seqlens", default="512,8192")
     ap.add_argument("--causal", action="store_true")
@@ -118,6 +157,8 @@ def main():
     args = ap.parse_args()
     if args.decode:
         return decode(args.decode, args.splits, args.hdim, args.iters, args.host_profile)
+    if args.varlen:
+        return varlen(args.varlen, args.hdim, args.causal, args.bwd, args.iters)
     import flash_attn_hopper._C  # noqa: F401
     from triton.testing import do_bench
     op = torch.ops.flash_attn_hopper

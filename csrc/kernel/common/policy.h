@@ -280,13 +280,15 @@ constexpr bool bwd_dv_after_ds() {
 }
 
 // Persistent (one CTA per SM) at hdim <= 128 in the default mode; causal/local ones draw their
-// tiles from a counter, longest first [D:033, D:034].
-// FLASH_BWD_DEV_VARLEN_ONE_CTA (a measurement for ragged batches, default off): varlen kernels
-// without a mask one CTA per tile, as fwd_varlen_tile.
+// tiles from a counter, longest first [D:033, D:034]. Varlen without a mask: one CTA per key
+// block, the hardware handing out the sequences' unequal blocks as SMs free up (a static stride
+// read 0.58x FA3 on 32 x U[1,4k]) [D:068]. FLASH_BWD_DEV_VARLEN_ONE_CTA (a measurement, default
+// off): causal/local varlen kernels one CTA per key block too.
 template <int kHeadDim, bool kLocal, bool kDeterministic, bool kVarlen = false>
 constexpr bool bwd_persistent() {
-#ifdef FLASH_BWD_DEV_VARLEN_ONE_CTA
   if (kVarlen && !kLocal) { return false; }
+#ifdef FLASH_BWD_DEV_VARLEN_ONE_CTA
+  if (kVarlen) { return false; }
 #endif
   return kHeadDim <= 128 && !kDeterministic;
 }
