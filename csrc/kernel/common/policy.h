@@ -197,21 +197,10 @@ struct FwdPolicy {
       (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap && !kPaged)));
 };
 
-// Varlen kernels without a mask take the table's tile, or (FLASH_FWD_DEV_VARLEN_ONE_CTA, a
-// measurement for ragged batches, default off) that tile one CTA per tile: the hardware then hands
-// out the unequal sequences' tiles as SMs free up, where the persistent static stride cannot.
-template <bool kVarlen, bool kLocal>
-constexpr FwdTileShape fwd_varlen_tile(FwdTileShape tile) {
-#ifdef FLASH_FWD_DEV_VARLEN_ONE_CTA
-  if (kVarlen && !kLocal) { return {tile.block_m, tile.block_n, tile.stages}; }
-#endif
-  return tile;
-}
-
 template <int kHeadDim, typename Element, bool kLocal, FwdKeys kKeys, bool kVarlen = false, bool kSoftcap = false,
           int kHeadDimV = 0>
 using FwdPolicyFor = FwdPolicy<kHeadDim, Element, MaskFor<kLocal>,
-                               fwd_varlen_tile<kVarlen, kLocal>(fwd_tile<kHeadDim, kLocal, kKeys>()), kVarlen, kSoftcap,
+                               fwd_tile<kHeadDim, kLocal, kKeys>(), kVarlen, kSoftcap,
                                false, false, kHeadDimV>;
 
 template <int kHeadDim, typename Element, bool kLocal, bool kVarlen, int kHeadDimV = 0>
@@ -280,17 +269,13 @@ constexpr bool bwd_dv_after_ds() {
 }
 
 // Persistent (one CTA per SM) at hdim <= 128 in the default mode; causal/local ones draw their
-// tiles from a counter, longest first [D:033, D:034]. Varlen without a mask: one CTA per key
-// block, the hardware handing out the sequences' unequal blocks as SMs free up (a static stride
-// read 0.58x FA3 on 32 x U[1,4k]) [D:068]. FLASH_BWD_DEV_VARLEN_ONE_CTA (a measurement, default
-// off): causal/local varlen kernels one CTA per key block too.
+// tiles from a counter, longest first [D:033, D:034]. Varlen: one CTA per key block, the hardware
+// handing out the sequences' unequal blocks as SMs free up (a static stride read 0.58x FA3 on
+// 32 x U[1,4k]; the counter, which orders key blocks over the longest sequence's grid, 0.96-0.99x
+// of one CTA per block on causal batches) [D:068].
 template <int kHeadDim, bool kLocal, bool kDeterministic, bool kVarlen = false>
 constexpr bool bwd_persistent() {
-  if (kVarlen && !kLocal) { return false; }
-#ifdef FLASH_BWD_DEV_VARLEN_ONE_CTA
-  if (kVarlen) { return false; }
-#endif
-  return kHeadDim <= 128 && !kDeterministic;
+  return kHeadDim <= 128 && !kDeterministic && !kVarlen;
 }
 
 // For the binding: whether the backward kernel for (rounded head dim, mask, mode) draws its tiles

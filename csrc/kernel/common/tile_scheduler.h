@@ -124,51 +124,52 @@ struct FwdTileScheduler {
 // Varlen persistent kernels: ids that count only the tiles holding rows of their sequence,
 // sequence-major in batch order, so that no CTA walks the longest sequence's grid once per
 // sequence. Within a sequence m_block runs fastest (kHeavyFirst: the head, with the heaviest
-// m_block first). A warp finds tile t's sequence by scanning 32 sequences' tile counts at a time,
-// moving forward only: a CTA's ids only grow (static stride or counter), as in FA3's varlen
-// scheduler. Every lane of the warp calls find with the same t.
+// m_block first). A warp holds 32 sequences' tile counts (one per lane, with their inclusive
+// prefix) and finds tile t's sequence by a ballot, moving the window forward only: a CTA's ids only
+// grow (static stride or counter), as in FA3's varlen scheduler. Global reads happen only when the
+// window moves. Every lane of the warp calls find with the same t.
 template <int kBlockM, bool kHeavyFirst>
 struct VarlenTileWalk {
-  int first_seq = 0;     // the first sequence of the window of 32
-  int tiles_before = 0;  // tiles of the sequences before it
+  int first_seq = -32;   // the window's first sequence (-32: none read yet)
+  int tiles_before = 0;  // tiles of the sequences before the window
+  int m_blocks = 0;      // this lane's sequence's m_blocks
+  int upto = 0;          // tiles of the window's sequences up to this lane's, inclusive
 
   // Tile t as (m_block, head, sequence); false past the last tile.
   template <typename Params>
   CUTLASS_DEVICE bool find(Params const& p, int t, FwdTile& out) {
     int const lane = int(threadIdx.x % 32);
     int const batch = p.varlen.batch;
-    for (;;) {
+    int window = __shfl_sync(0xffffffffu, upto, 31);
+    while (first_seq < 0 || t >= tiles_before + window) {
+      if (first_seq + 32 >= batch) { return false; }
+      tiles_before += window;
+      first_seq += 32;
       int const b = first_seq + lane;
-      int m_blocks = 0;
+      m_blocks = 0;
       if (b < batch) {
         int offset, length;
         VarSeqLen<Params>::segment(p.varlen.cu_seqlens_q, p.varlen.seqused_q, b, p.varlen.total_q, offset, length);
         m_blocks = (length + kBlockM - 1) / kBlockM;
       }
-      int const count = m_blocks * p.heads_q;
-      int upto = count;  // inclusive prefix over the window's lanes
+      upto = m_blocks * p.heads_q;
       CUTLASS_PRAGMA_UNROLL
       for (int d = 1; d < 32; d *= 2) {
         int const x = __shfl_up_sync(0xffffffffu, upto, d);
         if (lane >= d) { upto += x; }
       }
-      int const window = __shfl_sync(0xffffffffu, upto, 31);
-      if (t < tiles_before + window) {
-        int const i = __popc(__ballot_sync(0xffffffffu, tiles_before + upto <= t));  // sequences before t's
-        int const start = tiles_before + __shfl_sync(0xffffffffu, upto - count, i);
-        int const n_m = __shfl_sync(0xffffffffu, m_blocks, i);
-        int const rem = t - start;
-        if constexpr (kHeavyFirst) {
-          out = {n_m - 1 - rem / p.heads_q, rem % p.heads_q, first_seq + i};
-        } else {
-          out = {rem % n_m, rem / n_m, first_seq + i};
-        }
-        return true;
-      }
-      if (first_seq + 32 >= batch) { return false; }
-      tiles_before += window;
-      first_seq += 32;
+      window = __shfl_sync(0xffffffffu, upto, 31);
     }
+    int const i = __popc(__ballot_sync(0xffffffffu, tiles_before + upto <= t));  // sequences before t's
+    int const n_m = __shfl_sync(0xffffffffu, m_blocks, i);
+    int const start = tiles_before + __shfl_sync(0xffffffffu, upto, i) - n_m * p.heads_q;
+    int const rem = t - start;
+    if constexpr (kHeavyFirst) {
+      out = {n_m - 1 - rem / p.heads_q, rem % p.heads_q, first_seq + i};
+    } else {
+      out = {rem % n_m, rem / n_m, first_seq + i};
+    }
+    return true;
   }
 };
 
