@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import manifest, offsets, ops, packgqa, paged, sinks, support, support_varlen
+from . import chunked, manifest, offsets, ops, packgqa, paged, sinks, support, support_varlen
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -420,9 +420,12 @@ def flash_attn_varlen_func(
         deterministic: a bitwise reproducible backward (also under
             torch.use_deterministic_algorithms(True) at the forward call).
         softcap: as in :func:`flash_attn_func`.
-        qv, q/k/v_descale, attention_chunk, sm_margin: accepted for
-            FlashAttention-3 compatibility; values other than the defaults raise
-            RuntimeError (no kernels for them yet).
+        attention_chunk: as in :func:`flash_attn_func`, per sequence (positions bottom-right
+            aligned within each sequence); the chunk segments are made on the GPU (chunked.py),
+            so nothing is read on the host. Not with a page_table (flash_attn_with_kvcache
+            takes both).
+        qv, q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility; values
+            other than the defaults raise RuntimeError (no kernels for them yet).
         num_splits: as in :func:`flash_attn_func` (split-KV over each sequence's keys).
         pack_gqa: as in :func:`flash_attn_func` (per sequence, max_seqlen_q for the choice).
         return_attn_probs: also return softmax_lse.
@@ -441,12 +444,22 @@ def flash_attn_varlen_func(
         out (total_q, nheads, headdim) in q's dtype, or (out, softmax_lse) with
         softmax_lse float32 (nheads, total_q), FlashAttention's varlen layout.
     """
-    _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin)
+    _check_unsupported_extras(qv, q_descale, k_descale, v_descale, 0, sm_margin)
     support.check_num_splits(num_splits)
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     _check_scale_and_causal(softmax_scale, causal)
+    if attention_chunk:
+        if page_table is not None:
+            raise ValueError("flash_attn_varlen_func takes attention_chunk or page_table, not both: "
+                             "flash_attn_with_kvcache runs chunked attention over a paged cache")
+        return chunked.varlen(
+            flash_attn_varlen_func, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+            seqused_k, attention_chunk, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
+            return_attn_probs=return_attn_probs, learnable_sink=learnable_sink)
+    support.check_attention_chunk(attention_chunk)
     if page_table is not None:
         if seqused_q is not None:
             raise ValueError("seqused_q is not taken with a page table: pass cu_seqlens_q of the used queries")

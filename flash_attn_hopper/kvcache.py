@@ -13,7 +13,7 @@ New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_
 new tokens written to their pages; ``cache_batch_idx`` then picks page-table rows, and
 ``cache_leftpad`` moves each sequence's first key as in a contiguous cache. Not in this version
 (refused, naming the argument): ``qv``, FP8 descales, ``sm_margin``. No backward, as in
-FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (``_chunk_segments``).
+FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (chunked.py).
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
 each KV head's cache is read once; ``pack_gqa`` None packs at decode (one query per sequence), True
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from . import offsets, packgqa, paged, support
+from . import chunked, offsets, packgqa, paged, support
 
 
 def _refuse_extras(**extras) -> None:
@@ -121,32 +121,6 @@ def _new_tokens(k, batch: int, cu_seqlens_k_new):
     idx = torch.where(outside, torch.where(cu[-1] > cu[0], 0, -(2**40)), idx)
     counts = (cu[1:] - cu[:-1]).clamp(min=0).to(torch.int32)
     return k, seq, idx, cu[:-1], counts
-
-
-def _chunk_segments(q_starts, q_lens, k_starts, k_lens, chunk: int, max_q: int, total_q: int, total_k: int):
-    """attention_chunk over the cache as variable-length segments made on the device (no host read,
-    so a captured step works): query i of sequence b sits at key position K_b - Q_b + i (bottom-right;
-    keys counted from the first valid one) and sees only the keys of its chunk of ``chunk`` keys
-    (FA3's mask). Per sequence: one segment for the queries before key 0 (no keys), then
-    ceil(max_q / chunk) + 1 chunk segments, enough for any sequence's queries; each segment's
-    queries and keys end at the same position, so its bottom-right diagonal is the problem's, and
-    segments past a sequence's queries are empty. Returns cu_q, cu_k, seqused_k of the segments."""
-    n = -(-max_q // chunk) + 1
-    q_len, k_len = q_lens.long(), k_lens.long()
-    first = k_len - q_len  # the position of query 0
-    blind = (-first).clamp(min=0).minimum(q_len)  # queries before key 0
-    c_start = (first.clamp(min=0) // chunk)[:, None] * chunk + torch.arange(n, device=q_len.device) * chunk
-    k_lo, k_hi = c_start.minimum(k_len[:, None]), (c_start + chunk).minimum(k_len[:, None])
-    q_hi = (k_hi - first[:, None]).clamp(min=0).minimum(q_len[:, None]).maximum(blind[:, None])
-    q_lo = torch.cat([blind[:, None], q_hi[:, :-1]], dim=1)
-    zeros = torch.zeros_like(blind)[:, None]
-    seg_q = q_starts.long()[:, None] + torch.cat([zeros, q_lo], dim=1)  # (batch, n + 1) segment starts
-    seg_k = k_starts.long()[:, None] + torch.cat([zeros, k_lo], dim=1)
-    used = torch.cat([zeros, k_hi - k_lo], dim=1)
-    end_q = seg_q.new_full((1,), total_q)
-    end_k = seg_k.new_full((1,), total_k)
-    return (torch.cat([seg_q.flatten(), end_q]).int(), torch.cat([seg_k.flatten(), end_k]).int(),
-            used.flatten().int())
 
 
 def flash_attn_with_kvcache(
@@ -355,8 +329,8 @@ def flash_attn_with_kvcache(
         # Each sequence's keys, kept inside its cache entry (the lengths may come unclamped).
         k_len = used_k.clamp(0, seqlen_cache) if leftpad is None else used_k.clamp(min=0).minimum(seqlen_cache - leftpad)
         q_lens = cu_q[1:] - cu_q[:-1]
-        cu_q, cu_k, used_k = _chunk_segments(cu_q[:-1], q_lens, cu_k[:-1], k_len, attention_chunk, seqlen_q,
-                                             q_rows.shape[0], total_k)
+        cu_q, cu_k, used_k, _ = chunked.segments(cu_q[:-1], q_lens, cu_k[:-1], k_len, attention_chunk, seqlen_q,
+                                                 q_rows.shape[0], total_k)
         max_k = min(attention_chunk, seqlen_cache)
         if page_table is not None:  # each chunk segment reads its sequence's row of pages
             page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)

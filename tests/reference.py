@@ -196,6 +196,31 @@ def attention_ref_chunked(q, k, v, *, chunk, causal=False, window_size=(-1, -1),
     return torch.einsum("bhts,bshd->bthd", p, v), lse
 
 
+def attention_ref_chunked_varlen(q, k, v, cu_q, cu_k, used_q=None, used_k=None, upcast=True, **kwargs):
+    """attention_ref_chunked per sequence of packed rows; rows outside every used part get 0 / -inf."""
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    dt = torch.float32 if upcast else q.dtype
+    outs, lses, row = [], [], 0
+    for b in range(len(bq) - 1):
+        nq = bq[b + 1] - bq[b] if used_q is None else int(used_q[b])
+        nk = bk[b + 1] - bk[b] if used_k is None else int(used_k[b])
+        gap = bq[b] - row
+        outs.append(q.new_zeros(gap, q.size(1), v.size(-1), dtype=dt))
+        lses.append(torch.full((q.size(1), gap), float("-inf"), device=q.device))
+        if nq and nk:
+            o, lse = attention_ref_chunked(q[None, bq[b]:bq[b] + nq], k[None, bk[b]:bk[b] + nk], v[None, bk[b]:bk[b] + nk],
+                                 upcast=upcast, **kwargs)
+            outs.append(o[0].to(dt))
+            lses.append(lse[0])
+        elif nq:
+            outs.append(q.new_zeros(nq, q.size(1), v.size(-1), dtype=dt))
+            lses.append(torch.full((q.size(1), nq), float("-inf"), device=q.device))
+        row = bq[b] + nq
+    outs.append(q.new_zeros(q.size(0) - row, q.size(1), v.size(-1), dtype=dt))
+    lses.append(torch.full((q.size(1), q.size(0) - row), float("-inf"), device=q.device))
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
 def sdpa_ref(q, k, v, is_causal=False, scale=None, upcast=True):
     """softmax(q kᵀ · scale + top-left causal mask) v for q (b, hq, L, e), k/v (b, hk, S, e); GQA by repetition.
 

@@ -1,6 +1,7 @@
-"""attention_chunk (FA3's chunked local attention) in flash_attn_func, on CPU over the emulated
-varlen ops: against a float32 reference with the chunk mask, forward and backward, with causal,
-windows, GQA, seqlen_q != seqlen_k (both ways) and chunks that do not divide the keys."""
+"""attention_chunk (FA3's chunked local attention) in flash_attn_func and flash_attn_varlen_func, on
+CPU over the emulated varlen ops: against a float32 reference with the chunk mask, forward and
+backward, with causal, windows, GQA, seqlen_q != seqlen_k (both ways), chunks that do not divide the
+keys, and (varlen) sequences of length 0 and 1 and seqused_q / seqused_k."""
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,9 @@ import flash_attn_hopper
 from flash_attn_hopper.interface import _chunk_segments
 
 from helpers.grads import EMULATION_REL_NORM, check_grads, grads_of
-from helpers.inputs import cpu_inputs
+from helpers.inputs import cpu_inputs, varlen_qkv
 from op_emulator import emulated_varlen_ops
-from reference import assert_fa_close, attention_ref_chunked as chunked_ref
+from reference import assert_fa_close, attention_ref_chunked as chunked_ref, attention_ref_chunked_varlen
 
 DTYPE = torch.float16
 
@@ -57,3 +58,52 @@ def test_bad_chunks_are_refused(bad):
     q, k, v, _ = cpu_inputs(1, 8, 8, 2, 2, 64, 0, DTYPE)
     with pytest.raises(ValueError, match="attention_chunk must be a non-negative int"):
         flash_attn_hopper.flash_attn_func(q, k, v, attention_chunk=bad)
+
+
+@pytest.mark.parametrize("lens_q, lens_k, chunk, causal, window, used", [
+    ([40, 1, 0, 23], [40, 30, 5, 60], 16, True, (-1, -1), False),   # a 1-query decode, an empty sequence
+    ([12, 50, 7], [50, 30, 7], 8, False, (-1, -1), False),           # more queries than keys in one
+    ([33, 20], [33, 41], 7, False, (5, 2), False),                    # a window inside the chunks
+    ([30, 25, 9], [40, 25, 20], 8, True, (-1, -1), True),             # seqused_q / seqused_k shorter
+    ([30, 9], [39, 20], 8, False, (-1, -1), True),  # 27 used queries at positions 7..33 span all 5 segments
+])
+def test_varlen_chunked_against_the_reference(monkeypatch, lens_q, lens_k, chunk, causal, window, used):
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = varlen_qkv(lens_q, lens_k, 4, 2, 64, dtype=DTYPE, device="cpu",
+                                                         seed=len(lens_q), draw_dtype=torch.float32)
+    used_q = torch.tensor([max(n - 3, 0) for n in lens_q], dtype=torch.int32) if used else None
+    used_k = torch.tensor([max(n - 5, 0) for n in lens_k], dtype=torch.int32) if used else None
+    opts = dict(chunk=chunk, causal=causal, window_size=window)
+
+    def ours(q, k, v, lse=False):
+        return flash_attn_hopper.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, max_q, max_k, seqused_q=used_q, seqused_k=used_k, causal=causal,
+            window_size=window, attention_chunk=chunk, return_attn_probs=lse)
+
+    def ref(q, k, v, upcast=True):
+        return attention_ref_chunked_varlen(q, k, v, cu_q, cu_k, used_q, used_k, upcast=upcast, **opts)
+
+    with emulated_varlen_ops(monkeypatch):
+        out, lse = ours(q, k, v, lse=True)
+        ref_out, ref_lse = ref(q, k, v)
+        low_out, low_lse = ref(q, k, v, upcast=False)
+        assert out.shape == q.shape and lse.shape == (4, q.size(0))
+        assert_fa_close(out, ref_out, low_out, name="out")
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite)
+        assert_fa_close(lse[finite], ref_lse[finite], low_lse[finite], name="lse", atol=1e-4)
+        _, grads = grads_of(ours, q, k, v, dout)
+        check_grads(grads, q, k, v, dout, max_rel_norm=EMULATION_REL_NORM, attention=ref)
+
+
+def test_varlen_chunked_takes_no_page_table():
+    q, k, v, _, cu_q, cu_k, max_q, max_k = varlen_qkv([4], [4], 2, 2, 64, dtype=DTYPE, device="cpu")
+    with pytest.raises(ValueError, match="attention_chunk or page_table, not both"):
+        flash_attn_hopper.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, attention_chunk=2,
+                                                 page_table=torch.zeros(1, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("bad", [-4, 2.5, True])
+def test_bad_varlen_chunks_are_refused(bad):
+    q, k, v, _, cu_q, cu_k, max_q, max_k = varlen_qkv([4], [4], 2, 2, 64, dtype=DTYPE, device="cpu")
+    with pytest.raises(ValueError, match="attention_chunk must be a non-negative int"):
+        flash_attn_hopper.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, attention_chunk=bad)

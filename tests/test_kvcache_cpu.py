@@ -352,15 +352,16 @@ def test_attention_chunk_must_be_a_non_negative_int():
 
 
 def test_attention_chunk_segments_cover_each_sequence_in_order():
-    from flash_attn_hopper.kvcache import _chunk_segments
+    from flash_attn_hopper.chunked import segments
     # 2 sequences: 5 queries over 7 keys with chunks of 3 (queries at positions 2..6: chunks 0, 1, 2),
     # and 4 queries over 2 keys (2 queries before key 0).
-    cu_q, cu_k, used = _chunk_segments(torch.tensor([0, 5]), torch.tensor([5, 4]), torch.tensor([0, 100]),
-                                       torch.tensor([7, 2]), 3, 5, 9, 200)
+    cu_q, cu_k, used, used_q = segments(torch.tensor([0, 5]), torch.tensor([5, 4]), torch.tensor([0, 100]),
+                                        torch.tensor([7, 2]), 3, 5, 9, 200)
     # Per sequence: the queries before key 0, then ceil(5 / 3) + 1 = 3 chunk segments.
     assert cu_q.tolist() == [0, 0, 1, 4, 5, 7, 9, 9, 9]
     assert cu_k.tolist() == [0, 0, 3, 6, 100, 100, 102, 102, 200]
     assert used.tolist() == [0, 3, 3, 1, 0, 2, 0, 0]
+    assert used_q.tolist() == [0, 1, 3, 1, 2, 2, 0, 0]
 
 
 @pytest.mark.parametrize("new_tokens, leftpad", [(0, False), (2, True)])

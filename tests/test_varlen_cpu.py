@@ -374,7 +374,6 @@ def test_malformed_inputs_are_refused_before_any_launch(case):
     [
         (dict(qv=torch.zeros(1)), ["qv"]),
         (dict(q_descale=torch.ones(1)), ["q_descale", "fp8"]),
-        (dict(attention_chunk=128), ["attention_chunk=128"]),
         (dict(sm_margin=4), ["sm_margin=4"]),
     ],
 )
