@@ -46,6 +46,12 @@ def varlen(varlen_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     of every sequence. out and lse come back in the packed rows' order, so nothing is copied back;
     gradients flow through the inner call."""
     support.check_attention_chunk(chunk)
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor (total, nheads, headdim) in flash_attn_varlen_func")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {n!r}")
     for name, t, rows in (("cu_seqlens_q", cu_seqlens_q, None), ("cu_seqlens_k", cu_seqlens_k, None),
                           ("seqused_q", seqused_q, 0), ("seqused_k", seqused_k, 0)):
         if t is None and rows == 0:

@@ -107,3 +107,16 @@ def test_bad_varlen_chunks_are_refused(bad):
     q, k, v, _, cu_q, cu_k, max_q, max_k = varlen_qkv([4], [4], 2, 2, 64, dtype=DTYPE, device="cpu")
     with pytest.raises(ValueError, match="attention_chunk must be a non-negative int"):
         flash_attn_hopper.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, attention_chunk=bad)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(max_seqlen_q=None), "max_seqlen_q must be a non-negative int"),
+    (dict(cu_seqlens_k=torch.tensor([0, 4])), "cu_seqlens_k must be a 1-D int32 tensor"),
+    (dict(seqused_k=torch.tensor([4, 4], dtype=torch.int32)), r"seqused_q / seqused_k \(batch,\)"),
+])
+def test_malformed_varlen_chunk_calls_are_refused(change, match):
+    q, k, v, _, cu_q, cu_k, max_q, max_k = varlen_qkv([4], [4], 2, 2, 64, dtype=DTYPE, device="cpu")
+    call = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                attention_chunk=2)
+    with pytest.raises(ValueError, match=match):
+        flash_attn_hopper.flash_attn_varlen_func(**dict(call, **change))
