@@ -120,3 +120,23 @@ def test_malformed_varlen_chunk_calls_are_refused(change, match):
                 attention_chunk=2)
     with pytest.raises(ValueError, match=match):
         flash_attn_hopper.flash_attn_varlen_func(**dict(call, **change))
+
+
+def test_varlen_chunked_compiles_fullgraph_as_eager(monkeypatch):
+    # The segments come from tensor ops on cu_seqlens (no host read), so dynamo traces one graph.
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = varlen_qkv([9, 1, 14], [9, 6, 20], 4, 2, 64, dtype=DTYPE, device="cpu",
+                                                         seed=5, draw_dtype=torch.float32)
+
+    def block(q, k, v):
+        return flash_attn_hopper.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                                        attention_chunk=4) * 2
+
+    with emulated_varlen_ops(monkeypatch):
+        torch._dynamo.reset()
+        try:
+            out_c, grads_c = grads_of(torch.compile(block, fullgraph=True, backend="aot_eager"), q, k, v, dout)
+        finally:
+            torch._dynamo.reset()
+        out_e, grads_e = grads_of(block, q, k, v, dout)
+    assert torch.equal(out_c, out_e)
+    assert all(torch.equal(a, b) for a, b in zip(grads_c, grads_e))
