@@ -278,10 +278,10 @@ constexpr bool bwd_persistent() {
   return kHeadDim <= 128 && !kDeterministic && !kVarlen;
 }
 
-// For the binding: whether the backward kernel for (rounded head dim, mask, mode) draws its tiles
-// from a counter (persistent and causal/local).
-inline bool bwd_needs_tile_counter(int head_dim_rounded, bool local, bool deterministic) {
-  if (!local || deterministic) { return false; }
+// For the binding: whether the backward kernel for (rounded head dim, mask, mode, varlen) draws its
+// tiles from a counter (persistent and causal/local).
+inline bool bwd_needs_tile_counter(int head_dim_rounded, bool local, bool deterministic, bool varlen) {
+  if (!local || deterministic || varlen) { return false; }  // varlen kernels are one CTA per key block
   switch (head_dim_rounded) {
     case 64: return bwd_persistent<64, true, false>();
     case 96: return bwd_persistent<96, true, false>();
