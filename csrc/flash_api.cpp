@@ -242,7 +242,7 @@ struct BwdTensors {
 };
 
 // Fills the backward params from t; returns the tile counter of the dynamic persistent causal/local
-// kernels (zeroed by the preprocess kernel), or an empty tensor.
+// and varlen kernels (zeroed by the preprocess kernel), or an empty tensor.
 Tensor fill_bwd(flash::BwdParams& params, BwdTensors const& t, Tensor const& like, int head_dim_rounded,
                 int64_t seqlen_q_padded, bool deterministic) {
   params.do_ptr = t.dout.data_ptr();
@@ -267,7 +267,8 @@ Tensor fill_bwd(flash::BwdParams& params, BwdTensors const& t, Tensor const& lik
   params.seqlen_q_padded = int(seqlen_q_padded);
   params.head_dim_rounded = head_dim_rounded;
   Tensor tile_counter;
-  if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic)) {
+  bool const varlen = params.varlen.cu_seqlens_q != nullptr;  // set_varlen ran before
+  if (flash::bwd_needs_tile_counter(head_dim_rounded, params.is_local, deterministic, varlen)) {
     tile_counter = empty_like_dev(like, {1}, kInt);
     params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
   }
