@@ -242,7 +242,7 @@ struct BwdTensors {
 };
 
 // Fills the backward params from t; returns the tile counter of the dynamic persistent causal/local
-// kernels (zeroed by the preprocess kernel), or an empty tensor.
+// and varlen kernels (zeroed by the preprocess kernel), or an empty tensor.
 Tensor fill_bwd(flash::BwdParams& params, BwdTensors const& t, Tensor const& like, int head_dim_rounded,
                 int64_t seqlen_q_padded, bool deterministic) {
   params.do_ptr = t.dout.data_ptr();

@@ -135,10 +135,12 @@ struct BwdKernel {
     // (the dQ staging buffers, the dS^T buffers and the K/V barrier phases run on across tiles).
     if (warp_group_idx == int(WarpGroupRole::kProducer)) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && lane_predicate) {
+      // One thread issues the loads (varlen persistent kernels: its whole warp walks the tiles).
+      if (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && (Scheduler::kCompact || lane_predicate)) {
         PipelineState state = cutlass::make_producer_start_state<Pipeline>();
         Scheduler::template for_each_tile</*kDraws=*/true>(params, smem, [&](Tile const& tile, auto const& seq,
                                                                               BwdProgress const& pr) {
+          if (Scheduler::kCompact && !lane_predicate) { return; }
           mainloop.load(params, seq, smem, pipeline, pipeline_do, state, pr, tile.range, tile.num_steps, tile.n_block,
                         tile.head_kv, tile.batch);
         });

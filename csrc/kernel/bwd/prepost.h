@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
 
   // Unit id -> its (head, batch) and rows; false past the last unit. Every thread calls it with the
   // same, growing ids (the walk moves forward only).
-  [[maybe_unused]] VarlenTileWalk<kBwdPadM, false> walk;
+  [[maybe_unused]] VarlenTileWalk<kBwdPadM, WalkOrder::kBlocksFastest> walk;
   auto decode = [&](int64_t unit, Unit& u) {
     if constexpr (kVarlen) {
       constexpr int kUnitsPerBlock = kBwdPadM / prep_rows_per_cta<kHeadDim>();

@@ -269,19 +269,17 @@ constexpr bool bwd_dv_after_ds() {
 }
 
 // Persistent (one CTA per SM) at hdim <= 128 in the default mode; causal/local ones draw their
-// tiles from a counter, longest first [D:033, D:034]. Varlen: one CTA per key block, the hardware
-// handing out the sequences' unequal blocks as SMs free up (a static stride read 0.58x FA3 on
-// 32 x U[1,4k]; the counter, which orders key blocks over the longest sequence's grid, 0.96-0.99x
-// of one CTA per block on causal batches) [D:068].
+// tiles from a counter, longest first [D:033, D:034]; varlen ones draw compact ids from a counter
+// (tile_scheduler.h, VarlenTileWalk over the key blocks) [D:070].
 template <int kHeadDim, bool kLocal, bool kDeterministic, bool kVarlen = false>
 constexpr bool bwd_persistent() {
-  return kHeadDim <= 128 && !kDeterministic && !kVarlen;
+  return kHeadDim <= 128 && !kDeterministic;
 }
 
 // For the binding: whether the backward kernel for (rounded head dim, mask, mode, varlen) draws its
-// tiles from a counter (persistent and causal/local).
+// tiles from a counter (persistent, and causal/local or varlen).
 inline bool bwd_needs_tile_counter(int head_dim_rounded, bool local, bool deterministic, bool varlen) {
-  if (!local || deterministic || varlen) { return false; }  // varlen kernels are one CTA per key block
+  if (!(local || varlen) || deterministic) { return false; }
   switch (head_dim_rounded) {
     case 64: return bwd_persistent<64, true, false>();
     case 96: return bwd_persistent<96, true, false>();
@@ -309,7 +307,7 @@ struct BwdPolicy {
   static constexpr bool kRS = kBlockN == 128;
   static constexpr bool kDvAfterDs = kDvAfterDs_;
   static constexpr bool kPersistent = kPersistent_;
-  static constexpr bool kDynamic = kPersistent && kLocal;
+  static constexpr bool kDynamic = kPersistent && (kLocal || kVarlen_);
   // Variable-length batches: sequences packed along the rows (SeqLenInfo); the key blocks that
   // cross a sequence's end are masked in every kernel, not only in causal/local ones.
   static constexpr bool kVarlen = kVarlen_;

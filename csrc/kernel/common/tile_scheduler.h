@@ -123,19 +123,33 @@ struct FwdTileScheduler {
 
 // Varlen persistent kernels: ids that count only the tiles holding rows of their sequence,
 // sequence-major in batch order, so that no CTA walks the longest sequence's grid once per
-// sequence. Within a sequence m_block runs fastest (kHeavyFirst: the head, with the heaviest
-// m_block first). A warp holds 32 sequences' tile counts (one per lane, with their inclusive
-// prefix) and finds tile t's sequence by a ballot, moving the window forward only: a CTA's ids only
-// grow (static stride or counter), as in FA3's varlen scheduler. Global reads happen only when the
-// window moves. Every lane of the warp calls find with the same t.
-template <int kBlockM, bool kHeavyFirst>
+// sequence. kOrder, within a sequence: kBlocksFastest (the blocks of one head, then the next head),
+// kHeavyFirst (heads fastest, the forward's heaviest m_block, the last, first), kLowFirst (heads
+// fastest, block 0 first: the causal backward's heaviest key block). kKeys: the tiles are key
+// blocks of the KV heads (the backward), else query blocks of the query heads. A warp holds 32
+// sequences' tile counts (one per lane, with their inclusive prefix) and finds tile t's sequence
+// by a ballot, moving the window forward only: a CTA's ids only grow (static stride or counter),
+// as in FA3's varlen scheduler. Global reads happen only when the window moves. Every lane of the
+// warp calls find with the same t.
+enum class WalkOrder { kBlocksFastest, kHeavyFirst, kLowFirst };
+
+template <int kBlock, WalkOrder kOrder, bool kKeys = false>
 struct VarlenTileWalk {
   int first_seq = -32;   // the window's first sequence (-32: none read yet)
   int tiles_before = 0;  // tiles of the sequences before the window
-  int m_blocks = 0;      // this lane's sequence's m_blocks
+  int blocks = 0;        // this lane's sequence's blocks
   int upto = 0;          // tiles of the window's sequences up to this lane's, inclusive
 
-  // Tile t as (m_block, head, sequence); false past the last tile.
+  template <typename Params>
+  CUTLASS_DEVICE static int heads(Params const& p) {
+    if constexpr (kKeys) {
+      return p.heads_kv;
+    } else {
+      return p.heads_q;
+    }
+  }
+
+  // Tile t as (block, head, sequence); false past the last tile.
   template <typename Params>
   CUTLASS_DEVICE bool find(Params const& p, int t, FwdTile& out) {
     int const lane = int(threadIdx.x % 32);
@@ -146,13 +160,18 @@ struct VarlenTileWalk {
       tiles_before += window;
       first_seq += 32;
       int const b = first_seq + lane;
-      m_blocks = 0;
+      blocks = 0;
       if (b < batch) {
         int offset, length;
-        VarSeqLen<Params>::segment(p.varlen.cu_seqlens_q, p.varlen.seqused_q, b, p.varlen.total_q, offset, length);
-        m_blocks = (length + kBlockM - 1) / kBlockM;
+        if constexpr (kKeys) {
+          VarSeqLen<Params>::key_segment(p.varlen.cu_seqlens_k, p.varlen.seqused_k, b, p.varlen.total_k, p.seqlen_k,
+                                         offset, length);
+        } else {
+          VarSeqLen<Params>::segment(p.varlen.cu_seqlens_q, p.varlen.seqused_q, b, p.varlen.total_q, offset, length);
+        }
+        blocks = (length + kBlock - 1) / kBlock;
       }
-      upto = m_blocks * p.heads_q;
+      upto = blocks * heads(p);
       CUTLASS_PRAGMA_UNROLL
       for (int d = 1; d < 32; d *= 2) {
         int const x = __shfl_up_sync(0xffffffffu, upto, d);
@@ -161,13 +180,15 @@ struct VarlenTileWalk {
       window = __shfl_sync(0xffffffffu, upto, 31);
     }
     int const i = __popc(__ballot_sync(0xffffffffu, tiles_before + upto <= t));  // sequences before t's
-    int const n_m = __shfl_sync(0xffffffffu, m_blocks, i);
-    int const start = tiles_before + __shfl_sync(0xffffffffu, upto, i) - n_m * p.heads_q;
+    int const n = __shfl_sync(0xffffffffu, blocks, i);
+    int const start = tiles_before + __shfl_sync(0xffffffffu, upto, i) - n * heads(p);
     int const rem = t - start;
-    if constexpr (kHeavyFirst) {
-      out = {n_m - 1 - rem / p.heads_q, rem % p.heads_q, first_seq + i};
+    if constexpr (kOrder == WalkOrder::kHeavyFirst) {
+      out = {n - 1 - rem / heads(p), rem % heads(p), first_seq + i};
+    } else if constexpr (kOrder == WalkOrder::kLowFirst) {
+      out = {rem / heads(p), rem % heads(p), first_seq + i};
     } else {
-      out = {rem % n_m, rem / n_m, first_seq + i};
+      out = {rem % n, rem / n, first_seq + i};
     }
     return true;
   }
@@ -205,6 +226,11 @@ struct BwdProgress {
 template <int kBlockM, int kBlockN, bool kLocal, bool kPersistent, bool kDynamic, bool kVarlen = false>
 struct BwdTileScheduler {
   using Range = BwdBlockRange<kBlockM, kBlockN, kLocal>;
+  // Varlen persistent kernels draw compact ids (VarlenTileWalk over the key blocks): causal/local
+  // ones the heaviest key block (block 0) of every head first, the others a head's blocks together
+  // (they stream the same Q / dO).
+  static constexpr bool kCompact = kVarlen && kDynamic;
+  using Walk = VarlenTileWalk<kBlockN, kLocal ? WalkOrder::kLowFirst : WalkOrder::kBlocksFastest, /*kKeys=*/true>;
   struct Tile {
     int n_block, head_kv, batch;
     Range range;
@@ -238,7 +264,37 @@ struct BwdTileScheduler {
     };
     int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
     int const tiles = n_blocks * params.heads_kv * num_batches(params);
-    if constexpr (kDynamic) {
+    if constexpr (kCompact) {
+      // Whole warps (the producer's too): ids from the counter, each warp finding its tiles by the
+      // walk; one lane of the producer warp waits on and writes the ring and draws the next id.
+      Walk walk;
+      int const lane = int(threadIdx.x % 32);
+      int tile = blockIdx.x;
+      for (int iteration = 0;; ++iteration) {
+        int const slot = iteration & 1;
+        if constexpr (kDraws) {
+          int next = 0;
+          if (lane == 0) {
+            smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // every reader has read its last id
+            smem.ring.items[slot] = tile;
+            smem.ring.full[slot].arrive();
+            next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+          }
+          next = __shfl_sync(0xffffffffu, next, 0);
+          FwdTile t;
+          if (!walk.find(params, tile, t)) { break; }
+          visit(t.m_block, t.head, t.batch);
+          tile = next;
+        } else {
+          smem.ring.full[slot].wait((iteration >> 1) & 1);
+          tile = smem.ring.items[slot];
+          smem.ring.empty[slot].arrive();
+          FwdTile t;
+          if (!walk.find(params, tile, t)) { break; }
+          visit(t.m_block, t.head, t.batch);
+        }
+      }
+    } else if constexpr (kDynamic) {
       int tile = blockIdx.x;
       for (int iteration = 0;; ++iteration) {
         int const slot = iteration & 1;

@@ -55,7 +55,7 @@ struct FwdKernel {
   // Varlen persistent kernels walk only the tiles that hold rows (tile_scheduler.h, VarlenTileWalk):
   // the producer's whole warp finds each tile, one lane loads it.
   static constexpr bool kCompact = kVarlen && Policy::kPersistent;
-  using Walk = VarlenTileWalk<kBlockM, kLocal>;
+  using Walk = VarlenTileWalk<kBlockM, kLocal ? WalkOrder::kHeavyFirst : WalkOrder::kBlocksFastest>;
   static constexpr bool kPaged = Policy::kPaged;
 
   using Mainloop = FwdMainloop<Policy>;
