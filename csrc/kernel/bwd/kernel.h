@@ -101,6 +101,7 @@ struct BwdKernel {
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) const {
+    if (Scheduler::cta_past_its_keys(params)) { return; }
     SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
     int const warp_group_idx = cutlass::canonical_warp_group_idx();
     int const warp_idx_in_wg = cutlass::canonical_warp_idx_sync() % 4;

@@ -358,6 +358,22 @@ struct BwdTileScheduler {
     return {in_section / size, pair % params.heads_kv, pair / params.heads_kv};
   }
 
+  // Varlen, one CTA per key block of the longest sequence: whether this CTA's block lies past its
+  // own sequence's keys. Such a CTA has nothing to write (its rows belong to the next sequence,
+  // and no dQ turn counts it: dq_reducer.h), so the kernel returns before any setup: ~128k of the
+  // ~133k CTAs at one 16k sequence among 64 short ones.
+  template <typename Params>
+  CUTLASS_DEVICE static bool cta_past_its_keys(Params const& params) {
+    if constexpr (kVarlen && !kPersistent) {
+      int offset, length;
+      VarSeqLen<Params>::key_segment(params.varlen.cu_seqlens_k, params.varlen.seqused_k, int(blockIdx.z),
+                                     params.varlen.total_k, params.seqlen_k, offset, length);
+      return key_block_of_cta(params) * kBlockN >= length;
+    } else {
+      return false;
+    }
+  }
+
   // The key block of this CTA: blockIdx.x, reversed in deterministic descending mode so that the
   // key blocks a CTA waits for were launched before it.
   template <typename Params>
