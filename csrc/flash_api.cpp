@@ -276,7 +276,7 @@ Tensor fill_bwd(flash::BwdParams& params, BwdTensors const& t, Tensor const& lik
 }
 
 // Gradients of fwd: preprocess (D = rowsum(dO * O), LSE in the log2 domain), the main kernel and the
-// dQ postprocess all run in run_flash_bwd; here only the workspaces are allocated (dq_accum zeroed).
+// dQ postprocess all run in run_flash_bwd; here only the workspaces are allocated (the preprocess zeroes dq_accum).
 std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
                                                        Tensor const& k, Tensor const& v,
                                                        Tensor const& out, Tensor const& softmax_lse,
@@ -314,10 +314,10 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
 
   int64_t const seqlen_q_padded = (seqlen_q + flash::kBwdPadM - 1) / flash::kBwdPadM * flash::kBwdPadM;
   ScalarType const f32 = kFloat;
-  // Workspaces; the preprocess kernel fills lse_log2 and dsum, the main kernel adds into dq_accum.
+  // Workspaces; the preprocess kernel fills lse_log2 and dsum and zeroes dq_accum, the main kernel adds into it.
   Tensor lse_log2 = empty_like_dev(q, {batch, heads_q, seqlen_q_padded}, f32);
   Tensor dsum = empty_like_dev(q, {batch, heads_q, seqlen_q_padded}, f32);
-  Tensor dq_accum = zeros_like_dev(q, {batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);
+  Tensor dq_accum = empty_like_dev(q, {batch, heads_q, seqlen_q_padded, head_dim_rounded}, f32);  // zeroed by the preprocess
   // Deterministic mode: one counter per dQ block orders the key blocks' additions into it.
   Tensor dq_semaphore;
   if (deterministic) {
@@ -385,7 +385,7 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
   ScalarType const f32 = kFloat;
   Tensor lse_log2 = empty_like_dev(q, {pb.heads_q, rows_padded}, f32);
   Tensor dsum = empty_like_dev(q, {pb.heads_q, rows_padded}, f32);
-  Tensor dq_accum = zeros_like_dev(q, {pb.heads_q, rows_padded, pb.head_dim_rounded}, f32);
+  Tensor dq_accum = empty_like_dev(q, {pb.heads_q, rows_padded, pb.head_dim_rounded}, f32);  // zeroed by the preprocess
   Tensor dq_semaphore;
   if (deterministic) {
     dq_semaphore = zeros_like_dev(q, {pb.heads_q, rows_padded / flash::kBwdMinBlockM}, kInt);

@@ -26,7 +26,7 @@ struct BwdParams {
   void* dk_ptr;  // (batch, seqlen_k, heads_kv, head_dim), contiguous
   void* dv_ptr;
   // Workspaces. dq_accum: (batch, heads_q, seqlen_q_padded / kBwdBlockM) blocks of kBwdBlockM x head_dim_rounded
-  // float32, zeroed, unscaled, in the order the kernel chooses (kernel/bwd/dq_reducer.h).
+  // float32, zeroed by the preprocess kernel, unscaled, in the order the kernel chooses (kernel/bwd/dq_reducer.h).
   float* dq_accum_ptr;
   float* lse_log2_ptr;  // (batch, heads_q, seqlen_q_padded): LSE * log2(e), +inf for empty/pad rows (preprocess)
   float* dsum_ptr;      // (batch, heads_q, seqlen_q_padded): rowsum(dO * O), 0 for pad rows (preprocess)

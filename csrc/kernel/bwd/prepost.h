@@ -1,6 +1,7 @@
 // The small kernels around the backward main kernel:
 // - preprocess: per query row, D = rowsum(dO * O) in float32 and LSE in the log2 domain
-//   (+inf for rows that see no key and for padding rows, so that their P = exp2(s - LSE2) is 0);
+//   (+inf for rows that see no key and for padding rows, so that their P = exp2(s - LSE2) is 0),
+//   and the row's dQ accumulator zeroed;
 // - dQ postprocess: the float32 accumulator (in the main kernel's layout) times the softmax scale,
 //   into dq in the input dtype.
 #pragma once
@@ -124,6 +125,22 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
       }
     }
   };
+  // The unit's rows of the dQ accumulator (whole kBwdPadM-row blocks of the main kernel's layout
+  // once every unit has run), zeroed here rather than by a fill kernel of their own before the
+  // launch, as FA3's preprocess does; the main kernel, next on the stream, adds into them.
+  auto clear_dq = [&](Unit const& u) {
+    int const row0 = u.first_row - warp_row;
+    int64_t base;
+    if constexpr (kVarlen) {
+      base = int64_t(u.bh % p.heads_q) * p.seqlen_q_padded + prep_extent(p, u.bh).offset_padded + row0;
+    } else {
+      base = u.bh * p.seqlen_q_padded + row0;
+    }
+    float4* const dst = reinterpret_cast<float4*>(p.dq_accum_ptr + base * kHeadDim);
+    constexpr int kVecs = prep_rows_per_cta<kHeadDim>() * kHeadDim / 4;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = int(threadIdx.x); i < kVecs; i += kPrepWarps * 32) { dst[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
+  };
   auto finish = [&](Unit const& u, uint4 const (&o_chunk)[kPrepPasses], uint4 const (&do_chunk)[kPrepPasses]) {
     CUTLASS_PRAGMA_UNROLL
     for (int pass = 0; pass < kPrepPasses; ++pass) {
@@ -159,6 +176,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
         p.lse_log2_ptr[u.bh * p.seqlen_q_padded + i] = lse2;
       }
     }
+    clear_dq(u);
   };
   // Two register buffers, alternating: the next unit's loads are in flight during this one's sums.
   uint4 o_a[kPrepPasses], do_a[kPrepPasses], o_b[kPrepPasses], do_b[kPrepPasses];
