@@ -55,7 +55,19 @@ std::vector<int64_t> sizes_of(Tensor const& t) {
   return sizes;
 }
 
+// Binds the device's primary context to the calling thread once per (thread, device): torch's device
+// guard skips cudaSetDevice when the device already matches, and in a thread where no CUDA call ran
+// yet (autograd's backward thread) the TMA descriptors' driver calls then fail with no context.
+void bind_primary_context(int device) {
+  thread_local int bound = -1;
+  if (bound == device) { return; }
+  FLASH_CHECK(cudaSetDevice(device) == cudaSuccess, "flash_attn_hopper: could not make the CUDA device current");
+  bound = device;
+}
+
+// The current stream of the device, whose context the thread now holds (every launch path asks).
 cudaStream_t current_stream(int device) {
+  bind_primary_context(device);
   void* stream = nullptr;
   FLASH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
               "flash_attn_hopper: could not get the current CUDA stream");
