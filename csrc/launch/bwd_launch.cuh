@@ -120,10 +120,19 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
   check_cuda(cudaGetLastError(), "launching the backward kernel");
 
-  int const post_blocks =
-      kVarlen ? (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM : p.seqlen_q_padded / Kernel::kBlockM;
-  dim3 const grid_post(post_blocks, p.heads_q, p.batch);
-  flash_bwd_dq_postprocess_kernel<Kernel><<<grid_post, Kernel::kNumMmaThreads, 0, stream>>>(p);
+  auto post = &flash_bwd_dq_postprocess_kernel<Kernel>;
+  dim3 grid_post(p.seqlen_q_padded / Kernel::kBlockM, p.heads_q, p.batch);
+  if constexpr (kVarlen) {  // resident CTAs over the blocks that hold rows: at most this many
+    static int const post_per_sm = [post] {
+      int n = 0;
+      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, post, Kernel::kNumMmaThreads, 0),
+                 "querying the dQ postprocess kernel's occupancy");
+      return std::max(n, 1);
+    }();
+    int64_t const blocks = int64_t(p.heads_q) * ((p.varlen.total_q + Kernel::kBlockM - 1) / Kernel::kBlockM + p.batch);
+    grid_post = dim3(unsigned(std::min<int64_t>(blocks, int64_t(p.num_sms) * post_per_sm)), 1, 1);
+  }
+  post<<<grid_post, Kernel::kNumMmaThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "launching the backward dQ postprocess kernel");
 }
 

@@ -200,15 +200,9 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   }
 }
 
-// dq = softmax_scale * accumulator. One CTA per (kBlockM-row query block, head, batch), one thread
-// per consumer thread of the main kernel: thread t reads the fragment that consumer thread t
-// staged (BwdKernel::dq_staged_offset), converts it into a
-// row-major tile in shared memory, and the CTA then writes whole rows 16 bytes per thread (the
-// fragment's own layout gave 16-byte pieces of 8 rows per warp store: 180 us against cuDNN's
-// 56 us at 16k tokens x 2048). dq is allocated by the binding: rows 16-byte aligned.
+// One (query block, head, batch) of the dQ postprocess (below).
 template <typename Kernel>
-__global__ void __launch_bounds__(Kernel::kNumMmaThreads)
-    flash_bwd_dq_postprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p) {
+CUTLASS_DEVICE void dq_postprocess_block(BwdParams const& p, int m_block, int head, int batch) {
   using Element = typename Kernel::Element;
   constexpr int kBlockM = Kernel::kBlockM;
   constexpr int kHeadDim = Kernel::kHeadDim;
@@ -220,13 +214,11 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
   Tensor coord = thr_dq.partition_C(make_identity_tensor(typename Kernel::DqTileShape{}));
   constexpr int kAcc = decltype(size(coord))::value;
   static_assert(kAcc == Kernel::kDqAccPerThread);
-  int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   float const* block;
   [[maybe_unused]] int rows;            // varlen: the sequence's query rows
   [[maybe_unused]] int64_t dq_offset;   // varlen: its first row in the packed dq
-  if constexpr (Kernel::kVarlen) {  // the grid covers the longest sequence
+  if constexpr (Kernel::kVarlen) {
     VarSeqLen<BwdParams> const seq(p, batch);
-    if (m_block * kBlockM >= seq.seqlen_q()) { return; }
     block = p.dq_accum_ptr + (Kernel::Mainloop::row_base(p, seq, batch, head) + int64_t(m_block) * kBlockM) * kHeadDim;
     rows = seq.seqlen_q();
     dq_offset = seq.offset_q();
@@ -261,6 +253,30 @@ __global__ void __launch_bounds__(Kernel::kNumMmaThreads)
       *reinterpret_cast<uint4*>(dq + int64_t(query) * p.dq_row_stride + col) =
           *reinterpret_cast<uint4 const*>(&tile[row * kPitch + col]);
     }
+  }
+}
+
+// dq = softmax_scale * accumulator. One CTA per (kBlockM-row query block, head, batch), one thread
+// per consumer thread of the main kernel: thread t reads the fragment that consumer thread t
+// staged (BwdKernel::dq_staged_offset), converts it into a
+// row-major tile in shared memory, and the CTA then writes whole rows 16 bytes per thread (the
+// fragment's own layout gave 16-byte pieces of 8 rows per warp store: 180 us against cuDNN's
+// 56 us at 16k tokens x 2048). dq is allocated by the binding: rows 16-byte aligned.
+// Varlen: resident CTAs stride over compact block ids (VarlenTileWalk over the query blocks that
+// hold rows), not a grid over the longest sequence for every sequence (226 of 68 us at one 16k
+// sequence among 64 short ones, mostly CTAs that found no rows) [D:071].
+template <typename Kernel>
+__global__ void __launch_bounds__(Kernel::kNumMmaThreads)
+    flash_bwd_dq_postprocess_kernel(CUTE_GRID_CONSTANT BwdParams const p) {
+  if constexpr (Kernel::kVarlen) {
+    VarlenTileWalk<Kernel::kBlockM, WalkOrder::kBlocksFastest> walk;
+    FwdTile t;
+    for (int id = int(blockIdx.x); walk.find(p, id, t); id += int(gridDim.x)) {
+      dq_postprocess_block<Kernel>(p, t.m_block, t.head, t.batch);
+      __syncthreads();  // the shared tile is free again
+    }
+  } else {
+    dq_postprocess_block<Kernel>(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z));
   }
 }
 
