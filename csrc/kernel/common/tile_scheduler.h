@@ -139,6 +139,7 @@ struct VarlenTileWalk {
   int tiles_before = 0;  // tiles of the sequences before the window
   int blocks = 0;        // this lane's sequence's blocks
   int upto = 0;          // tiles of the window's sequences up to this lane's, inclusive
+  int heads_per_group = 1 << 30;  // kLowFirst: heads walked together (sized for L2 by the caller)
 
   template <typename Params>
   CUTLASS_DEVICE static int heads(Params const& p) {
@@ -185,8 +186,12 @@ struct VarlenTileWalk {
     int const rem = t - start;
     if constexpr (kOrder == WalkOrder::kHeavyFirst) {
       out = {n - 1 - rem / heads(p), rem % heads(p), first_seq + i};
-    } else if constexpr (kOrder == WalkOrder::kLowFirst) {
-      out = {rem / heads(p), rem % heads(p), first_seq + i};
+    } else if constexpr (kOrder == WalkOrder::kLowFirst) {  // per group of heads: block 0 of each, then 1, ...
+      int const group = min(heads_per_group, heads(p));
+      int const first = rem / (group * n) * group;
+      int const size = min(group, heads(p) - first);  // the last group may be short
+      int const in_group = rem - first * n;
+      out = {in_group / size, first + in_group % size, first_seq + i};
     } else {
       out = {rem % n, rem / n, first_seq + i};
     }
@@ -268,6 +273,7 @@ struct BwdTileScheduler {
       // Whole warps (the producer's too): ids from the counter, each warp finding its tiles by the
       // walk; one lane of the producer warp waits on and writes the ring and draws the next id.
       Walk walk;
+      walk.heads_per_group = section_pairs(params, params.heads_kv);
       int const lane = int(threadIdx.x % 32);
       int tile = blockIdx.x;
       for (int iteration = 0;; ++iteration) {
@@ -343,13 +349,19 @@ struct BwdTileScheduler {
     int n_block, head_kv, batch;
   };
   static constexpr int64_t kLptBytes = 40ll << 20;
+  // (KV head, batch) pairs per section, of `pairs`: a power of two whose Q, dO (16-bit) and dQ
+  // accumulator (float) fit kLptBytes (varlen: at the longest sequence's length).
+  template <typename Params>
+  CUTLASS_DEVICE static int section_pairs(Params const& params, int pairs) {
+    int const rows = kVarlen ? params.seqlen_q : params.seqlen_q_padded;
+    int64_t const bytes_per_pair = int64_t(rows) * params.q_heads_per_kv_head * params.head_dim * (2 * 2 + 4);
+    int const fit = int(max(int64_t(1), min(int64_t(pairs), kLptBytes / max(bytes_per_pair, int64_t(1)))));
+    return 1 << (31 - __clz(fit));  // a power of two <= fit
+  }
   template <typename Params>
   CUTLASS_DEVICE static BwdCoords tile_coords(Params const& params, int tile, int n_blocks) {
     int const pairs = params.heads_kv * num_batches(params);
-    int64_t const bytes_per_pair = int64_t(params.seqlen_q_padded) * params.q_heads_per_kv_head * params.head_dim *
-                                   (2 * 2 + 4);  // Q + dO (16-bit) + dQ (float)
-    int const fit = int(max(int64_t(1), min(int64_t(pairs), kLptBytes / bytes_per_pair)));
-    int const section_pairs = 1 << (31 - __clz(fit));  // a power of two <= fit
+    int const section_pairs = BwdTileScheduler::section_pairs(params, pairs);
     int const section = tile / (section_pairs * n_blocks);
     int const first_pair = section * section_pairs;
     int const in_section = tile - first_pair * n_blocks;
