@@ -118,9 +118,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 if [ "${WHEEL_SITE:-0}" = 1 ]; then  # the carried wheel (as wheeltest picks it), not the checkout
   site_wheel=${WHEEL:-$(ls -t dist/flash_attn_hopper-*.whl 2>/dev/null | head -n 1)}
+  # A warm machine keeps /tmp between calls: an earlier call's wheel must not stay in its place.
+  rm -rf /tmp/fah-site
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fah-site "$site_wheel" \
     || { echo "run.sh: installing $site_wheel failed"; exit 1; }
   export PYTHONPATH=/tmp/fah-site${PYTHONPATH:+:$PYTHONPATH}
+  echo "run.sh: flash_attn_hopper from $site_wheel ($(sha256sum "$site_wheel" | cut -c1-12))"
 else
   export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 fi
