@@ -15,6 +15,15 @@ from reference import assert_fa_close, attention_ref_chunked, attention_ref_chun
 pytestmark = pytest.mark.gpu
 
 
+def check_out_and_lse(out, lse, ref, lse_ref, low):
+    """out by FlashAttention's rule against the float32 reference (low: the same in the inputs'
+    dtype); the LSE infinite exactly where the reference's is, else within 1e-3."""
+    assert_fa_close(out, ref, low, name="out")
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse - lse_ref)[finite].abs().max().item() < 1e-3
+
+
 @pytest.mark.parametrize("sq, sk, chunk, causal", [(1000, 1000, 256, True), (300, 1100, 128, True),
                                                    (777, 777, 100, False), (5, 4096, 1024, True)])
 def test_chunked(sq, sk, chunk, causal):
@@ -23,10 +32,7 @@ def test_chunked(sq, sk, chunk, causal):
     out, lse = flash_attn_func(q, k, v, causal=causal, attention_chunk=chunk, return_attn_probs=True)
     ref, lse_ref = attention_ref_chunked(q, k, v, chunk=chunk, causal=causal)
     low, _ = attention_ref_chunked(q, k, v, chunk=chunk, causal=causal, upcast=False)
-    assert_fa_close(out, ref, low, name="out")
-    finite = torch.isfinite(lse_ref)
-    assert torch.equal(torch.isfinite(lse), finite)
-    assert (lse - lse_ref)[finite].abs().max().item() < 1e-3
+    check_out_and_lse(out, lse, ref, lse_ref, low)
     if not ops.has_varlen_bwd_op():
         return
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -59,10 +65,7 @@ def test_varlen_chunked(lens_q, lens_k, chunk, causal, used):
     out, lse = ours(q, k, v, lse=True)
     ref_out, ref_lse = ref(q, k, v)
     low, _ = ref(q, k, v, upcast=False)
-    assert_fa_close(out, ref_out, low, name="out")
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite)
-    assert (lse - ref_lse)[finite].abs().max().item() < 1e-3
+    check_out_and_lse(out, lse, ref_out, ref_lse, low)
     if not ops.has_varlen_bwd_op():
         return
     q, k, v = (t.requires_grad_() for t in (q, k, v))

@@ -6,6 +6,7 @@
 #include "kernel/common/config.h"
 
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -20,6 +21,16 @@
 #include "params/bwd_params.h"
 
 namespace flash {
+
+// CTAs of `kernel` (no dynamic shared memory) resident per SM at `threads` threads, at least 1; the
+// grids of the resident-CTA kernels below (each caller keeps it in a static: once per instantiation).
+template <typename KernelFn>
+int resident_per_sm(KernelFn kernel, int threads, char const* name) {
+  int n = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0),
+             (std::string("querying the occupancy of ") + name).c_str());
+  return std::max(n, 1);
+}
 
 template <typename Kernel>
 void launch_bwd(BwdParams const& p, cudaStream_t stream) {
@@ -92,12 +103,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   }
   {  // preprocess: resident CTAs (as many as fit, found once per instantiation) over the row units
     auto prep = &flash_bwd_preprocess_kernel<Element, Kernel::kHeadDim, kVarlen>;
-    static int const per_sm = [prep] {
-      int n = 0;
-      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, prep, kPrepWarps * 32, 0),
-                 "querying the backward preprocess kernel's occupancy");
-      return std::max(n, 1);
-    }();
+    static int const per_sm = resident_per_sm(prep, kPrepWarps * 32, "the backward preprocess kernel");
     constexpr int kPrepRows = prep_rows_per_cta<Kernel::kHeadDim>();
     // Varlen: the longest sequence's units per (head, sequence), a bound on the grid (the kernel
     // counts the real ones).
@@ -123,12 +129,7 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   auto post = &flash_bwd_dq_postprocess_kernel<Kernel>;
   dim3 grid_post(p.seqlen_q_padded / Kernel::kBlockM, p.heads_q, p.batch);
   if constexpr (kVarlen) {  // resident CTAs over the blocks that hold rows: at most this many
-    static int const post_per_sm = [post] {
-      int n = 0;
-      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, post, Kernel::kNumMmaThreads, 0),
-                 "querying the dQ postprocess kernel's occupancy");
-      return std::max(n, 1);
-    }();
+    static int const post_per_sm = resident_per_sm(post, Kernel::kNumMmaThreads, "the dQ postprocess kernel");
     int64_t const blocks = int64_t(p.heads_q) * ((p.varlen.total_q + Kernel::kBlockM - 1) / Kernel::kBlockM + p.batch);
     grid_post = dim3(unsigned(std::min<int64_t>(blocks, int64_t(p.num_sms) * post_per_sm)), 1, 1);
   }
