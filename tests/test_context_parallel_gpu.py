@@ -8,9 +8,7 @@ FlashAttention's rule, and fails if any block ran torch's FlashAttention-2 inste
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import torch
 from flash_attn_hopper import torch_registry
 
 from helpers.kernels import needs_extension, skip_unless_compiled
+from helpers.location import run_python
 
 pytestmark = [pytest.mark.gpu, needs_extension()]
 
@@ -31,10 +30,9 @@ def _run(ranks: int, *args: str) -> subprocess.CompletedProcess:
     if torch_registry.backward_override_refusal() is not None:
         pytest.skip(f"the CP backward would run torch's kernels: {torch_registry.backward_override_refusal()}")
     skip_unless_compiled(128, torch.bfloat16, ("fwd", "bwd"))
-    env = dict(os.environ, PYTHONSAFEPATH="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           str(EXAMPLE), "--check", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    # torchrun in a folder outside the checkout, the tests' flash_attn_hopper first on the ranks' path.
+    return run_python(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", str(EXAMPLE),
+                       "--check", *args], timeout=600)
 
 
 def _assert_ok(result: subprocess.CompletedProcess) -> None:
