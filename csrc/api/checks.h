@@ -66,13 +66,13 @@ Tensor unsqueeze0(Tensor const& t) {
     sizes[i + 1] = t.size(i);
     strides[i + 1] = t.stride(i);
   }
-  int64_t offset = 0;
-  AtenTensorHandle view = nullptr;
-  FLASH_CHECK(aoti_torch_get_storage_offset(t.get(), &offset) == AOTI_TORCH_SUCCESS &&
-                  aoti_torch__reinterpret_tensor(t.get(), dim + 1, sizes.data(), strides.data(), offset, &view) ==
-                      AOTI_TORCH_SUCCESS,
+  AtenTensorHandle view = nullptr;  // the offset argument is added to t's own storage offset: 0
+  FLASH_CHECK(aoti_torch__reinterpret_tensor(t.get(), dim + 1, sizes.data(), strides.data(), 0, &view) ==
+                  AOTI_TORCH_SUCCESS,
               "flash_attn_hopper: could not view a varlen tensor as one batch entry");
-  return Tensor(view);
+  Tensor out(view);
+  FLASH_CHECK(out.data_ptr() == t.data_ptr(), "flash_attn_hopper: a varlen tensor's view moved its data pointer");
+  return out;
 }
 
 // Binds the device's primary context to the calling thread once per (thread, device): torch's device
