@@ -38,18 +38,23 @@ def _inputs(grad: bool):
     return q, k, v, cu
 
 
+def _public(lib, causal: bool) -> tuple:
+    """The makers of lib's flash_attn_func (on the packed rows as one batch entry) and flash_attn_varlen_func."""
+    def dense(grad):
+        q, k, v, _ = _inputs(grad)
+        q4, k4, v4 = (t.unsqueeze(0) for t in (q, k, v))
+        return (lambda: lib.flash_attn_func(q4, k4, v4, causal=causal)), (q, k, v)
+
+    def varlen(grad):
+        q, k, v, cu = _inputs(grad)
+        return (lambda: lib.flash_attn_varlen_func(q, k, v, cu, cu, SEQLEN, SEQLEN, causal=causal)), (q, k, v)
+
+    return dense, varlen
+
+
 def layers(causal: bool) -> dict:
     """name -> make(grad) -> (call, its q, k, v) for every layer importable here."""
     import flash_attn_hopper as ours
-
-    def ours_dense(grad):
-        q, k, v, _ = _inputs(grad)
-        q4, k4, v4 = (t.unsqueeze(0) for t in (q, k, v))
-        return (lambda: ours.flash_attn_func(q4, k4, v4, causal=causal)), (q, k, v)
-
-    def ours_varlen(grad):
-        q, k, v, cu = _inputs(grad)
-        return (lambda: ours.flash_attn_varlen_func(q, k, v, cu, cu, SEQLEN, SEQLEN, causal=causal)), (q, k, v)
 
     def ours_op(grad, below_autograd=False):
         q, k, v, cu = _inputs(grad)
@@ -65,23 +70,13 @@ def layers(causal: bool) -> dict:
                 return call()
         return below, (q, k, v)
 
-    found = {"ours-dense": ours_dense, "ours": ours_varlen, "ours-op": ours_op,
-             "ours-op-noautograd": lambda grad: ours_op(False, below_autograd=True)}
+    found = dict(zip(("ours-dense", "ours"), _public(ours, causal)))
+    found.update({"ours-op": ours_op, "ours-op-noautograd": lambda grad: ours_op(False, below_autograd=True)})
     try:
         import flash_attn_interface as fa3
     except ImportError:
         return found
-
-    def fa3_dense(grad):
-        q, k, v, _ = _inputs(grad)
-        q4, k4, v4 = (t.unsqueeze(0) for t in (q, k, v))
-        return (lambda: fa3.flash_attn_func(q4, k4, v4, causal=causal)), (q, k, v)
-
-    def fa3_varlen(grad):
-        q, k, v, cu = _inputs(grad)
-        return (lambda: fa3.flash_attn_varlen_func(q, k, v, cu, cu, SEQLEN, SEQLEN, causal=causal)), (q, k, v)
-
-    found.update({"fa3-dense": fa3_dense, "fa3": fa3_varlen})
+    found.update(zip(("fa3-dense", "fa3"), _public(fa3, causal)))
     return found
 
 
