@@ -110,8 +110,9 @@ else:  # build the extension (the rest of this file)
     binding = ROOT / "csrc" / "flash_api.cpp"
     if not binding.is_file():
         fail(f"{binding.relative_to(ROOT)} is missing: this checkout has no torch binding to build")
-    # The binding, the split-KV combine kernel (no template sweep) and the generated kernel files.
-    sources = [str(binding.relative_to(ROOT)), "csrc/launch/combine.cu"] + [
+    # The binding, the split-KV combine kernel (no template sweep), the TMA descriptors' driver entry
+    # point and the generated kernel files.
+    sources = [str(binding.relative_to(ROOT)), "csrc/launch/combine.cu", "csrc/launch/driver.cu"] + [
         str(p.relative_to(ROOT)) for p in generated.sources
     ]
     # The binding uses torch's stable ABI only, compiled for the oldest torch supported: the

@@ -120,7 +120,7 @@ void check_pack_gqa(int64_t pack_gqa, int64_t total_q, int64_t batch, bool softc
 void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Problem const& pb, Tensor const& q,
                    Tensor const& out, Tensor& lse, float const* sink_ptr, bool softcap, int64_t num_splits,
                    bool tile_counter, int64_t pack_gqa = 1) {
-  set_outputs(params, torch::stable::unsqueeze(out, 0), lse, sink_ptr);
+  set_outputs(params, unsqueeze0(out), lse, sink_ptr);
   int splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
                              pb.head_dim_rounded, softcap, params.num_sms);
   if (pack_gqa > 1) { splits = std::max(splits, 2); }
@@ -392,10 +392,10 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
   }
 
   Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
-  Tensor const dot = tma_ready(torch::stable::unsqueeze(dout, 0));
-  Tensor const ot = tma_ready(torch::stable::unsqueeze(out, 0));
+  Tensor const dot = tma_ready(unsqueeze0(dout));
+  Tensor const ot = tma_ready(unsqueeze0(out));
   Tensor const lse = torch::stable::contiguous(softmax_lse);
-  Tensor const dq4 = torch::stable::unsqueeze(dq, 0);
+  Tensor const dq4 = unsqueeze0(dq);
   flash::BwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from . import manifest
+from . import manifest, op_autograd
 
 #: The forward op.  softcap: 0 = off; otherwise the scaled scores s become softcap * tanh(s / softcap)
 #: before any mask (FlashAttention-3's semantics), in the backward too.  sink: None, or a float32
@@ -491,14 +491,14 @@ def register_varlen(lib) -> None:
     stand-in op with :data:`VARLEN_FWD_SCHEMA` (tests/op_emulator.py) and destroy ``lib`` after.
     """
     torch.library.register_fake("flash_attn_hopper::varlen_fwd", _varlen_fwd_fake, lib=lib)
-    torch.library.register_autograd(
+    op_autograd.register_autograd(
         "flash_attn_hopper::varlen_fwd", _varlen_fwd_backward, setup_context=_varlen_fwd_setup_context, lib=lib
     )
     lib.define(VARLEN_FWD_SCHEMA.replace("varlen_fwd(", f"{VARLEN_DETERMINISTIC_FWD_NAME}(", 1))
     lib.impl(VARLEN_DETERMINISTIC_FWD_NAME, _varlen_fwd_deterministic_bwd_impl, "CompositeExplicitAutograd")
     name = f"flash_attn_hopper::{VARLEN_DETERMINISTIC_FWD_NAME}"
     torch.library.register_fake(name, _varlen_fwd_fake, lib=lib)
-    torch.library.register_autograd(
+    op_autograd.register_autograd(
         name, _varlen_fwd_backward, setup_context=_varlen_fwd_deterministic_setup_context, lib=lib
     )
 
@@ -507,17 +507,18 @@ def register_varlen(lib) -> None:
 _PY_LIBRARY = None
 
 if _C is not None:
+    _PY_LIBRARY = torch.library.Library("flash_attn_hopper", "FRAGMENT")
     torch.library.register_fake("flash_attn_hopper::fwd", _fwd_fake)
-    torch.library.register_autograd("flash_attn_hopper::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+    op_autograd.register_autograd("flash_attn_hopper::fwd", _fwd_backward, setup_context=_fwd_setup_context,
+                                  lib=_PY_LIBRARY)
     if has_bwd_op():
         register_bwd_fake()
 
-    _PY_LIBRARY = torch.library.Library("flash_attn_hopper", "FRAGMENT")
     _PY_LIBRARY.define(FWD_SCHEMA.replace("fwd(", f"{DETERMINISTIC_FWD_NAME}(", 1))
     # Every backend: fwd decides which devices have a kernel.
     _PY_LIBRARY.impl(DETERMINISTIC_FWD_NAME, _fwd_deterministic_bwd_impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"flash_attn_hopper::{DETERMINISTIC_FWD_NAME}", _fwd_fake, lib=_PY_LIBRARY)
-    torch.library.register_autograd(
+    op_autograd.register_autograd(
         f"flash_attn_hopper::{DETERMINISTIC_FWD_NAME}",
         _fwd_backward,
         setup_context=_fwd_deterministic_setup_context,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops
+from . import op_autograd, ops
 
 FWD_SINK_SCHEMA = (
     "fwd_sink(Tensor q, Tensor k, Tensor v, Tensor sink, float softmax_scale, bool causal, "
@@ -117,13 +117,13 @@ def register(lib) -> None:
     lib.define(FWD_SINK_SCHEMA)
     lib.impl("fwd_sink", _fwd_sink_impl, "CompositeExplicitAutograd")
     torch.library.register_fake("flash_attn_hopper::fwd_sink", _fwd_sink_fake, lib=lib)
-    torch.library.register_autograd(
+    op_autograd.register_autograd(
         "flash_attn_hopper::fwd_sink", _fwd_sink_backward, setup_context=_fwd_sink_setup, lib=lib
     )
     lib.define(VARLEN_FWD_SINK_SCHEMA)
     lib.impl("varlen_fwd_sink", _varlen_fwd_sink_impl, "CompositeExplicitAutograd")
     torch.library.register_fake("flash_attn_hopper::varlen_fwd_sink", _varlen_fwd_sink_fake, lib=lib)
-    torch.library.register_autograd(
+    op_autograd.register_autograd(
         "flash_attn_hopper::varlen_fwd_sink", _varlen_fwd_sink_backward, setup_context=_varlen_fwd_sink_setup,
         lib=lib,
     )

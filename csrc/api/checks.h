@@ -55,6 +55,26 @@ std::vector<int64_t> sizes_of(Tensor const& t) {
   return sizes;
 }
 
+// t with a leading dimension of 1 (a varlen tensor as one batch entry): the view made directly
+// through the shim rather than through the dispatcher's unsqueeze (a few us per call on the host).
+Tensor unsqueeze0(Tensor const& t) {
+  int64_t const dim = t.dim();
+  std::vector<int64_t> sizes(dim + 1), strides(dim + 1);
+  sizes[0] = 1;
+  strides[0] = dim > 0 ? t.size(0) * t.stride(0) : 1;  // as torch's unsqueeze(0)
+  for (int64_t i = 0; i < dim; ++i) {
+    sizes[i + 1] = t.size(i);
+    strides[i + 1] = t.stride(i);
+  }
+  AtenTensorHandle view = nullptr;  // the offset argument is added to t's own storage offset: 0
+  FLASH_CHECK(aoti_torch__reinterpret_tensor(t.get(), dim + 1, sizes.data(), strides.data(), 0, &view) ==
+                  AOTI_TORCH_SUCCESS,
+              "flash_attn_hopper: could not view a varlen tensor as one batch entry");
+  Tensor out(view);
+  FLASH_CHECK(out.data_ptr() == t.data_ptr(), "flash_attn_hopper: a varlen tensor's view moved its data pointer");
+  return out;
+}
+
 // Binds the device's primary context to the calling thread once per (thread, device): torch's device
 // guard skips cudaSetDevice when the device already matches, and in a thread where no CUDA call ran
 // yet (autograd's backward thread) the TMA descriptors' driver calls then fail with no context.
@@ -335,8 +355,7 @@ VarlenCall check_varlen_call(bool value_head_dim, Tensor const& q, Tensor const&
                              std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
   Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
-  Tensor const q4 = torch::stable::unsqueeze(q, 0), k4 = torch::stable::unsqueeze(k, 0),
-               v4 = torch::stable::unsqueeze(v, 0);
+  Tensor const q4 = unsqueeze0(q), k4 = unsqueeze0(k), v4 = unsqueeze0(v);
   return {vl, q4, k4, v4, check_problem(q4, k4, v4, value_head_dim)};
 }
 

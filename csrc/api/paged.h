@@ -47,7 +47,7 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   // dim, GQA); its batch stride is the page stride.
   Tensor k_pages = k_cache, v_pages = v_cache;  // handles: narrow takes a non-const one
   Tensor const k4 = torch::stable::narrow(k_pages, 0, 0, 1), v4 = torch::stable::narrow(v_pages, 0, 0, 1);
-  Tensor const q4 = torch::stable::unsqueeze(q, 0);
+  Tensor const q4 = unsqueeze0(q);
   Problem pb = check_problem(q4, k4, v4);
   Varlen vl = check_varlen(q, torch::stable::select(k_pages, 0, 0), cu_seqlens_q, cu_seqlens_k, std::nullopt,
                            seqused_k, max_seqlen_q, max_seqlen_k);

@@ -121,8 +121,8 @@ void launch_bwd(BwdParams const& p, cudaStream_t stream) {
   }
   auto kernel = &flash_bwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
-             "raising the backward kernel's shared-memory limit");
+  static std::atomic<uint64_t> smem_allowed{0};
+  allow_smem_once(smem_allowed, kernel, smem_size, "raising the backward kernel's shared-memory limit");
   kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
   check_cuda(cudaGetLastError(), "launching the backward kernel");
 

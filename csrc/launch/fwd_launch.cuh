@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -53,6 +55,18 @@ inline void check_cuda(cudaError_t err, char const* what) {
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("flash_attn_hopper: ") + what + ": " + cudaGetErrorString(err));
   }
+}
+
+// Raises kernel's dynamic shared-memory limit on the current device the first time it launches
+// there (the attribute lasts for the process): done[bit d] says device d has it.
+template <typename KernelFn>
+void allow_smem_once(std::atomic<uint64_t>& done, KernelFn kernel, int smem_size, char const* what) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), what);
+  uint64_t const bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) { return; }
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size), what);
+  done.fetch_or(bit, std::memory_order_release);
 }
 
 template <typename Kernel>
@@ -146,8 +160,8 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   dim3 const grid = Kernel::Scheduler::grid(params.num_m_blocks, p.heads_q, grid_batches, p.num_sms);
   auto kernel = &flash_fwd_kernel<Kernel>;
   constexpr int smem_size = Kernel::kSharedStorageSize;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size),
-             "raising the kernel's shared-memory limit");
+  static std::atomic<uint64_t> smem_allowed{0};
+  allow_smem_once(smem_allowed, kernel, smem_size, "raising the kernel's shared-memory limit");
   kernel<<<grid, Kernel::kNumThreads, smem_size, stream>>>(params);
   check_cuda(cudaGetLastError(), "launching the forward kernel");
 }

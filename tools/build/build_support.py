@@ -36,6 +36,9 @@ NVCC_FLAGS = [
     "-U__CUDA_NO_HALF_CONVERSIONS__",
     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
     "-U__CUDA_NO_HALF2_OPERATORS__",
+    # CuTe's TMA descriptors call cuTensorMapEncodeTiled, which csrc/launch/driver.cu resolves once,
+    # instead of looking the driver entry point up on every descriptor.
+    "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL",
     "-lineinfo",
 ]
 NVCC_VERBOSE_FLAGS = ["-Xptxas=-v"]

@@ -68,7 +68,7 @@ def sources(name, hdim, dtype, bwd=False):
     write_if_changed(inst,
         f'#include "launch/fwd_launch.cuh"\n'
         f"template void flash::run_flash_fwd<{hdim}, {ctype}>(flash::FwdParams&, cudaStream_t);\n")
-    files = [str(api), str(inst)]
+    files = [str(api), str(inst), str(ROOT / "csrc" / "launch" / "driver.cu")]  # driver.cu: cuTensorMapEncodeTiled
     if bwd:
         inst_bwd = d / "inst_bwd.cu"
         write_if_changed(inst_bwd,
