@@ -245,7 +245,7 @@ def register_bwd_fake(lib=None) -> None:
 
 
 def _setup_context(ctx, inputs, output, deterministic: bool) -> None:
-    # inputs has every schema argument, defaults filled in by torch.
+    # inputs has every schema argument, defaults filled in (op_autograd.register_autograd).
     q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, _ = inputs
     _no_sink_gradient(sink)
     out, softmax_lse = output
@@ -415,7 +415,7 @@ def _varlen_bwd_fake(dout, q, k, v, *rest):
 
 
 def _varlen_setup_context(ctx, inputs, output, deterministic: bool) -> None:
-    # inputs has every schema argument, defaults filled in by torch.
+    # inputs has every schema argument, defaults filled in (op_autograd.register_autograd).
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
      softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink, _, pack_gqa) = inputs
     _no_sink_gradient(sink)
