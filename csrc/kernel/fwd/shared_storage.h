@@ -50,9 +50,13 @@ struct FwdSmemLayouts {
 
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   using SmemAtomV = decltype(smem_atom_k_major<Element, kHeadDimV>());
-  // Q tiles in row-major order of atoms so that each warpgroup's 64 rows form one contiguous
-  // block laid out like SmemLayoutO64 (with dv != d, narrower): the epilogue reuses them for O.
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, Step<_2, _1>{}));
+  // Q tiles whose buffer the epilogue reuses for O: atoms in row-major order, so that each
+  // warpgroup's 64 rows form one contiguous block laid out like SmemLayoutO64 (with dv != d,
+  // narrower); a TMA box then spans 8 rows. Kernels that stage O elsewhere (kSeparateO) or not at
+  // all (kDirectO) order Q's atoms as K's, one TMA box per 64 columns.
+  static constexpr bool kQHoldsO = !Policy::kSeparateO && !Policy::kDirectO;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                                             std::conditional_t<kQHoldsO, Step<_2, _1>, Step<_1, _2>>{}));
   using SmemLayoutO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, Step<_2, _1>{}));
   using SmemLayoutO64 = decltype(tile_to_shape(SmemAtomV{}, Shape<_64, Int<kHeadDimV>>{}, Step<_2, _1>{}));
   static_assert(cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutQ>, "O is staged in Q's buffer");
