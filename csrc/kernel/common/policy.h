@@ -181,9 +181,8 @@ struct FwdPolicy {
   // Persistent causal/local: tiles drawn from an atomic counter, heaviest first [D:005].
   static constexpr bool kDynamic = fwd_dynamic_schedule(kPersistent, kLocal);
   // The dynamic ring carries decoded tiles at hdim 64 (at 128 / 256 the producer then spills)
-  // [D:014].
-  // Varlen persistent kernels too: their producer's walk decodes (tile_scheduler.h).
-  static constexpr bool kRingDecode = kHeadDim <= 64 || (kVarlen && kPersistent);
+  // [D:014]. Varlen persistent kernels' ring carries walked tiles with their extents (kernel.h).
+  static constexpr bool kRingDecode = kHeadDim <= 64;
   // Causal/local: the key-block loop in three parts around its unmasked middle [D:008].
   static constexpr bool kSplitMask = kLocal;
   // hdim 64 causal/local 128-key tiles: the diagonal block's mask and softmax over the half each

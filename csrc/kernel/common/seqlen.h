@@ -35,9 +35,14 @@ struct FixedSeqLen {
 // (the backward's per-row buffers need the queries' segments apart); seqused_k is the keys'
 // length from cu_seqlens_k[b] as FA3 reads it, so those offsets need not be in order (a KV cache
 // whose entries a batch index picks), at most the call's longest key length.
-template <typename Params>
-struct VarSeqLen {
+// A variable-length sequence's extent as VarSeqLen reads it, in a form that travels through shared
+// memory (the forward's tile ring hands it from the producer to the consumers).
+struct SeqExtent {
   int offset_q_, offset_k_, seqlen_q_, seqlen_k_, diag_, batch_;
+};
+
+template <typename Params>
+struct VarSeqLen : SeqExtent {
 
   CUTLASS_HOST_DEVICE static void segment(int const* cu, int const* used, int b, int total, int& offset, int& length) {
     int const begin = min(max(cu[b], 0), total);
@@ -52,6 +57,7 @@ struct VarSeqLen {
     offset = min(max(cu[b], 0), total);
     length = min(max(used[b], 0), min(max_len, total - offset));
   }
+  CUTLASS_HOST_DEVICE explicit VarSeqLen(SeqExtent const& e) : SeqExtent(e) {}
   CUTLASS_HOST_DEVICE VarSeqLen(Params const& p, int b) {
     VarlenArgs const& v = p.varlen;
     segment(v.cu_seqlens_q, v.seqused_q, b, v.total_q, offset_q_, seqlen_q_);

@@ -133,6 +133,13 @@ struct FwdTileScheduler {
 // warp calls find with the same t.
 enum class WalkOrder { kBlocksFastest, kHeavyFirst, kLowFirst };
 
+// A walked forward tile with its sequence's extent, as the producer hands it to the consumers
+// (m_block -1: past the last tile).
+struct CompactTile {
+  FwdTile tile;
+  SeqExtent seq;
+};
+
 template <int kBlock, WalkOrder kOrder, bool kKeys = false>
 struct VarlenTileWalk {
   int first_seq = -32;   // the window's first sequence (-32: none read yet)

@@ -53,7 +53,8 @@ struct FwdKernel {
   static constexpr bool kRingDecode = Policy::kRingDecode;
   static constexpr bool kVarlen = Policy::kVarlen;
   // Varlen persistent kernels walk only the tiles that hold rows (tile_scheduler.h, VarlenTileWalk):
-  // the producer's whole warp finds each tile, one lane loads it.
+  // the producer's whole warp finds each tile, one lane reads its sequence's extent, hands both to
+  // the consumers through the ring (they read no cu_seqlens on their path) and loads it.
   static constexpr bool kCompact = kVarlen && Policy::kPersistent;
   using Walk = VarlenTileWalk<kBlockM, kLocal ? WalkOrder::kHeavyFirst : WalkOrder::kBlocksFastest>;
   static constexpr bool kPaged = Policy::kPaged;
@@ -149,7 +150,7 @@ struct FwdKernel {
         smem.o.barrier_q2.init(/*arrive_count=*/1);
         smem.o.barrier_q2_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
       }
-      if constexpr (kDynamic) { smem.ring.init(kNumMmaThreads); }
+      if constexpr (kDynamic || kCompact) { smem.ring.init(kNumMmaThreads); }
     }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = Mainloop::kBytesKV;
@@ -170,12 +171,22 @@ struct FwdKernel {
     auto decoded = [&](auto const& tile) {
       if constexpr (std::is_same_v<std::decay_t<decltype(tile)>, FwdTile>) {
         return tile;
+      } else if constexpr (std::is_same_v<std::decay_t<decltype(tile)>, CompactTile>) {
+        return tile.tile;
       } else if constexpr (Policy::kSplit) {
         FwdTile t = scheduler.decode(tile, params.divisors);
         t.batch /= split_count(params);
         return t;
       } else {
         return scheduler.decode(tile, params.divisors);
+      }
+    };
+    // The tile's sequence: handed on with it (kCompact), else read here.
+    auto seq_of = [&](auto const& tile, FwdTile const& t) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(tile)>, CompactTile>) {
+        return Seq(tile.seq);
+      } else {
+        return Seq(params, t.batch);
       }
     };
     auto split_of = [&](auto const& tile) {
@@ -207,9 +218,9 @@ struct FwdKernel {
         // kEarlyQ every tile releases it (a tile with nothing to attend writes its zero O
         // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
         int q_loads = 0;
-        auto produce = [&](auto const& tile, int iteration) {  // a tile id, or (kRingDecode) a decoded tile
+        auto produce = [&](auto const& tile, int iteration) {  // a tile id, (kRingDecode) a decoded tile, (kCompact) a walked one
           FwdTile const t = decoded(tile);
-          Seq const seq(params, t.batch);
+          Seq const seq = seq_of(tile, t);
           auto const range = range_of(t, seq, split_of(tile));
           // kSeparateO: load k into Q slot k % 2 waits for that slot's release number k / 2 - 1.
           int const wait_phase = Policy::kSeparateO ? (q_loads > 1 ? ((q_loads >> 1) - 1) & 1 : -1)
@@ -223,35 +234,27 @@ struct FwdKernel {
                         Policy::kSeparateO ? q_loads & 1 : 0);
           ++q_loads;
         };
-        if constexpr (kCompact && kDynamic) {
-          static_assert(kRingDecode, "the ring carries the walk's tiles");
+        if constexpr (kCompact) {
           int const leader = __ffs(__ballot_sync(0xffffffffu, lane_predicate)) - 1;
           Walk walk;
           int tile = scheduler.first();
           for (int iteration = 0;; ++iteration) {
-            FwdTile t;
-            bool const valid = walk.find(params, tile, t);
-            int next = 0;
+            CompactTile item{{-1, 0, 0}, {}};
+            bool const valid = walk.find(params, tile, item.tile);
+            int next = tile + int(gridDim.x);  // static: the stride; dynamic: the counter's next id
             if (lane_predicate) {
+              if (kDynamic && valid) { next = atomicAdd(params.tile_counter, 1) + int(gridDim.x); }  // in flight meanwhile
+              if (valid) { item.seq = Seq(params, item.tile.batch); }
               int const slot = iteration & 1;
               smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // the consumers read its last item
-              smem.ring.items[slot] = valid ? t : FwdTile{-1, 0, 0};
+              smem.ring.items[slot] = item;
               smem.ring.full[slot].arrive();
-              if (valid) { next = atomicAdd(params.tile_counter, 1) + int(gridDim.x); }  // in flight meanwhile
             }
             if (!valid) { break; }
-            next = __shfl_sync(0xffffffffu, next, leader);
-            if (lane_predicate) { produce(t, iteration); }
+            if constexpr (kDynamic) { next = __shfl_sync(0xffffffffu, next, leader); }
+            if (lane_predicate) { produce(item, iteration); }
             __syncwarp();
             tile = next;
-          }
-        } else if constexpr (kCompact) {
-          Walk walk;
-          FwdTile t;
-          int iteration = 0;
-          for (int tile = scheduler.first(); walk.find(params, tile, t); tile += int(gridDim.x), ++iteration) {
-            if (lane_predicate) { produce(t, iteration); }
-            __syncwarp();
           }
         } else if constexpr (kDynamic) {
           int tile = scheduler.first();
@@ -288,9 +291,9 @@ struct FwdKernel {
       PipelineState state_v;
       int q_phase = 0;
       Epilogue const epilogue;
-      auto consume_tile = [&](auto const& tile) {  // a tile id, or (kRingDecode) a decoded tile
+      auto consume_tile = [&](auto const& tile) {  // a tile id, (kRingDecode) a decoded tile, (kCompact) a walked one
         FwdTile const t = decoded(tile);
-        Seq const seq(params, t.batch);
+        Seq const seq = seq_of(tile, t);
         // Varlen: a tile past its sequence's last query row has nothing to compute or store (the
         // producer loaded nothing for it either), so skip the epilogue's zero pass.
         if constexpr (kVarlen) {
@@ -300,21 +303,23 @@ struct FwdKernel {
         mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq, split),
                      threadIdx.x - 128, wg, epilogue, split);
       };
-      if constexpr (kDynamic) {
+      if constexpr (kDynamic || kCompact) {
         for (int iteration = 0;; ++iteration) {
           int const slot = iteration & 1;
           smem.ring.full[slot].wait((iteration >> 1) & 1);
           auto const item = smem.ring.items[slot];
           smem.ring.empty[slot].arrive();
           bool valid;
-          if constexpr (kRingDecode) { valid = item.m_block >= 0; } else { valid = scheduler.valid(item); }
+          if constexpr (kCompact) {
+            valid = item.tile.m_block >= 0;
+          } else if constexpr (kRingDecode) {
+            valid = item.m_block >= 0;
+          } else {
+            valid = scheduler.valid(item);
+          }
           if (!valid) { break; }
           consume_tile(item);
         }
-      } else if constexpr (kCompact) {
-        Walk walk;
-        FwdTile t;
-        for (int tile = scheduler.first(); walk.find(params, tile, t); tile += int(gridDim.x)) { consume_tile(t); }
       } else {
         for (int tile = scheduler.first(); scheduler.valid(tile); tile = scheduler.next(tile)) { consume_tile(tile); }
       }

@@ -85,8 +85,11 @@ struct FwdSharedStorage {
     alignas(16) cutlass::arch::ClusterBarrier barrier_q2_empty;
   };
   struct NoRing {};
-  // kDynamic: tile ids (kRingDecode: decoded tiles) from the producer to the consumers.
-  using Ring = TileRing<std::conditional_t<Policy::kRingDecode, FwdTile, int>>;
+  // Tiles from the producer to the consumers: kDynamic, tile ids (kRingDecode: decoded tiles);
+  // varlen persistent kernels (kCompact), static or dynamic, the walk's tiles with their extents.
+  static constexpr bool kCompact = Policy::kVarlen && Policy::kPersistent;
+  static constexpr bool kRing = Policy::kDynamic || kCompact;
+  using Ring = TileRing<std::conditional_t<kCompact, CompactTile, std::conditional_t<Policy::kRingDecode, FwdTile, int>>>;
 
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQ>> q;  // O reuses it unless kSeparateO
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutKV>> k;
@@ -96,7 +99,7 @@ struct FwdSharedStorage {
   alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
   alignas(16) typename L::Pipeline::SharedStorage pipeline_k;
   alignas(16) typename L::Pipeline::SharedStorage pipeline_v;
-  std::conditional_t<Policy::kDynamic, Ring, NoRing> ring;
+  std::conditional_t<kRing, Ring, NoRing> ring;
 
   // Q buffer `slot` (always 0 without a second one) and its barriers.
   CUTLASS_DEVICE Element* q_data(int slot) {
