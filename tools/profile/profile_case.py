@@ -7,6 +7,8 @@ backward kernel. Prints the median time of the last runs.
     --provider fa3 runs FlashAttention-3 instead (flash_attn_interface, e.g. built by
     tools/gpu/fa3_peer.py; its backward kernel matches regex:FlashAttnBwdSm90); --provider cudnn runs
     torch SDPA forced to cuDNN (layout (batch, heads, seqlen, hdim) views of the same tensors).
+    --varlen runs ours through flash_attn_varlen_func on the same tensors packed (equal lengths), so
+    that the dense and the varlen kernels of one shape can be profiled side by side.
 """
 import argparse
 import statistics
@@ -23,6 +25,7 @@ def main():
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--provider", choices=["ours", "fa3", "cudnn"], default="ours")
+    ap.add_argument("--varlen", action="store_true", help="ours through flash_attn_varlen_func, equal lengths")
     args = ap.parse_args()
     d, s = args.hdim, args.seqlen
     b, h = 16384 // s, 2048 // d
@@ -51,6 +54,18 @@ def main():
                 out = sdpa(qt, kt, vt, is_causal=args.causal)
                 if args.bwd:
                     torch.autograd.grad(out, (qt, kt, vt), dot)
+    elif args.varlen:
+        import flash_attn_hopper
+
+        qp, kp, vp = (x.reshape(b * s, h, d).requires_grad_(args.bwd) for x in (q, k, v))
+        cu = torch.arange(0, (b + 1) * s, s, device="cuda", dtype=torch.int32)
+
+        def run():
+            out = flash_attn_hopper.flash_attn_varlen_func(qp, kp, vp, cu, cu, s, s, causal=args.causal,
+                                                           deterministic=args.deterministic)
+            out = out[0] if isinstance(out, tuple) else out
+            if args.bwd:
+                torch.autograd.grad(out, (qp, kp, vp), dout.reshape(b * s, h, d))
     else:
         import flash_attn_hopper._C  # noqa: F401
         op = torch.ops.flash_attn_hopper
@@ -67,7 +82,7 @@ def main():
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    print(f"{args.provider} hdim {d} seqlen {s} causal={args.causal} bwd={args.bwd}: median {statistics.median(times):.3f} ms "
+    print(f"{args.provider}{' varlen' if args.varlen else ''} hdim {d} seqlen {s} causal={args.causal} bwd={args.bwd}: median {statistics.median(times):.3f} ms "
           f"over {args.runs} runs (fwd{' + bwd' if args.bwd else ''})")
 
 
