@@ -124,8 +124,9 @@ struct FwdTileScheduler {
 // Varlen persistent kernels: ids that count only the tiles holding rows of their sequence,
 // sequence-major in batch order, so that no CTA walks the longest sequence's grid once per
 // sequence. kOrder, within a sequence: kBlocksFastest (the blocks of one head, then the next head),
-// kHeavyFirst (heads fastest, the forward's heaviest m_block, the last, first), kLowFirst (heads
-// fastest, block 0 first: the causal backward's heaviest key block). kKeys: the tiles are key
+// kHeavyFirst (per group of heads_per_group heads, heads fastest, the forward's heaviest m_block,
+// the last, first), kLowFirst (the same with block 0 first: the causal backward's heaviest key
+// block). kKeys: the tiles are key
 // blocks of the KV heads (the backward), else query blocks of the query heads. A warp holds 32
 // sequences' tile counts (one per lane, with their inclusive prefix) and finds tile t's sequence
 // by a ballot, moving the window forward only: a CTA's ids only grow (static stride or counter),
@@ -146,7 +147,7 @@ struct VarlenTileWalk {
   int tiles_before = 0;  // tiles of the sequences before the window
   int blocks = 0;        // this lane's sequence's blocks
   int upto = 0;          // tiles of the window's sequences up to this lane's, inclusive
-  int heads_per_group = 1 << 30;  // kLowFirst: heads walked together (sized for L2 by the caller)
+  int heads_per_group = 1 << 30;  // kLowFirst / kHeavyFirst: heads walked together (sized for L2 by the caller)
 
   template <typename Params>
   CUTLASS_DEVICE static int heads(Params const& p) {
@@ -191,14 +192,15 @@ struct VarlenTileWalk {
     int const n = __shfl_sync(0xffffffffu, blocks, i);
     int const start = tiles_before + __shfl_sync(0xffffffffu, upto, i) - n * heads(p);
     int const rem = t - start;
-    if constexpr (kOrder == WalkOrder::kHeavyFirst) {
-      out = {n - 1 - rem / heads(p), rem % heads(p), first_seq + i};
-    } else if constexpr (kOrder == WalkOrder::kLowFirst) {  // per group of heads: block 0 of each, then 1, ...
+    if constexpr (kOrder != WalkOrder::kBlocksFastest) {
+      // Per group of heads: block 0 of each, then 1, ... (kLowFirst), or the last block of each
+      // first (kHeavyFirst).
       int const group = min(heads_per_group, heads(p));
       int const first = rem / (group * n) * group;
       int const size = min(group, heads(p) - first);  // the last group may be short
       int const in_group = rem - first * n;
-      out = {in_group / size, first + in_group % size, first_seq + i};
+      int const block = in_group / size;
+      out = {kOrder == WalkOrder::kHeavyFirst ? n - 1 - block : block, first + in_group % size, first_seq + i};
     } else {
       out = {rem % n, rem / n, first_seq + i};
     }

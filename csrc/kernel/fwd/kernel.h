@@ -237,6 +237,9 @@ struct FwdKernel {
         if constexpr (kCompact) {
           int const leader = __ffs(__ballot_sync(0xffffffffu, lane_predicate)) - 1;
           Walk walk;
+          // Causal/local: a sequence's heads in groups whose K/V fit in L2 together, as the dense
+          // counter's order (params.heads_per_group, from the longest key length).
+          if constexpr (kLocal) { walk.heads_per_group = params.heads_per_group; }
           int tile = scheduler.first();
           for (int iteration = 0;; ++iteration) {
             CompactTile item{{-1, 0, 0}, {}};
