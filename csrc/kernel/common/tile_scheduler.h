@@ -126,12 +126,11 @@ struct FwdTileScheduler {
 // sequence. kOrder, within a sequence: kBlocksFastest (the blocks of one head, then the next head),
 // kHeavyFirst (per group of heads_per_group heads, heads fastest, the forward's heaviest m_block,
 // the last, first), kLowFirst (the same with block 0 first: the causal backward's heaviest key
-// block). kKeys: the tiles are key
-// blocks of the KV heads (the backward), else query blocks of the query heads. A warp holds 32
-// sequences' tile counts (one per lane, with their inclusive prefix) and finds tile t's sequence
-// by a ballot, moving the window forward only: a CTA's ids only grow (static stride or counter),
-// as in FA3's varlen scheduler. Global reads happen only when the window moves. Every lane of the
-// warp calls find with the same t.
+// block). kKeys: the tiles are key blocks of the KV heads (the backward), else query blocks of
+// the query heads. A warp holds 32 sequences' tile counts (one per lane, with their inclusive
+// prefix) and finds tile t's sequence by a ballot, moving the window forward only: a CTA's ids
+// only grow (static stride or counter), as in FA3's varlen scheduler. Global reads happen only
+// when the window moves. Every lane of the warp calls find with the same t.
 enum class WalkOrder { kBlocksFastest, kHeavyFirst, kLowFirst };
 
 // A walked forward tile with its sequence's extent, as the producer hands it to the consumers
