@@ -180,6 +180,9 @@ struct FwdPolicy {
   static constexpr bool kEarlyQ = kSeparateO || kDirectO;
   // Persistent causal/local: tiles drawn from an atomic counter, heaviest first [D:005].
   static constexpr bool kDynamic = fwd_dynamic_schedule(kPersistent, kLocal);
+  // Varlen persistent kernels walk only the tiles that hold rows (tile_scheduler.h, VarlenTileWalk)
+  // and hand them, with their sequences' extents, to the consumers through the tile ring.
+  static constexpr bool kCompact = kVarlen && kPersistent;
   // The dynamic ring carries decoded tiles at hdim 64 (at 128 / 256 the producer then spills)
   // [D:014]. Varlen persistent kernels' ring carries walked tiles with their extents (kernel.h).
   static constexpr bool kRingDecode = kHeadDim <= 64;

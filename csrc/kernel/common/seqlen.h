@@ -29,21 +29,20 @@ struct FixedSeqLen {
   CUTLASS_DEVICE static int offset_k(Params const&) { return 0; }
 };
 
-// Variable length: sequence b's queries are rows [offset_q, offset_q + seqlen_q) of the packed
-// (total_q, ...) tensors, its keys rows [offset_k, offset_k + seqlen_k) of (total_k, ...).
-// Offsets and ends are clamped to [0, total]. seqused_q, where given, is clamped to the segment
-// (the backward's per-row buffers need the queries' segments apart); seqused_k is the keys'
-// length from cu_seqlens_k[b] as FA3 reads it, so those offsets need not be in order (a KV cache
-// whose entries a batch index picks), at most the call's longest key length.
 // A variable-length sequence's extent as VarSeqLen reads it, in a form that travels through shared
 // memory (the forward's tile ring hands it from the producer to the consumers).
 struct SeqExtent {
   int offset_q_, offset_k_, seqlen_q_, seqlen_k_, diag_, batch_;
 };
 
+// Variable length: sequence b's queries are rows [offset_q, offset_q + seqlen_q) of the packed
+// (total_q, ...) tensors, its keys rows [offset_k, offset_k + seqlen_k) of (total_k, ...).
+// Offsets and ends are clamped to [0, total]. seqused_q, where given, is clamped to the segment
+// (the backward's per-row buffers need the queries' segments apart); seqused_k is the keys'
+// length from cu_seqlens_k[b] as FA3 reads it, so those offsets need not be in order (a KV cache
+// whose entries a batch index picks), at most the call's longest key length.
 template <typename Params>
 struct VarSeqLen : SeqExtent {
-
   CUTLASS_HOST_DEVICE static void segment(int const* cu, int const* used, int b, int total, int& offset, int& length) {
     int const begin = min(max(cu[b], 0), total);
     int const end = min(max(cu[b + 1], begin), total);

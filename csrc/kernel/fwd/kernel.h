@@ -52,10 +52,10 @@ struct FwdKernel {
   static constexpr bool kDirectO = Policy::kDirectO;
   static constexpr bool kRingDecode = Policy::kRingDecode;
   static constexpr bool kVarlen = Policy::kVarlen;
-  // Varlen persistent kernels walk only the tiles that hold rows (tile_scheduler.h, VarlenTileWalk):
-  // the producer's whole warp finds each tile, one lane reads its sequence's extent, hands both to
-  // the consumers through the ring (they read no cu_seqlens on their path) and loads it.
-  static constexpr bool kCompact = kVarlen && Policy::kPersistent;
+  // Varlen persistent kernels: the producer's whole warp finds each tile, one lane reads its
+  // sequence's extent, hands both to the consumers through the ring (they read no cu_seqlens on
+  // their path) and loads it.
+  static constexpr bool kCompact = Policy::kCompact;
   using Walk = VarlenTileWalk<kBlockM, kLocal ? WalkOrder::kHeavyFirst : WalkOrder::kBlocksFastest>;
   static constexpr bool kPaged = Policy::kPaged;
 

@@ -87,9 +87,8 @@ struct FwdSharedStorage {
   struct NoRing {};
   // Tiles from the producer to the consumers: kDynamic, tile ids (kRingDecode: decoded tiles);
   // varlen persistent kernels (kCompact), static or dynamic, the walk's tiles with their extents.
-  static constexpr bool kCompact = Policy::kVarlen && Policy::kPersistent;
-  static constexpr bool kRing = Policy::kDynamic || kCompact;
-  using Ring = TileRing<std::conditional_t<kCompact, CompactTile, std::conditional_t<Policy::kRingDecode, FwdTile, int>>>;
+  static constexpr bool kRing = Policy::kDynamic || Policy::kCompact;
+  using Ring = TileRing<std::conditional_t<Policy::kCompact, CompactTile, std::conditional_t<Policy::kRingDecode, FwdTile, int>>>;
 
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQ>> q;  // O reuses it unless kSeparateO
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutKV>> k;
