@@ -238,7 +238,7 @@ BwdFn find_bwd(int head_dim_rounded, bool is_bf16) {
 // The backward's tensors beside q, k, v: dout, out and dq as 4-D (batch, rows, heads, d) views,
 // the LSE, dk and dv (contiguous), and the float32 workspaces.
 struct BwdTensors {
-  Tensor dout, out, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore;
+  Tensor dout, out, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore, dsink_rows;
 };
 
 // Fills the backward params from t; returns the tile counter of the dynamic persistent causal/local
@@ -264,6 +264,7 @@ Tensor fill_bwd(flash::BwdParams& params, BwdTensors const& t, Tensor const& lik
   params.lse_log2_ptr = t.lse_log2.mutable_data_ptr<float>();
   params.dsum_ptr = t.dsum.mutable_data_ptr<float>();
   params.dq_semaphore_ptr = deterministic ? t.dq_semaphore.mutable_data_ptr<int32_t>() : nullptr;
+  params.dsink_rows_ptr = params.sink_ptr != nullptr ? t.dsink_rows.mutable_data_ptr<float>() : nullptr;
   params.seqlen_q_padded = int(seqlen_q_padded);
   params.head_dim_rounded = head_dim_rounded;
   Tensor tile_counter;
@@ -277,14 +278,16 @@ Tensor fill_bwd(flash::BwdParams& params, BwdTensors const& t, Tensor const& lik
 
 // Gradients of fwd: preprocess (D = rowsum(dO * O), LSE in the log2 domain), the main kernel and the
 // dQ postprocess all run in run_flash_bwd; here only the workspaces are allocated (the preprocess zeroes dq_accum).
-std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
-                                                       Tensor const& k, Tensor const& v,
-                                                       Tensor const& out, Tensor const& softmax_lse,
-                                                       double softmax_scale, bool causal, int64_t window_size_left,
-                                                       int64_t window_size_right, bool top_left, bool deterministic,
-                                                       double softcap) {
+// With a sink (the forward's), dsink is its gradient, -sum over rows of exp(sink - LSE) * D, from
+// the preprocess's per-row terms; else an empty tensor.
+std::tuple<Tensor, Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q, Tensor const& k,
+                                                   Tensor const& v, Tensor const& out, Tensor const& softmax_lse,
+                                                   double softmax_scale, bool causal, int64_t window_size_left,
+                                                   int64_t window_size_right, bool top_left, bool deterministic,
+                                                   double softcap, std::optional<Tensor> const& sink) {
   Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true);
   check_scale(softmax_scale, softcap);
+  float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device,
               head_dim_v] = pb;
@@ -305,11 +308,13 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
   Tensor dq = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim});
   Tensor dk = empty_like_dev(q, {batch, seqlen_k, heads_kv, head_dim});
   Tensor dv = empty_like_dev(q, {batch, seqlen_k, heads_kv, head_dim_v});
-  if (batch == 0 || heads_q == 0 || seqlen_q == 0 || seqlen_k == 0) {  // no query sees any key
+  Tensor dsink = empty_like_dev(q, {sink_ptr ? heads_q : 0}, kFloat);
+  if (batch == 0 || heads_q == 0 || seqlen_q == 0 || seqlen_k == 0) {  // no query sees any key (out = 0: D = 0)
     torch::stable::zero_(dq);
     torch::stable::zero_(dk);
     torch::stable::zero_(dv);
-    return {dq, dk, dv};
+    torch::stable::zero_(dsink);
+    return {dq, dk, dv, dsink};
   }
 
   int64_t const seqlen_q_padded = (seqlen_q + flash::kBwdPadM - 1) / flash::kBwdPadM * flash::kBwdPadM;
@@ -323,6 +328,8 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
   if (deterministic) {
     dq_semaphore = zeros_like_dev(q, {batch, heads_q, seqlen_q_padded / flash::kBwdMinBlockM}, kInt);
   }
+  Tensor dsink_rows;  // every row written by the preprocess
+  if (sink_ptr) { dsink_rows = empty_like_dev(q, {batch, heads_q, seqlen_q_padded}, f32); }
 
   Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v), dot = tma_ready(dout);
   Tensor const ot = tma_ready(out);
@@ -330,26 +337,29 @@ std::tuple<Tensor, Tensor, Tensor> mha_bwd(Tensor const& dout, Tensor const& q,
   flash::BwdParams params{};
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
+  params.sink_ptr = sink_ptr;
   Tensor const tile_counter =
-      fill_bwd(params, {dot, ot, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore}, q, head_dim_rounded,
-               seqlen_q_padded, deterministic);
+      fill_bwd(params, {dot, ot, lse, dq, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore, dsink_rows}, q,
+               head_dim_rounded, seqlen_q_padded, deterministic);
 
   bwd(params, current_stream(device));
-  return {dq, dk, dv};
+  if (sink_ptr) { dsink = torch::stable::sum(dsink_rows, std::vector<int64_t>{0, 2}); }
+  return {dq, dk, dv, dsink};
 }
 
 // Gradients of varlen_fwd: the packed dq, dk, dv (zero on rows no sequence uses when seqused is
 // given), with the per-row workspaces padded per sequence (BwdParams).
-std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
+std::tuple<Tensor, Tensor, Tensor, Tensor> mha_varlen_bwd(
     Tensor const& dout, Tensor const& q, Tensor const& k, Tensor const& v, Tensor const& out,
     Tensor const& softmax_lse, Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
     std::optional<Tensor> const& seqused_q, std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
-    bool top_left, bool deterministic, double softcap) {
+    bool top_left, bool deterministic, double softcap, std::optional<Tensor> const& sink) {
   auto const [vl, q4, k4, v4, pb] =
       check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                         max_seqlen_q, max_seqlen_k);
   check_scale(softmax_scale, softcap);
+  float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   std::vector<int64_t> const o_sizes{vl.total_q, pb.heads_q, pb.head_dim_v};
   FLASH_CHECK(sizes_of(dout) == o_sizes && sizes_of(out) == o_sizes,
@@ -371,12 +381,14 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
     return zero ? zeros_like_dev(like, sizes_of(like)) : empty_like_dev(like, sizes_of(like));
   };
   Tensor dq = alloc(q, gaps_q), dk = alloc(k, gaps_k), dv = alloc(v, gaps_k);
+  Tensor dsink = empty_like_dev(q, {sink_ptr ? pb.heads_q : 0}, kFloat);
   if (vl.batch == 0 || pb.heads_q == 0 || vl.total_q == 0 || vl.total_k == 0 || vl.max_seqlen_q == 0 ||
-      vl.max_seqlen_k == 0) {  // no query sees any key
+      vl.max_seqlen_k == 0) {  // no query sees any key (out = 0: D = 0)
     torch::stable::zero_(dq);
     torch::stable::zero_(dk);
     torch::stable::zero_(dv);
-    return {dq, dk, dv};
+    torch::stable::zero_(dsink);
+    return {dq, dk, dv, dsink};
   }
 
   // Each sequence's rows at a kBwdPadM-aligned offset of its own (seqlen.h, offset_q_padded).
@@ -390,6 +402,8 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
   if (deterministic) {
     dq_semaphore = zeros_like_dev(q, {pb.heads_q, rows_padded / flash::kBwdMinBlockM}, kInt);
   }
+  Tensor dsink_rows;  // zeroed: the rows between the sequences' padded ones are not written
+  if (sink_ptr) { dsink_rows = zeros_like_dev(q, {pb.heads_q, rows_padded}, f32); }
 
   Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
   Tensor const dot = tma_ready(unsqueeze0(dout));
@@ -400,12 +414,14 @@ std::tuple<Tensor, Tensor, Tensor> mha_varlen_bwd(
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
+  params.sink_ptr = sink_ptr;
   Tensor const tile_counter =
-      fill_bwd(params, {dot, ot, lse, dq4, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore}, q, pb.head_dim_rounded,
-               rows_padded, deterministic);
+      fill_bwd(params, {dot, ot, lse, dq4, dk, dv, lse_log2, dsum, dq_accum, dq_semaphore, dsink_rows}, q,
+               pb.head_dim_rounded, rows_padded, deterministic);
 
   bwd(params, current_stream(pb.device));
-  return {dq, dk, dv};
+  if (sink_ptr) { dsink = torch::stable::sum(dsink_rows, std::vector<int64_t>{1}); }
+  return {dq, dk, dv, dsink};
 }
 #endif  // FLASH_ATTN_HOPPER_BUILD_BWD
 
@@ -447,13 +463,17 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   m.def("fwd_combine(Tensor out_partial, Tensor lse_partial, ScalarType? out_dtype=None) "
         "-> (Tensor out, Tensor softmax_lse)");
 #if FLASH_ATTN_HOPPER_BUILD_BWD
+  // sink: the forward's (its out and LSE hold it); dsink: the sink's float32 (nheads,) gradient,
+  // an empty tensor without a sink.
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
         "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
-        "bool deterministic=False, float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "bool deterministic=False, float softcap=0.0, Tensor? sink=None) "
+        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)");
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, "
         "int max_seqlen_k, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
-        "bool top_left=False, bool deterministic=False, float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "bool top_left=False, bool deterministic=False, float softcap=0.0, Tensor? sink=None) "
+        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)");
 #endif
 }
 

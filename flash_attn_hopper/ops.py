@@ -73,11 +73,14 @@ FWD_SCHEMA_ARGS = (
 #: the build has backward kernels).  Shapes: dout and out like q (batch, seqlen_q,
 #: nheads, headdim), softmax_lse float32 (batch, nheads, seqlen_q) as fwd returns it;
 #: dq like q, dk and dv like k and v (GQA: summed over each group's query heads).
-#: Window arguments mean what they mean for fwd.
+#: Window arguments mean what they mean for fwd.  sink: the forward's (out and softmax_lse hold it);
+#: dsink is then its float32 (nheads,) gradient, -sum over rows of exp(sink - lse) * rowsum(dout * out),
+#: taken from the kernels' own rowsum; without a sink an empty (0,) tensor.
 BWD_SCHEMA = (
     "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
     "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
-    "bool deterministic=False, float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)"
+    "bool deterministic=False, float softcap=0.0, Tensor? sink=None) "
+    "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)"
 )
 
 #: The argument names of :data:`BWD_SCHEMA`, checked against the compiled op before each call.
@@ -95,6 +98,7 @@ BWD_SCHEMA_ARGS = (
     "top_left",
     "deterministic",
     "softcap",
+    "sink",
 )
 
 #: The forward op whose backward is the deterministic one (defined below, in Python).
@@ -114,12 +118,13 @@ VARLEN_FWD_SCHEMA = (
 )
 
 #: Variable-length backward (builds with the backward kernels): dq like q, dk and dv like k and v
-#: (GQA summed over each group), zero on rows outside every sequence's used part.
+#: (GQA summed over each group), zero on rows outside every sequence's used part; sink / dsink as bwd's.
 VARLEN_BWD_SCHEMA = (
     "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, "
     "int max_seqlen_k, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
-    "bool top_left=False, bool deterministic=False, float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)"
+    "bool top_left=False, bool deterministic=False, float softcap=0.0, Tensor? sink=None) "
+    "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)"
 )
 
 #: The argument names of the two varlen schemas, checked against the compiled ops before each call.
@@ -131,7 +136,7 @@ VARLEN_FWD_SCHEMA_ARGS = (
 VARLEN_BWD_SCHEMA_ARGS = (
     "dout", "q", "k", "v", "out", "softmax_lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k",
     "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "window_size_left", "window_size_right",
-    "top_left", "deterministic", "softcap",
+    "top_left", "deterministic", "softcap", "sink",
 )
 
 #: The varlen forward op whose backward is the deterministic one (defined below, in Python).
@@ -229,10 +234,15 @@ def _fwd_fake(q, k, v, softmax_scale, causal, *window_and_alignment):
     return out, softmax_lse
 
 
-def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, *window_alignment_deterministic):
+def _dsink_fake(q, sink):
+    return q.new_empty((0,) if sink is None else sink.shape, dtype=torch.float32)
+
+
+def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
+              top_left=False, deterministic=False, softcap=0.0, sink=None):
     # Contiguous gradients shaped like their inputs: dq (batch, seqlen_q, nheads_q, headdim),
     # dk and dv (batch, seqlen_k, nheads_kv, headdim), whatever the inputs' strides.
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _dsink_fake(q, sink)
 
 
 def register_bwd_fake(lib=None) -> None:
@@ -288,7 +298,7 @@ def _fwd_backward(ctx, grad_out, grad_lse):
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)) + (None,) * (ctx.num_inputs - 3)
     if grad_out.stride(-1) != 1:  # the kernel reads dout rows with TMA: only the last dim must be contiguous
         grad_out = grad_out.contiguous()
-    dq, dk, dv = op(
+    dq, dk, dv, _ = op(
         grad_out,
         q,
         k,
@@ -409,9 +419,11 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, 
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-def _varlen_bwd_fake(dout, q, k, v, *rest):
+def _varlen_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                     max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
+                     top_left=False, deterministic=False, softcap=0.0, sink=None):
     # Contiguous gradients shaped like their inputs: dq (total_q, nheads, headdim), dk and dv (total_k, nheads_kv, headdim).
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _dsink_fake(q, sink)
 
 
 def _varlen_setup_context(ctx, inputs, output, deterministic: bool) -> None:
@@ -458,7 +470,7 @@ def _varlen_fwd_backward(ctx, grad_out, grad_lse):
         raise RuntimeError("flash_attn_hopper: varlen_fwd with pack_gqa > 1 (PackGQA inside the op, for decode) "
                            "has no backward; call it with pack_gqa=1 where gradients are needed")
     op = varlen_bwd_op()
-    dq, dk, dv = op(
+    dq, dk, dv, _ = op(
         kernel_readable(grad_out), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.window_size_left,
         ctx.window_size_right, ctx.top_left, ctx.deterministic, ctx.softcap,

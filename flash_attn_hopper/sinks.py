@@ -4,12 +4,12 @@ head that joins every row's softmax denominator and contributes no value,
     out = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink}),    lse' = logaddexp(lse, sink).
 
 The forward kernels fold the sink into each row's softmax denominator at the end of the tile
-(the ops' ``sink`` argument). The backward needs no kernel of its own: the kernels' backward run
-on (out', lse') gives the exact gradients of q, k and v (P' = exp(s - lse') is the sink softmax's
-probability, and D = rowsum(dout * out') its row term), and the sink's own gradient is -sum over
-rows of exp(sink - lse') * D, computed here. Two ops, registered like the kernels' own (fake
-kernels, autograd), so that compile, export and CUDA graphs see them whole: ``fwd_sink`` (dense)
-and ``varlen_fwd_sink`` (variable length); decision 054.
+(the ops' ``sink`` argument). The kernels' backward run on (out', lse') gives the exact gradients
+of q, k and v (P' = exp(s - lse') is the sink softmax's probability, and D = rowsum(dout * out')
+its row term); given the sink, it also returns the sink's own gradient, -sum over rows of
+exp(sink - lse') * D, from the D its preprocess computes anyway. Two ops, registered like the
+kernels' own (fake kernels, autograd), so that compile, export and CUDA graphs see them whole:
+``fwd_sink`` (dense) and ``varlen_fwd_sink`` (variable length); decision 054.
 """
 
 from __future__ import annotations
@@ -34,16 +34,6 @@ VARLEN_FWD_SINK_SCHEMA = (
 def _kernel_sink(sink):
     """The sink as the kernels read it: float32, contiguous (a no-op for a float32 sink)."""
     return sink.detach().to(torch.float32).contiguous()
-
-
-def _sink_grad(dout, out_sink, lse_sink, sink, lse_heads_dim: int):
-    """-sum over rows of exp(sink - lse') * rowsum(dout * out'), per head, in the sink's dtype."""
-    d = (dout.float() * out_sink.float()).sum(-1).movedim(-1, lse_heads_dim)  # lse's layout
-    shape = [1] * lse_sink.dim()
-    shape[lse_heads_dim] = -1
-    p_sink = torch.exp(sink.float().reshape(shape) - lse_sink)
-    dims = [i for i in range(lse_sink.dim()) if i != lse_heads_dim]
-    return (-(p_sink * d).sum(dims)).to(sink.dtype)
 
 
 def _fwd_sink_impl(q, k, v, sink, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
@@ -74,8 +64,8 @@ def _fwd_sink_backward(ctx, grad_out, grad_lse):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 7
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = ops.bwd_op()(grad_out, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 1), *(None,) * 7
+    dq, dk, dv, dsink = ops.bwd_op()(grad_out, q, k, v, out, lse, *ctx.args, _kernel_sink(sink))
+    return dq, dk, dv, dsink.to(sink.dtype), *(None,) * 7
 
 
 def _varlen_fwd_sink_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
@@ -108,8 +98,9 @@ def _varlen_fwd_sink_backward(ctx, grad_out, grad_lse):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(sink), *(None,) * 13
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = ops.varlen_bwd_op()(grad_out, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.args)
-    return dq, dk, dv, _sink_grad(grad_out, out, lse, sink, 0), *(None,) * 13
+    dq, dk, dv, dsink = ops.varlen_bwd_op()(grad_out, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.args,
+                                            _kernel_sink(sink))
+    return dq, dk, dv, dsink.to(sink.dtype), *(None,) * 13
 
 
 def register(lib) -> None:

@@ -193,7 +193,7 @@ def _run_backward(grad_out, q, k, v, out, lse, scale, is_causal, window_left, wi
         right,
         False,
         torch.are_deterministic_algorithms_enabled(),
-    )
+    )[:3]
 
 
 def _run_varlen_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, scale, is_causal,
@@ -206,7 +206,7 @@ def _run_varlen_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_
         _kernel_readable(grad_out), q, k, v, _kernel_readable(out), lse, cum_seq_q, cum_seq_k, None, None,
         max_q, max_k, softmax_scale, bool(is_causal), left, right, False,
         torch.are_deterministic_algorithms_enabled(),
-    )
+    )[:3]
 
 
 def _with_strides_of(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,8 @@ every row's denominator: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse
 ``bwd`` (flash_attn_hopper/ops.py's BWD_SCHEMA) recomputes P from q, k and
 the forward's lse, takes D = rowsum(dout * out) from the forward's output, and
 returns contiguous dq like q, dk and dv like k and v, dk/dv summed over the
-query heads of each group: the kernel's maths, so that wrong tensors or
+query heads of each group, and with a sink its gradient -sum_rows exp(sink - lse) * D
+(float32 (hq,); an empty tensor without): the kernel's maths, so that wrong tensors or
 arguments handed to it show up as wrong gradients.
 """
 
@@ -77,9 +78,9 @@ def emulate_fwd(q, k, v, softmax_scale, causal, window_size_left=-1, window_size
 
 def emulate_bwd(
     dout, q, k, v, out, softmax_lse, softmax_scale, causal,
-    window_size_left=-1, window_size_right=-1, top_left=False, deterministic=False, softcap=0.0,
+    window_size_left=-1, window_size_right=-1, top_left=False, deterministic=False, softcap=0.0, sink=None,
 ):
-    """(dq, dk, dv) of the attention that produced ``out`` and ``softmax_lse``, in float32 maths."""
+    """(dq, dk, dv, dsink) of the attention that produced ``out`` and ``softmax_lse``, in float32 maths."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.size(1), k.size(2)
     group = heads_q // heads_kv
@@ -101,7 +102,20 @@ def emulate_bwd(
     # Query head h reads kv head h // group: its gradients go back there.
     dk = dk.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
     dv = dv.reshape(batch, seqlen_k, heads_kv, group, v.shape[-1]).sum(3)
-    return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
+    return (dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous(),
+            emulate_dsink(rowsum[..., 0], softmax_lse.float(), sink, (0, 2)))
+
+
+def emulate_dsink(rowsum, lse, sink, row_dims):
+    """The bwd ops' dsink: -sum over rows of exp(sink - lse) * rowsum (heads on the dim not in
+    ``row_dims``), 0 where lse is -inf; an empty float32 tensor without a sink."""
+    if sink is None:
+        return torch.empty(0, dtype=torch.float32, device=lse.device)
+    assert sink.dtype == torch.float32 and sink.dim() == 1, (sink.dtype, sink.shape)
+    shape = [1] * lse.dim()
+    shape[next(i for i in range(lse.dim()) if i not in row_dims)] = -1
+    p_sink = torch.exp(sink.view(shape) - lse).masked_fill(lse == float("-inf"), 0.0)
+    return -(p_sink * rowsum).sum(row_dims)
 
 
 def check_bwd_head_dims(call: dict) -> None:
@@ -293,14 +307,15 @@ def emulate_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k
 
 def emulate_varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left=-1,
-                       window_size_right=-1, top_left=False, deterministic=False, softcap=0.0):
-    """(dq, dk, dv) of varlen_fwd per sequence through emulate_bwd; zero outside the used parts."""
+                       window_size_right=-1, top_left=False, deterministic=False, softcap=0.0, sink=None):
+    """(dq, dk, dv, dsink) of varlen_fwd per sequence through emulate_bwd; zero outside the used parts."""
     check_bwd_head_dims(dict(q=q, k=k, v=v, out=out, dout=dout))
     segments = varlen_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                                q.size(0), k.size(0))
     assert softmax_lse.shape == (q.size(1), q.size(0)) and softmax_lse.dtype == torch.float32, softmax_lse.shape
     assert dout.shape == out.shape == (*q.shape[:-1], v.shape[-1]), (dout.shape, out.shape, q.shape)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dsink = torch.zeros(0 if sink is None else sink.shape, dtype=torch.float32, device=q.device)
     for q_start, len_q, k_start, len_k in segments:
         if len_q == 0 or len_k == 0:
             continue
@@ -308,14 +323,16 @@ def emulate_varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens
         g = emulate_bwd(
             dout[rows][None], q[rows][None], k[keys][None], v[keys][None], out[rows][None],
             softmax_lse[:, rows][None], softmax_scale, causal, window_size_left, window_size_right, top_left,
-            softcap=softcap,
+            softcap=softcap, sink=sink,
         )
+        if sink is not None:
+            dsink += g[3]
         dq[rows] = g[0][0]
         # Segments of k may overlap when cu_seqlens_k repeats (seqused_k shorter than segments never
         # overlaps); summing is what the kernel's atomics would do.
         dk[keys] += g[1][0]
         dv[keys] += g[2][0]
-    return dq, dk, dv
+    return dq, dk, dv, dsink
 
 
 class EmulatedVarlen:

@@ -61,11 +61,11 @@ def test_schema_constants_agree():
     schema = torch._C.parse_schema(f"flash_attn_hopper::{ops.BWD_SCHEMA}")
     assert tuple(a.name for a in schema.arguments) == ops.BWD_SCHEMA_ARGS
     assert [str(a.type) for a in schema.arguments] == (
-        ["Tensor"] * 6 + ["float", "bool", "int", "int", "bool", "bool", "float"]
+        ["Tensor"] * 6 + ["float", "bool", "int", "int", "bool", "bool", "float", "Optional[Tensor]"]
     )
-    # The window/alignment/determinism/softcap arguments default to fwd's defaults and to the fast backward.
-    assert [a.default_value for a in schema.arguments[8:]] == [-1, -1, False, False, 0.0]
-    assert [r.name for r in schema.returns] == ["dq", "dk", "dv"]
+    # The window/alignment/determinism/softcap/sink arguments default to fwd's defaults and to the fast backward.
+    assert [a.default_value for a in schema.arguments[8:]] == [-1, -1, False, False, 0.0, None]
+    assert [r.name for r in schema.returns] == ["dq", "dk", "dv", "dsink"]
     if ops.has_bwd_op():  # a build with the backward: the compiled op is the contract
         assert str(torch.ops.flash_attn_hopper.bwd.default._schema) == str(schema)
 
@@ -87,7 +87,7 @@ def test_emulated_backward_is_autograd_through_the_emulated_forward():
         out, lse = emulate_fwd(q, k, v, *args)
         _, ref = grads_of(lambda q, k, v: emulate_fwd(q, k, v, *args)[0], q, k, v, dout)
         # float32 against float32: no low-precision error to scale, the relative error norm only.
-        got = emulate_bwd(dout, q, k, v, out, lse, *args)
+        got = emulate_bwd(dout, q, k, v, out, lse, *args)[:3]
         assert_grads_close(got, ref, max_rel_norm=EMULATION_REL_NORM, what=f"{args}")
 
 
@@ -226,8 +226,8 @@ def test_a_wrong_backward_argument_would_be_caught(wrong):
     q, k, v, dout = random_qkv(sq=40, sk=64, seed=4)
     right_args, scale = (False, 8, 0, False), 0.125
     out, lse = emulate_fwd(q, k, v, scale, *right_args)
-    right = emulate_bwd(dout, q, k, v, out, lse, scale, *right_args)
-    got = emulate_bwd(dout, q, k, v, out, lse, scale * (1.5 if wrong == right_args else 1.0), *wrong)
+    right = emulate_bwd(dout, q, k, v, out, lse, scale, *right_args)[:3]
+    got = emulate_bwd(dout, q, k, v, out, lse, scale * (1.5 if wrong == right_args else 1.0), *wrong)[:3]
     assert max((g.float() - r.float()).abs().max().item() for g, r in zip(got, right)) > 0.05, wrong
 
 
@@ -406,7 +406,7 @@ def test_compile_fullgraph_forward_and_backward(kernels, deterministic):
     assert len(_op_nodes(fw_graph, fwd_name)) == 1
     (node,) = _op_nodes(bw_graph, "bwd")
     args = _bwd_node_args(node)
-    assert [args[name] for name in ops.BWD_SCHEMA_ARGS[6:]] == [64**-0.5, True, 16, 0, False, deterministic, 0.0]
+    assert [args[name] for name in ops.BWD_SCHEMA_ARGS[6:]] == [64**-0.5, True, 16, 0, False, deterministic, 0.0, None]
     assert len(bwd.calls) == 2  # compiled and eager
     # Saved for the backward: O(seqlen) tensors only, nothing of seqlen_q x seqlen_k.
     sizes = [n.meta["val"].numel() for n in bw_graph.graph.nodes if n.op == "placeholder" and "val" in n.meta]
@@ -420,8 +420,10 @@ def test_bwd_fake_kernel_gives_contiguous_gradients_shaped_like_the_inputs(devic
         q = torch.empty(2, 6, 64, 128, dtype=torch.bfloat16, device=device).transpose(1, 2)  # SDPA's layout
         k = torch.empty(2, 80, 6, 128, dtype=torch.bfloat16, device=device)[:, :, 1:5:2]  # strided heads
         lse = torch.empty(2, 6, 64, device=device)
-        dq, dk, dv = torch.ops.flash_attn_hopper.bwd(q, q, k, k, q, lse, 0.1, True, -1, -1, True, True)
+        dq, dk, dv, dsink = torch.ops.flash_attn_hopper.bwd(q, q, k, k, q, lse, 0.1, True, -1, -1, True, True)
+        _, _, _, dsink6 = torch.ops.flash_attn_hopper.bwd(q, q, k, k, q, lse, 0.1, True, sink=lse[0, :, 0])
     assert dq.shape == (2, 64, 6, 128) and dk.shape == dv.shape == (2, 80, 2, 128)
+    assert dsink.shape == (0,) and dsink6.shape == (6,) and dsink.dtype == dsink6.dtype == torch.float32
     assert dq.is_contiguous() and dk.is_contiguous() and dv.is_contiguous()
     assert dq.dtype == dk.dtype == dv.dtype == torch.bfloat16
     assert dq.device.type == device
@@ -526,8 +528,8 @@ def test_main_backward_self_check_fails_wrong_gradients(kernels, monkeypatch, ca
     from flash_attn_hopper.__main__ import self_check_backward
 
     def slightly_wrong(*args, **kwargs):
-        dq, dk, dv = emulate_bwd(*args, **kwargs)
-        return dq, dk * 1.02, dv
+        dq, dk, dv, dsink = emulate_bwd(*args, **kwargs)
+        return dq, dk * 1.02, dv, dsink
 
     monkeypatch.setattr(op_emulator, "emulate_bwd", slightly_wrong)
     assert not self_check_backward([(64, "bf16")], device="cpu")

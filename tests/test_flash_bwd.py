@@ -349,6 +349,9 @@ def test_opcheck():
     bwd = torch.ops.flash_attn_hopper.bwd.default
     torch.library.opcheck(bwd, (dout, q, k, v, out, lse, d**-0.5, True))
     torch.library.opcheck(bwd, (dout, q, k, v, out, lse, d**-0.5, False, 20, 7, True, True))
+    sink = torch.randn(q.size(2), device=q.device)
+    out_s, lse_s = torch.ops.flash_attn_hopper.fwd(q, k, v, d**-0.5, True, sink=sink)
+    torch.library.opcheck(bwd, (dout, q, k, v, out_s, lse_s, d**-0.5, True, -1, -1, False, False, 0.0, sink))
     # The forward ops with inputs that require grad: their autograd formula and the traced backward.
     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
     det = getattr(torch.ops.flash_attn_hopper, ops.DETERMINISTIC_FWD_NAME).default

@@ -12,7 +12,8 @@ from flash_attn_hopper import flash_attn_func, flash_attn_varlen_func, ops
 
 from helpers.grads import check_grads
 from helpers.inputs import qkv, varlen_qkv
-from helpers.kernels import compiled_config, cuda_kernel_names, is_our_forward_kernel, skip_unless_compiled
+from helpers.kernels import (compiled_config, cuda_kernel_names, is_our_backward_kernel, is_our_forward_kernel,
+                             skip_unless_compiled)
 from reference import assert_fa_close, attention_ref, attention_ref_varlen
 
 pytestmark = pytest.mark.gpu
@@ -110,3 +111,50 @@ def test_the_sink_costs_no_extra_pass_over_out():
     names = cuda_kernel_names(lambda: flash_attn_func(q, k, v, causal=True, learnable_sink=sink))
     others = [n for n in names if not is_our_forward_kernel(n) and not n.startswith(("Memset", "Memcpy"))]
     assert others == [], names
+
+
+def test_varlen_gaps_deterministic():
+    """The sink's gradient from the kernels' per-row terms with seqused_q / seqused_k shorter than
+    the segments (rows between the sequences' padded rows), a 0-length one, GQA, in deterministic
+    mode: right, and bitwise equal on a second run."""
+    d, dtype = compiled_config("bwd" if ops.has_varlen_bwd_op() else "fwd")
+    skip_unless_compiled(d, dtype)
+    if not ops.has_varlen_bwd_op():
+        pytest.skip("this build has no varlen backward")
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = varlen_qkv([200, 3, 0, 129], [150, 40, 9, 300], 6, 2, d,
+                                                         dtype=dtype, device="cuda", seed=8)
+    used_q = torch.tensor([170, 3, 0, 1], dtype=torch.int32, device="cuda")
+    used_k = torch.tensor([150, 17, 9, 256], dtype=torch.int32, device="cuda")
+    sink = _sink(6, 9)
+
+    def run():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        s = sink.clone().requires_grad_()
+        out = flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k, seqused_q=used_q, seqused_k=used_k,
+                                     causal=True, learnable_sink=s, deterministic=True)
+        return torch.autograd.grad(out, [*leaves, s], dout)
+
+    first, second = run(), run()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    f = [t.detach().float() for t in (q, k, v)]
+    sf = sink.clone().requires_grad_()
+    o, _ = attention_ref_varlen(*f, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_q=used_q, seqused_k=used_k,
+                                sink=sf, causal=True)
+    (want,) = torch.autograd.grad(o, sf, dout.float())
+    _check_sink_grad(first[3], want)
+
+
+def test_the_sink_gradient_costs_no_extra_pass_over_dout():
+    """The backward's preprocess gives the sink's per-row terms: beside our backward kernels only
+    fills and one small reduction run (no elementwise pass over dout and out)."""
+    d, dtype = compiled_config("bwd" if ops.has_bwd_op() else "fwd")
+    if not ops.has_bwd_op():
+        pytest.skip("this build has no backward")
+    q, k, v = (t.requires_grad_() for t in qkv(2, 512, 512, 4, 2, d, dtype=dtype, seed=6))
+    sink = _sink(4, 7).requires_grad_()
+    out = flash_attn_func(q, k, v, causal=True, learnable_sink=sink)
+    dout = torch.randn_like(out)
+    names = cuda_kernel_names(lambda: torch.autograd.grad(out, [q, k, v, sink], dout, retain_graph=True))
+    others = [n for n in names if not is_our_backward_kernel(n) and not n.startswith(("Memset", "Memcpy"))]
+    assert len(others) <= 1 and all("reduce" in n.lower() for n in others), names

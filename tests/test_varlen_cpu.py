@@ -64,12 +64,12 @@ def test_schema_constants_agree():
     )
     assert [str(a.type) for a in bwd.arguments] == (
         ["Tensor"] * 8 + ["Optional[Tensor]"] * 2
-        + ["int", "int", "float", "bool", "int", "int", "bool", "bool", "float"]
+        + ["int", "int", "float", "bool", "int", "int", "bool", "bool", "float", "Optional[Tensor]"]
     )
     assert [a.default_value for a in fwd.arguments[11:]] == [-1, -1, False, 0.0, None, 1, 1]
-    assert [a.default_value for a in bwd.arguments[14:]] == [-1, -1, False, False, 0.0]
+    assert [a.default_value for a in bwd.arguments[14:]] == [-1, -1, False, False, 0.0, None]
     assert [r.name for r in fwd.returns] == ["out", "softmax_lse"]
-    assert [r.name for r in bwd.returns] == ["dq", "dk", "dv"]
+    assert [r.name for r in bwd.returns] == ["dq", "dk", "dv", "dsink"]
     # The varlen ops share the dense ones' tail: fwd's window arguments, bwd's determinism.
     dense = torch._C.parse_schema(f"flash_attn_hopper::{ops.BWD_SCHEMA}")
     assert [a.name for a in bwd.arguments[12:]] == [a.name for a in dense.arguments[6:]]
@@ -106,7 +106,7 @@ def test_emulated_varlen_backward_is_autograd_through_the_emulated_forward():
         out, lse = emulate_varlen_fwd(q, k, v, *args)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         ref = torch.autograd.grad(emulate_varlen_fwd(*leaves, *args)[0], leaves, dout)
-        got = emulate_varlen_bwd(dout, q, k, v, out, lse, *args)
+        got = emulate_varlen_bwd(dout, q, k, v, out, lse, *args)[:3]
         assert_grads_close(got, ref, max_rel_norm=EMULATION_REL_NORM, what=f"{args[6:]}")
 
 
@@ -442,8 +442,9 @@ def test_fake_kernels_give_the_contract_shapes(varlen_kernels, device):
         assert out.shape == (37, 8, 128) and out.dtype == BF16 and out.device.type == device
         assert lse.shape == (8, 37) and lse.dtype == torch.float32
         bwd = torch.ops.flash_attn_hopper.varlen_bwd.default
-        dq, dk, dv = bwd(out, q, k, k, out, lse, cu, cu, None, None, 20, 30, 0.1, True)
+        dq, dk, dv, dsink = bwd(out, q, k, k, out, lse, cu, cu, None, None, 20, 30, 0.1, True)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape) and dq.is_contiguous()
+        assert dsink.shape == (0,) and dsink.dtype == torch.float32
 
     if device == "meta":
         run()
@@ -519,3 +520,8 @@ def test_opcheck_of_the_varlen_ops(varlen_kernels):
     bwd_args = (dout.to(FP16), q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k, used, None, max_q, max_k,
                 0.125, True, 3, 0, False, True)
     torch.library.opcheck(torch.ops.flash_attn_hopper.varlen_bwd.default, bwd_args)
+    sink = torch.randn(q.size(1), generator=torch.Generator().manual_seed(15)).to(q.device)
+    plain = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in fwd_args)
+    out_s, lse_s = torch.ops.flash_attn_hopper.varlen_fwd.default(*plain, False, 0.0, sink)
+    torch.library.opcheck(torch.ops.flash_attn_hopper.varlen_bwd.default,
+                          (*bwd_args[:4], out_s, lse_s, *bwd_args[6:], 0.0, sink))

@@ -72,6 +72,11 @@ struct BwdParams {
   float softcap_prescale;
 
   int head_dim_v;  // v's, out's, dout's and dv's: head_dim, or narrower (dv != d; BwdPolicy::kNarrowV)
+
+  // Learnable sinks (null: none): the forward's float32 (heads_q,) logits, and per padded row (as
+  // dsum) the row's term of the sink's gradient, -exp(sink - LSE) * D, 0 on pad rows (preprocess).
+  float const* sink_ptr = nullptr;
+  float* dsink_rows_ptr = nullptr;
 };
 
 }  // namespace flash

@@ -1,7 +1,7 @@
 // The small kernels around the backward main kernel:
 // - preprocess: per query row, D = rowsum(dO * O) in float32 and LSE in the log2 domain
 //   (+inf for rows that see no key and for padding rows, so that their P = exp2(s - LSE2) is 0),
-//   and the row's dQ accumulator zeroed;
+//   and the row's dQ accumulator zeroed; with a sink, the row's term of its gradient;
 // - dQ postprocess: the float32 accumulator (in the main kernel's layout) times the softmax scale,
 //   into dq in the input dtype.
 #pragma once
@@ -35,6 +35,12 @@ constexpr int prep_lanes_per_row() {
 template <int kHeadDim>
 constexpr int prep_rows_per_cta() {
   return kPrepWarps * kPrepPasses * (32 / prep_lanes_per_row<kHeadDim>());
+}
+
+// A row's term of the sink's gradient, -p_sink * D with p_sink = exp(sink - LSE) (the LSE holds
+// the sink); 0 for pad rows and rows whose LSE is -inf (no key and a -inf sink).
+CUTLASS_DEVICE float sink_grad_term(float sink, float lse, float dsum) {
+  return lse == -INFINITY ? 0.f : -__expf(sink - lse) * dsum;
 }
 
 // Varlen: sequence bh / heads_q's first row in the packed tensors and in the padded buffers, its
@@ -156,24 +162,22 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
         PrepExtent const e = prep_extent(p, u.bh);
         if (lane % kGroup == 0 && i < e.rows_padded) {
           int64_t const head = u.bh % p.heads_q;
-          float lse2 = INFINITY;
-          if (i < e.rows) {
-            float const lse = p.lse_ptr[head * p.varlen.total_q + e.offset + i];
-            lse2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
-          }
-          p.dsum_ptr[head * p.seqlen_q_padded + e.offset_padded + i] = dot;
-          p.lse_log2_ptr[head * p.seqlen_q_padded + e.offset_padded + i] = lse2;
+          float lse = -INFINITY;
+          if (i < e.rows) { lse = p.lse_ptr[head * p.varlen.total_q + e.offset + i]; }
+          int64_t const row = head * p.seqlen_q_padded + e.offset_padded + i;
+          p.dsum_ptr[row] = dot;
+          p.lse_log2_ptr[row] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+          if (p.sink_ptr != nullptr) { p.dsink_rows_ptr[row] = sink_grad_term(p.sink_ptr[head], lse, dot); }
         }
         continue;
       }
       if (lane % kGroup == 0 && i < p.seqlen_q_padded) {
-        float lse2 = INFINITY;  // padding rows and rows that see no key: P = exp2(s - inf) = 0
-        if (i < p.seqlen_q) {
-          float const lse = p.lse_ptr[u.bh * p.seqlen_q + i];
-          lse2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
-        }
-        p.dsum_ptr[u.bh * p.seqlen_q_padded + i] = dot;
-        p.lse_log2_ptr[u.bh * p.seqlen_q_padded + i] = lse2;
+        float lse = -INFINITY;  // padding rows and rows that see no key: P = exp2(s - inf) = 0
+        if (i < p.seqlen_q) { lse = p.lse_ptr[u.bh * p.seqlen_q + i]; }
+        int64_t const row = u.bh * p.seqlen_q_padded + i;
+        p.dsum_ptr[row] = dot;
+        p.lse_log2_ptr[row] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+        if (p.sink_ptr != nullptr) { p.dsink_rows_ptr[row] = sink_grad_term(p.sink_ptr[u.bh % p.heads_q], lse, dot); }
       }
     }
     clear_dq(u);
