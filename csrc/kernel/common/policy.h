@@ -159,13 +159,6 @@ struct FwdPolicy {
   static constexpr bool kVarlen = kVarlen_;
   // Scores capped by softcap * tanh before the mask (softcap.h).
   static constexpr bool kSoftcap = kSoftcap_;
-  // With softcap (one MUFU.TANH per score beside the exponential): one in kSoftcapExpOnFma of the
-  // softmax's exponentials on the FMA pipe (softmax.h, exp2_fma); 0 none.
-#ifdef FLASH_FWD_DEV_SOFTCAP_EXP_FMA
-  static constexpr int kSoftcapExpOnFma = FLASH_FWD_DEV_SOFTCAP_EXP_FMA;
-#else
-  static constexpr int kSoftcapExpOnFma = 0;
-#endif
   // Split-KV: the tile's key blocks shared among FwdParams::num_splits CTAs, each storing its
   // partial O (float32, from registers) and LSE for the combine kernel.
   static constexpr bool kSplit = kSplit_;

@@ -23,25 +23,7 @@ using namespace cute;
 
 constexpr float kMaxSlack = 8.f;
 
-// 2^x on the FMA and integer pipes instead of MUFU: x rounded to the nearest integer j by the
-// 1.5 * 2^23 shift (j lands in the low mantissa bits), 2^(x - j) by a degree-3 polynomial on
-// [-0.5, 0.5] (relative error 7.5e-5, under fp16's rounding of P), j added to the exponent
-// field; 0 below -125 (masked scores are -inf).
-CUTLASS_DEVICE float exp2_fma(float x) {
-  constexpr float kShift = 12582912.f;  // 1.5 * 2^23
-  float const xc = fmaxf(x, -125.f);
-  float const t = xc + kShift;
-  float const r = xc - (t - kShift);
-  float p = fmaf(0.05517166f, r, 0.24261112f);
-  p = fmaf(p, r, 0.69326099f);
-  p = fmaf(p, r, 0.99992807f);
-  float const y = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-  return x < -125.f ? 0.f : y;
-}
-
-// kExpOnFma > 0: every kExpOnFma-th column's exponential by exp2_fma, to relieve MUFU where it is
-// the limit (softcap's tanh doubles its load).
-template <int kRows, int kExpOnFma = 0>
+template <int kRows>
 struct OnlineSoftmax {
   Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> row_max;
   Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> row_sum;  // per-thread partial sums
@@ -58,8 +40,7 @@ struct OnlineSoftmax {
     float sum = 0.f;
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < size<1>(s); ++c) {
-      float const x = s(r, c) * scale_log2 - m_scaled;
-      s(r, c) = kExpOnFma > 0 && c % kExpOnFma == kExpOnFma - 1 ? exp2_fma(x) : exp2f(x);
+      s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
       sum += s(r, c);
     }
     return sum;

@@ -268,7 +268,7 @@ struct FwdMainloop {
     Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
     constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
 
-    OnlineSoftmax<kRows, kSoftcap ? Policy::kSoftcapExpOnFma : 0> softmax(params.softmax_scale_log2);
+    OnlineSoftmax<kRows> softmax(params.softmax_scale_log2);
     Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
     int const row0 = m_block * kBlockM;
     auto mask = [&](int n) {
