@@ -8,7 +8,8 @@ backward kernel. Prints the median time of the last runs.
     tools/gpu/fa3_peer.py; its backward kernel matches regex:FlashAttnBwdSm90); --provider cudnn runs
     torch SDPA forced to cuDNN (layout (batch, heads, seqlen, hdim) views of the same tensors).
     --varlen runs ours through flash_attn_varlen_func on the same tensors packed (equal lengths), so
-    that the dense and the varlen kernels of one shape can be profiled side by side.
+    that the dense and the varlen kernels of one shape can be profiled side by side. --softcap X runs
+    ours (and fa3) with that softcap.
 """
 import argparse
 import statistics
@@ -26,6 +27,7 @@ def main():
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--provider", choices=["ours", "fa3", "cudnn"], default="ours")
     ap.add_argument("--varlen", action="store_true", help="ours through flash_attn_varlen_func, equal lengths")
+    ap.add_argument("--softcap", type=float, default=0.0)
     args = ap.parse_args()
     d, s = args.hdim, args.seqlen
     b, h = 16384 // s, 2048 // d
@@ -37,7 +39,7 @@ def main():
         q, k, v = (x.requires_grad_() for x in (q, k, v))
 
         def run():
-            out = fa3_func(q, k, v, causal=args.causal, deterministic=args.deterministic)
+            out = fa3_func(q, k, v, causal=args.causal, deterministic=args.deterministic, softcap=args.softcap)
             out = out[0] if isinstance(out, tuple) else out
             if args.bwd:
                 torch.autograd.grad(out, (q, k, v), dout)
@@ -62,7 +64,7 @@ def main():
 
         def run():
             out = flash_attn_hopper.flash_attn_varlen_func(qp, kp, vp, cu, cu, s, s, causal=args.causal,
-                                                           deterministic=args.deterministic)
+                                                           deterministic=args.deterministic, softcap=args.softcap)
             out = out[0] if isinstance(out, tuple) else out
             if args.bwd:
                 torch.autograd.grad(out, (qp, kp, vp), dout.reshape(b * s, h, d))
@@ -71,9 +73,9 @@ def main():
         op = torch.ops.flash_attn_hopper
 
         def run():
-            out, lse = op.fwd(q, k, v, scale, args.causal)
+            out, lse = op.fwd(q, k, v, scale, args.causal, -1, -1, False, args.softcap)
             if args.bwd:
-                op.bwd(dout, q, k, v, out, lse, scale, args.causal, -1, -1, False, args.deterministic)
+                op.bwd(dout, q, k, v, out, lse, scale, args.causal, -1, -1, False, args.deterministic, args.softcap)
     times = []
     for _ in range(args.runs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
