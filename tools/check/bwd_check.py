@@ -43,7 +43,7 @@ def check(b, sq, sk, hq, hk, d, causal, dtype, window=(-1, -1), top_left=False, 
     scale = 1.0 / math.sqrt(d)
     out, lse = op.fwd(q, k, v, scale, causal, window[0], window[1], top_left)
     poison_bwd_allocations(b, sq, sk, hq, hk, d, dtype)
-    dq, dk, dv = op.bwd(dout, q, k, v, out, lse, scale, causal, window[0], window[1], top_left, deterministic)
+    dq, dk, dv, _ = op.bwd(dout, q, k, v, out, lse, scale, causal, window[0], window[1], top_left, deterministic)
     torch.cuda.synchronize()
     grads = {}
     for name, dt in (("ref", torch.float32), ("low", dtype)):

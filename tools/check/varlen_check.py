@@ -74,7 +74,7 @@ def check(lengths_q, lengths_k, hq, hk, d, causal, dtype, used=False, bwd=True):
     ok = not torch.isnan(out[rows]).any() and err <= 2 * err_low + 1e-3 and lse_err < 1e-3
     if bwd:
         dout = torch.randn_like(q)
-        dq, dk, dv = ops().varlen_bwd(dout, q, k, v, out, lse, *args)
+        dq, dk, dv, _ = ops().varlen_bwd(dout, q, k, v, out, lse, *args)
         leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
         o_f, _ = reference(*leaves, cu_q, cu_k, used_q, used_k, causal, scale)
         g_ref = torch.autograd.grad(o_f, leaves, dout.float())
