@@ -183,6 +183,8 @@ struct FwdPolicy {
   // Varlen persistent kernels walk only the tiles that hold rows (tile_scheduler.h, VarlenTileWalk)
   // and hand them, with their sequences' extents, to the consumers through the tile ring.
   static constexpr bool kCompact = kVarlen && kPersistent;
+  // The producer hands the consumers their tiles through shared memory (TileRing).
+  static constexpr bool kRing = kDynamic || kCompact;
   // The dynamic ring carries decoded tiles at hdim 64 (at 128 / 256 the producer then spills)
   // [D:014]. Varlen persistent kernels' ring carries walked tiles with their extents (kernel.h).
   static constexpr bool kRingDecode = kHeadDim <= 64;

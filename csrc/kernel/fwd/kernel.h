@@ -150,7 +150,7 @@ struct FwdKernel {
         smem.o.barrier_q2.init(/*arrive_count=*/1);
         smem.o.barrier_q2_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
       }
-      if constexpr (kDynamic || kCompact) { smem.ring.init(kNumMmaThreads); }
+      if constexpr (Policy::kRing) { smem.ring.init(kNumMmaThreads); }
     }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = Mainloop::kBytesKV;
@@ -306,7 +306,7 @@ struct FwdKernel {
         mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq, split),
                      threadIdx.x - 128, wg, epilogue, split);
       };
-      if constexpr (kDynamic || kCompact) {
+      if constexpr (Policy::kRing) {
         for (int iteration = 0;; ++iteration) {
           int const slot = iteration & 1;
           smem.ring.full[slot].wait((iteration >> 1) & 1);

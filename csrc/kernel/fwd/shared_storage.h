@@ -87,7 +87,6 @@ struct FwdSharedStorage {
   struct NoRing {};
   // Tiles from the producer to the consumers: kDynamic, tile ids (kRingDecode: decoded tiles);
   // varlen persistent kernels (kCompact), static or dynamic, the walk's tiles with their extents.
-  static constexpr bool kRing = Policy::kDynamic || Policy::kCompact;
   using Ring = TileRing<std::conditional_t<Policy::kCompact, CompactTile, std::conditional_t<Policy::kRingDecode, FwdTile, int>>>;
 
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQ>> q;  // O reuses it unless kSeparateO
@@ -98,7 +97,7 @@ struct FwdSharedStorage {
   alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
   alignas(16) typename L::Pipeline::SharedStorage pipeline_k;
   alignas(16) typename L::Pipeline::SharedStorage pipeline_v;
-  std::conditional_t<kRing, Ring, NoRing> ring;
+  std::conditional_t<Policy::kRing, Ring, NoRing> ring;
 
   // Q buffer `slot` (always 0 without a second one) and its barriers.
   CUTLASS_DEVICE Element* q_data(int slot) {
