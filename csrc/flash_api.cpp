@@ -41,6 +41,9 @@
 #ifndef FLASH_ATTN_HOPPER_FOR_EACH_PAGED  // a registry without paged-KV kernels
 #define FLASH_ATTN_HOPPER_FOR_EACH_PAGED(X)
 #endif
+#ifndef FLASH_ATTN_HOPPER_FOR_EACH_QV  // a registry without qv kernels
+#define FLASH_ATTN_HOPPER_FOR_EACH_QV(X)
+#endif
 
 #if defined(FLASH_ATTN_HOPPER_HAS_BWD) && FLASH_ATTN_HOPPER_HAS_BWD
 #include "params/bwd_params.h"
@@ -54,6 +57,8 @@ template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& params, cudaStream_t stream);
 template <int kHeadDim, typename Element>
 void run_flash_fwd_paged(FwdParams& params, cudaStream_t stream);
+template <int kHeadDim, typename Element>
+void run_flash_fwd_qv(FwdParams& params, cudaStream_t stream);
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 template <int kHeadDim, typename Element>
 void run_flash_bwd(BwdParams& params, cudaStream_t stream);
@@ -137,18 +142,21 @@ void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Proble
   }
 }
 
-std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
+// qv (the fwd_qv op): FA3's extra query, on the qv kernels (d 64, dv in (64, 512]).
+std::tuple<Tensor, Tensor> mha_fwd_impl(Tensor const& q, Tensor const& k, Tensor const& v,
                                            double softmax_scale, bool causal, int64_t window_size_left,
                                            int64_t window_size_right, bool top_left, double softcap,
-                                           std::optional<Tensor> const& sink, int64_t num_splits) {
-  Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true);
+                                           std::optional<Tensor> const& sink, int64_t num_splits,
+                                           std::optional<Tensor> const& qv) {
+  Problem const pb = check_problem(q, k, v, /*value_head_dim=*/true, qv.has_value());
   check_scale(softmax_scale, softcap);
+  check_qv(qv, q, {pb.batch, pb.seqlen_q, pb.heads_q, pb.head_dim_v});
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   auto const [batch, seqlen_q, heads_q, head_dim, seqlen_k, heads_kv, head_dim_rounded, is_bf16, device,
               head_dim_v] = pb;
-  FwdFn const fwd = find_fwd(head_dim_rounded, is_bf16);
-  FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
+  FwdFn const fwd = find_fwd_for(head_dim_rounded, is_bf16, qv.has_value());
+  FLASH_CHECK(fwd != nullptr, not_compiled(qv ? "qv forward" : "forward", pb, q.scalar_type()));
 
   Tensor out = empty_like_dev(q, {batch, seqlen_q, heads_q, head_dim_v});
   Tensor lse = empty_like_dev(q, {batch, heads_q, seqlen_q}, kFloat);
@@ -164,6 +172,8 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_outputs(params, out, lse, sink_ptr);
+  Tensor const qvt = qv ? tma_ready(*qv) : Tensor{};
+  if (qv) { set_qv(params, qvt); }
   int const splits = choose_splits(num_splits, batch, seqlen_q, seqlen_k, heads_q, head_dim_rounded, softcap > 0,
                                    params.num_sms);
   if (splits > 1) {
@@ -180,22 +190,25 @@ std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor cons
 // Variable-length forward: q (total_q, heads, d), k and v (total_k, heads_kv, d), sequence b at
 // rows cu_seqlens[b] (FwdParams says how the kernels read them). Returns out like q and the LSE
 // (heads, total_q). With seqused_q, rows outside every sequence's used part are 0 (LSE -inf).
-std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
+std::tuple<Tensor, Tensor> mha_varlen_fwd_impl(Tensor const& q, Tensor const& k, Tensor const& v,
                                                   Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
                                                   std::optional<Tensor> const& seqused_q,
                                                   std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
                                                   int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                   int64_t window_size_left, int64_t window_size_right, bool top_left,
                                                   double softcap, std::optional<Tensor> const& sink,
-                                                  int64_t num_splits, int64_t pack_gqa) {
+                                                  int64_t num_splits, int64_t pack_gqa,
+                                                  std::optional<Tensor> const& qv) {
   auto const [vl, q4, k4, v4, pb] =
       check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                        max_seqlen_q, max_seqlen_k);
+                        max_seqlen_q, max_seqlen_k, qv.has_value());
   check_scale(softmax_scale, softcap);
+  check_qv(qv, q, {vl.total_q, pb.heads_q, pb.head_dim_v});
+  FLASH_CHECK(!qv || pack_gqa == 1, "flash_attn_hopper: qv runs without pack_gqa");
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  FwdFn const fwd = find_fwd(pb.head_dim_rounded, pb.is_bf16);
-  FLASH_CHECK(fwd != nullptr, not_compiled("forward", pb, q.scalar_type()));
+  FwdFn const fwd = find_fwd_for(pb.head_dim_rounded, pb.is_bf16, qv.has_value());
+  FLASH_CHECK(fwd != nullptr, not_compiled(qv ? "qv forward" : "forward", pb, q.scalar_type()));
 
   check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, seqused_q.has_value(), sink.has_value());
   int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
@@ -215,9 +228,49 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tens
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
-  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/true,
+  Tensor const qvt = qv ? tma_ready(unsqueeze0(*qv)) : Tensor{};
+  if (qv) { set_qv(params, qvt); }
+  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/!qv,
                 pack_gqa);
   return {out, lse};
+}
+
+// The schemas' entry points: fwd / varlen_fwd without qv, fwd_qv / varlen_fwd_qv with it.
+std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v, double softmax_scale,
+                                   bool causal, int64_t window_size_left, int64_t window_size_right, bool top_left,
+                                   double softcap, std::optional<Tensor> const& sink, int64_t num_splits) {
+  return mha_fwd_impl(q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink,
+                      num_splits, std::nullopt);
+}
+std::tuple<Tensor, Tensor> mha_fwd_qv(Tensor const& q, Tensor const& k, Tensor const& v, Tensor const& qv,
+                                      double softmax_scale, bool causal, int64_t window_size_left,
+                                      int64_t window_size_right, bool top_left, double softcap,
+                                      std::optional<Tensor> const& sink, int64_t num_splits) {
+  return mha_fwd_impl(q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink,
+                      num_splits, qv);
+}
+std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
+                                          Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
+                                          std::optional<Tensor> const& seqused_q,
+                                          std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
+                                          int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                          int64_t window_size_left, int64_t window_size_right, bool top_left,
+                                          double softcap, std::optional<Tensor> const& sink, int64_t num_splits,
+                                          int64_t pack_gqa) {
+  return mha_varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink,
+                             num_splits, pack_gqa, std::nullopt);
+}
+std::tuple<Tensor, Tensor> mha_varlen_fwd_qv(Tensor const& q, Tensor const& k, Tensor const& v, Tensor const& qv,
+                                             Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
+                                             std::optional<Tensor> const& seqused_q,
+                                             std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
+                                             int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                             int64_t window_size_left, int64_t window_size_right, bool top_left,
+                                             double softcap, std::optional<Tensor> const& sink, int64_t num_splits) {
+  return mha_varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink,
+                             num_splits, 1, qv);
 }
 
 #include "api/paged.h"  // paged_fwd (after fill_empty_lse)
@@ -450,6 +503,16 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
         "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
         "Tensor? sink=None, int num_splits=1, int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)");
+  // FA3's qv (MLA decode): scores softmax_scale * (q.k + qv.v) with qv (batch, seqlen_q, nheads, dv)
+  // [varlen: (total_q, nheads, dv)], q/k head dim <= 64, dv in (64, 512]; softcap, sink and num_splits
+  // as fwd's; no backward (as FA3).
+  m.def("fwd_qv(Tensor q, Tensor k, Tensor v, Tensor qv, float softmax_scale, bool causal, "
+        "int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
+        "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
+  m.def("varlen_fwd_qv(Tensor q, Tensor k, Tensor v, Tensor qv, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+        "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
+        "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
   // q (total_q, nheads, d); k_cache and v_cache (num_pages, page_size, nheads_kv, d) read through
   // page_table (batch, max_pages): sequence b's keys are seqused_k[b] positions from cu_seqlens_k[b]
   // of its pages. The LSE is (nheads, total_q). No backward.
@@ -480,6 +543,8 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
 FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&mha_fwd));
   m.impl("varlen_fwd", TORCH_BOX(&mha_varlen_fwd));
+  m.impl("fwd_qv", TORCH_BOX(&mha_fwd_qv));
+  m.impl("varlen_fwd_qv", TORCH_BOX(&mha_varlen_fwd_qv));
   m.impl("fwd_combine", TORCH_BOX(&mha_combine));
   m.impl("paged_fwd", TORCH_BOX(&mha_paged_fwd));
 #if FLASH_ATTN_HOPPER_BUILD_BWD

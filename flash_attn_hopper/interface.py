@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import chunked, manifest, offsets, ops, packgqa, paged, sinks, support, support_varlen
+from . import chunked, manifest, offsets, ops, packgqa, paged, qv as qv_calls, sinks, support, support_varlen
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -155,10 +155,8 @@ def _chunked(q, k, v, attention_chunk, return_attn_probs, **kwargs):
     return (out, lse) if return_attn_probs else out
 
 
-def _check_unsupported_extras(qv, q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
+def _check_unsupported_extras(q_descale, k_descale, v_descale, attention_chunk, sm_margin) -> None:
     refusal = None
-    if qv is not None:
-        refusal = support.feature_refusal("qv", "qv (an extra query projection, as in MLA)", "Pass qv=None.")
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if refusal is None and value is not None:
             refusal = support.feature_refusal(
@@ -221,7 +219,10 @@ def flash_attn_func(
         softcap: 0 (off) or a positive number: the scaled scores s become
             softcap * tanh(s / softcap) before any mask (Gemma 2; FlashAttention-3's semantics),
             in the backward too; softmax_lse is then that of the capped scores.
-        qv, q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility;
+        qv: None, or (batch, seqlen_q, nheads, headdim_v): FA3's extra query (MLA decode, headdim
+            64, headdim_v 512): scores softmax_scale * (q kᵀ + qv vᵀ), softmax_scale defaulting
+            to (headdim + headdim_v) ** -0.5; forward only (flash_attn_hopper/qv.py).
+        q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility;
             values other than the defaults raise RuntimeError (no kernels for them yet).
         num_splits: split-KV, as FlashAttention-3: 1 (default) none, 0 choose (split when the
             query tiles leave SMs idle: decode), n > 1 at most n splits whose partial results
@@ -245,11 +246,20 @@ def flash_attn_func(
         (out, softmax_lse) with softmax_lse float32 (batch, nheads, seqlen_q),
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """
-    _check_unsupported_extras(qv, q_descale, k_descale, v_descale, 0, sm_margin)
+    _check_unsupported_extras(q_descale, k_descale, v_descale, 0, sm_margin)
     support.check_num_splits(num_splits)
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if qv is not None:
+        _check_scale_and_causal(softmax_scale, causal)
+        if attention_chunk:  # the chunk segments as varlen sequences, qv's rows with q's
+            qv_calls.check(q, k, v, qv, varlen=False)
+            return _chunked(q, k, v, attention_chunk, return_attn_probs, softmax_scale=softmax_scale, causal=causal,
+                            window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
+                            qv=qv.reshape(-1, *qv.shape[2:]))
+        return qv_calls.dense(q, k, v, qv, softmax_scale, causal, window_size, softcap, learnable_sink,
+                              return_attn_probs, pack_gqa, num_splits)
     chunks = _value_chunks(q, k, v)
     if chunks is not None:
         return _over_value_chunks(
@@ -424,7 +434,9 @@ def flash_attn_varlen_func(
             aligned within each sequence); the chunk segments are made on the GPU (chunked.py),
             so nothing is read on the host. Not with a page_table (flash_attn_with_kvcache
             takes both).
-        qv, q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility; values
+        qv: None, or (total_q, nheads, headdim_v): as in :func:`flash_attn_func` (not with a
+            page_table yet).
+        q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility; values
             other than the defaults raise RuntimeError (no kernels for them yet).
         num_splits: as in :func:`flash_attn_func` (split-KV over each sequence's keys).
         pack_gqa: as in :func:`flash_attn_func` (per sequence, max_seqlen_q for the choice).
@@ -444,12 +456,15 @@ def flash_attn_varlen_func(
         out (total_q, nheads, headdim) in q's dtype, or (out, softmax_lse) with
         softmax_lse float32 (nheads, total_q), FlashAttention's varlen layout.
     """
-    _check_unsupported_extras(qv, q_descale, k_descale, v_descale, 0, sm_margin)
+    _check_unsupported_extras(q_descale, k_descale, v_descale, 0, sm_margin)
     support.check_num_splits(num_splits)
     packgqa.check_pack_gqa(pack_gqa)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     _check_scale_and_causal(softmax_scale, causal)
+    if qv is not None and page_table is not None:
+        raise RuntimeError("flash_attn_hopper: qv with a page_table (paged KV cache) has no kernels yet; pass k and "
+                           "v unpaged (packed varlen) or qv=None")
     if attention_chunk:
         if page_table is not None:
             raise ValueError("flash_attn_varlen_func takes attention_chunk or page_table, not both: "
@@ -458,8 +473,12 @@ def flash_attn_varlen_func(
             flash_attn_varlen_func, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
             seqused_k, attention_chunk, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
-            return_attn_probs=return_attn_probs, learnable_sink=learnable_sink)
+            return_attn_probs=return_attn_probs, learnable_sink=learnable_sink, qv=qv)
     support.check_attention_chunk(attention_chunk)
+    if qv is not None:
+        return qv_calls.varlen(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                               seqused_k, softmax_scale, causal, window_size, softcap, learnable_sink,
+                               return_attn_probs, pack_gqa, num_splits)
     if page_table is not None:
         if seqused_q is not None:
             raise ValueError("seqused_q is not taken with a page table: pass cu_seqlens_q of the used queries")

@@ -12,7 +12,8 @@ New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_
 ``cu_seqlens_k_new``. A paged cache (``page_table``; paged.py) is read in place the same way, the
 new tokens written to their pages; ``cache_batch_idx`` then picks page-table rows, and
 ``cache_leftpad`` moves each sequence's first key as in a contiguous cache. Not in this version
-(refused, naming the argument): ``qv``, FP8 descales, ``sm_margin``. No backward, as in
+(refused, naming the argument): FP8 descales, ``sm_margin``, ``qv`` with a paged cache (a contiguous
+cache takes it: qv.py). No backward, as in
 FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (chunked.py).
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
@@ -190,7 +191,6 @@ def flash_attn_with_kvcache(
         out like q, and softmax_lse when return_softmax_lse.
     """
     _refuse_extras(
-        qv=(qv, None, "Pass qv=None."),
         q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         v_descale=(v_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
@@ -207,6 +207,12 @@ def flash_attn_with_kvcache(
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if qv is not None:  # FA3's MLA decode query (qv.py): rows like q's, on the varlen qv kernels
+        if not isinstance(qv, torch.Tensor) or qv.dim() != q.dim() or qv.shape[:-1] != q.shape[:-1]:
+            raise ValueError("qv must be a tensor shaped like q with v's head dim")
+        if page_table is not None:
+            raise RuntimeError("flash_attn_hopper: qv with a page_table (paged KV cache) has no kernels yet; pass a "
+                               "contiguous cache or qv=None")
     if page_table is not None:
         refusal = paged.cache_refusal(k_cache, v_cache, page_table, q)
         if refusal is not None:
@@ -341,8 +347,9 @@ def flash_attn_with_kvcache(
         return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
     k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
     v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, dv)
+    qv_rows = None if qv is None else _query_rows(qv, cu_seqlens_q, batch, seqlen_q)[0]
     result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
-        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k,
+        q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k, qv=qv_rows,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse, learnable_sink=learnable_sink,
     )

@@ -83,6 +83,7 @@ class Direction:
     description: str
     launch_header: str  # the csrc/ header that declares entry_point
     params_type: str  # the params struct entry_point takes by reference
+    hdims: tuple[int, ...] | None = None  # the head dims it has kernels for (None: every one)
 
 
 #: Every direction the project knows how to generate files for.
@@ -99,6 +100,11 @@ DIRECTIONS: Mapping[str, Direction] = {
         "paged", "flash::run_flash_fwd_paged", "FLASH_ATTN_HOPPER_FOR_EACH_PAGED", "paged-KV forward",
         "launch/paged_launch.cuh", "flash::FwdParams",
     ),
+    # FA3's qv (MLA decode: q/k head dim 64, v's up to 512): kernels of their own, in their own files.
+    "qv": Direction(
+        "qv", "flash::run_flash_fwd_qv", "FLASH_ATTN_HOPPER_FOR_EACH_QV", "qv forward",
+        "launch/qv_launch.cuh", "flash::FwdParams", hdims=(64,),
+    ),
 }
 
 #: dv != d with kernels of their own (csrc/kernel/common/policy.h fwd_value_head_dim; the backward's
@@ -108,7 +114,7 @@ VALUE_HEAD_DIMS: Mapping[int, int] = {192: 128}
 
 #: Directions whose kernels exist in csrc/ and are verified on a GPU in this
 #: version: built by default (for the selected head dims and dtypes).
-AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "paged")
+AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "paged", "qv")
 
 #: Attention features and whether this version has kernels for them.  The
 #: Python layer refuses an unavailable feature before any launch, naming it.
@@ -121,6 +127,7 @@ FEATURES: Mapping[str, bool] = {
     "softcap": True,  # scores softcap * tanh(s / softcap), forward and backward (a build may leave it out)
     "varlen": True,  # flash_attn_varlen_func: packed sequences (cu_seqlens, seqused), forward and backward
     "paged_kv": True,  # flash_attn_with_kvcache / flash_attn_varlen_func with page_table (forward)
+    "qv": True,  # FA3's qv (d 64, dv up to 512), dense / varlen / contiguous KV cache, forward
     "fp8": False,
     # Verified backward kernels in this version (a build may still leave them out):
     # build_info()["features"]["backward"] says what the installed build can do.
@@ -179,6 +186,7 @@ class Selection:
             Instantiation(direction, hdim, dtype)
             for direction in self.directions
             for hdim in self.hdims
+            if DIRECTIONS[direction].hdims is None or hdim in DIRECTIONS[direction].hdims
             for dtype in self.dtypes
         ]
 

@@ -187,7 +187,6 @@ def test_wide_window_is_accepted_as_no_window(everything_compiled):
 @pytest.mark.parametrize(
     "kwargs, fragments",
     [
-        (dict(qv=torch.zeros(1)), ["qv"]),
         (dict(q_descale=torch.ones(1)), ["q_descale", "fp8"]),
         (dict(sm_margin=4), ["sm_margin=4"]),
     ],

@@ -53,6 +53,8 @@ def test_instantiation_file_matches_the_contract(tmp_path):
             "flash_paged_hdim64_bf16_sm90.cu",
             "flash_paged_hdim128_fp16_sm90.cu",
             "flash_paged_hdim128_bf16_sm90.cu",
+            "flash_qv_hdim64_fp16_sm90.cu",  # the qv kernels: hdim 64 only
+            "flash_qv_hdim64_bf16_sm90.cu",
         ]
     )
     assert (tmp_path / "flash_paged_hdim128_bf16_sm90.cu").read_text() == (
@@ -123,7 +125,8 @@ def test_backward_files_match_the_contract(tmp_path):
         "flash_fwd_hdim128_fp16_sm90.cu",
         "flash_fwd_hdim128_bf16_sm90.cu",
     ]
-    assert names[8:] == [f"flash_paged_hdim{h}_{t}_sm90.cu" for h in (64, 128) for t in ("fp16", "bf16")]
+    assert names[8:12] == [f"flash_paged_hdim{h}_{t}_sm90.cu" for h in (64, 128) for t in ("fp16", "bf16")]
+    assert names[12:] == [f"flash_qv_hdim64_{t}_sm90.cu" for t in ("fp16", "bf16")]
     assert names[4:8] == [
         "flash_bwd_hdim64_fp16_sm90.cu",
         "flash_bwd_hdim64_bf16_sm90.cu",
@@ -187,7 +190,8 @@ def test_regeneration_keeps_unchanged_files_and_removes_stale_ones(tmp_path):
     os.utime(kept, (1_000_000, 1_000_000))  # an old mtime: a rewrite would change it
     result = gen.generate(_select("128", "bf16", backward=False), tmp_path)
     assert kept.stat().st_mtime == 1_000_000, "an unchanged file was rewritten (ninja would recompile it)"
-    assert [p.name for p in result.removed] == ["flash_fwd_hdim64_bf16_sm90.cu", "flash_paged_hdim64_bf16_sm90.cu"]
+    assert [p.name for p in result.removed] == [
+        "flash_fwd_hdim64_bf16_sm90.cu", "flash_paged_hdim64_bf16_sm90.cu", "flash_qv_hdim64_bf16_sm90.cu"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "flash_fwd_hdim128_bf16_sm90.cu", "flash_paged_hdim128_bf16_sm90.cu", "fwd_registry.h", "manifest.h"]
 
@@ -274,9 +278,9 @@ def test_cli_flags_for_the_backward():
         [sys.executable, str(GENERATOR), "--list", "--hdims", "64", "--dtypes", "bf16", *flags],
         env=env, capture_output=True, text=True, check=True,
     ).stdout.split()
-    fwd, bwd, paged = (f"flash_{d}_hdim64_bf16_sm90.cu" for d in ("fwd", "bwd", "paged"))
-    assert run() == ([fwd, bwd, paged] if DEFAULT_BWD else [fwd, paged])
-    assert run("--disable-backward") == [fwd, paged]
+    fwd, bwd, paged, qv = (f"flash_{d}_hdim64_bf16_sm90.cu" for d in ("fwd", "bwd", "paged", "qv"))
+    assert run() == ([fwd, bwd, paged, qv] if DEFAULT_BWD else [fwd, paged, qv])
+    assert run("--disable-backward") == [fwd, paged, qv]
 
 
 def test_cli_rejects_a_bad_knob_with_the_fix(tmp_path):

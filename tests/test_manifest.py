@@ -12,7 +12,8 @@ def test_default_selection_is_everything_available():
     assert sel.hdims == (64, 96, 128, 192, 256)
     assert sel.dtypes == ("fp16", "bf16")
     assert sel.directions == m.AVAILABLE_DIRECTIONS
-    assert len(sel.instantiations()) == 5 * 2 * len(m.AVAILABLE_DIRECTIONS)
+    # Every head dim and dtype per direction, but qv: hdim 64 only.
+    assert len(sel.instantiations()) == 5 * 2 * (len(m.AVAILABLE_DIRECTIONS) - 1) + 1 * 2
 
 
 @pytest.mark.parametrize(
@@ -50,7 +51,7 @@ def test_parse_dtypes():
 def test_disable_backward_knob():
     on = m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "1"})
     off = m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "0"})
-    assert on.directions == ("fwd", "paged")
+    assert on.directions == ("fwd", "paged", "qv")
     assert off.directions == m.AVAILABLE_DIRECTIONS
     with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_BACKWARD"):
         m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "maybe"})
@@ -58,7 +59,7 @@ def test_disable_backward_knob():
 
 def test_knobs_combine():
     sel = m.selection_from_env({"FLASH_ATTN_HOPPER_HDIMS": "128", "FLASH_ATTN_HOPPER_DTYPES": "bf16"})
-    assert sel.instantiations() == [m.Instantiation(d, 128, "bf16") for d in m.AVAILABLE_DIRECTIONS]
+    assert sel.instantiations() == [m.Instantiation(d, 128, "bf16") for d in m.AVAILABLE_DIRECTIONS if d != "qv"]
     assert sel.instantiations()[0].filename == "flash_fwd_hdim128_bf16_sm90.cu"
     assert sel.instantiations()[0].cutlass_type == "cutlass::bfloat16_t"
 
@@ -115,7 +116,7 @@ def test_backward_knobs():
     assert "bwd" in m.AVAILABLE_DIRECTIONS
     knobs = {"FLASH_ATTN_HOPPER_HDIMS": "64,256", "FLASH_ATTN_HOPPER_DTYPES": "bf16"}
     on = m.selection_from_env(knobs)
-    assert on.directions == ("fwd", "bwd", "paged")
+    assert on.directions == ("fwd", "bwd", "paged", "qv")
     assert on.instantiations() == [
         m.Instantiation("fwd", 64, "bf16"),
         m.Instantiation("fwd", 256, "bf16"),
@@ -123,10 +124,11 @@ def test_backward_knobs():
         m.Instantiation("bwd", 256, "bf16"),
         m.Instantiation("paged", 64, "bf16"),
         m.Instantiation("paged", 256, "bf16"),
+        m.Instantiation("qv", 64, "bf16"),  # the qv kernels: hdim 64 only
     ]
     assert on.instantiations()[2].filename == "flash_bwd_hdim64_bf16_sm90.cu"
     assert m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "0"}).directions == m.AVAILABLE_DIRECTIONS
-    assert m.selection_from_env(dict(knobs, FLASH_ATTN_HOPPER_DISABLE_BACKWARD="yes")).directions == ("fwd", "paged")
+    assert m.selection_from_env(dict(knobs, FLASH_ATTN_HOPPER_DISABLE_BACKWARD="yes")).directions == ("fwd", "paged", "qv")
     with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_BACKWARD='2'"):
         m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "2"})
 

@@ -372,7 +372,6 @@ def test_malformed_inputs_are_refused_before_any_launch(case):
 @pytest.mark.parametrize(
     "kwargs, fragments",
     [
-        (dict(qv=torch.zeros(1)), ["qv"]),
         (dict(q_descale=torch.ones(1)), ["q_descale", "fp8"]),
         (dict(sm_margin=4), ["sm_margin=4"]),
     ],

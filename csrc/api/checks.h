@@ -123,6 +123,18 @@ FwdFn find_fwd(int head_dim_rounded, bool is_bf16) {
   return nullptr;
 }
 
+// The forward of a call: the qv kernels (FA3's qv; hdim 64 only, their own files) or the usual ones.
+FwdFn find_fwd_for(int head_dim_rounded, bool is_bf16, bool qv) {
+  if (!qv) { return find_fwd(head_dim_rounded, is_bf16); }
+#define FLASH_ATTN_HOPPER_MATCH_QV(D, T)                                             \
+  if (head_dim_rounded == D && std::is_same_v<T, cutlass::bfloat16_t> == is_bf16) { \
+    return &flash::run_flash_fwd_qv<D, T>;                                           \
+  }
+  FLASH_ATTN_HOPPER_FOR_EACH_QV(FLASH_ATTN_HOPPER_MATCH_QV)
+#undef FLASH_ATTN_HOPPER_MATCH_QV
+  return nullptr;
+}
+
 int device_attribute(cudaDeviceAttr attr, int device) {
   int value = 0;
   cudaError_t err = cudaDeviceGetAttribute(&value, attr, device);
@@ -154,7 +166,9 @@ struct Problem {
 // value_head_dim: v's head dim may differ from q's where the kernels take the pair (policy.h
 // fwd_value_head_dim: the forward's dv != d kernels, the backward's BwdPolicy::kNarrowV);
 // otherwise q, k and v share one.
-Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, bool value_head_dim = false) {
+// qv: the call has a qv (FA3's MLA decode): head dim 64 only, v's up to 512 (the qv kernels).
+Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, bool value_head_dim = false,
+                      bool qv = false) {
   FLASH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "flash_attn_hopper: q, k and v must be CUDA tensors");
   FLASH_CHECK(same_device(k, q) && same_device(v, q),
               "flash_attn_hopper: q, k and v must be on the same device");
@@ -178,7 +192,13 @@ Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, bool va
   pb.head_dim_rounded = flash::manifest::round_up_head_dim(pb.head_dim);
   FLASH_CHECK(pb.head_dim_rounded != 0, "flash_attn_hopper: head dim must be a multiple of ",
               flash::manifest::kHeadDimMultiple, " and at most ", flash::manifest::kMaxHeadDim, ", got ", pb.head_dim);
-  int const own_dv = value_head_dim ? flash::fwd_value_head_dim(pb.head_dim_rounded) : 0;
+  if (qv) {
+    FLASH_CHECK(pb.head_dim_rounded == 64 && k.size(3) == pb.head_dim && flash::fwd_qv_head_dim_v(int(pb.head_dim_v)) != 0 &&
+                    pb.head_dim_v % flash::manifest::kHeadDimMultiple == 0,
+                "flash_attn_hopper: qv needs q and k head dims of at most 64 and v's in (64, 512], a multiple of 8; got ",
+                pb.head_dim, ", ", k.size(3), ", ", pb.head_dim_v);
+  }
+  int const own_dv = qv ? 512 : value_head_dim ? flash::fwd_value_head_dim(pb.head_dim_rounded) : 0;
   bool const dv_ok = pb.head_dim_v == pb.head_dim ||
                      (pb.head_dim_v > 0 && pb.head_dim_v <= own_dv && pb.head_dim_v % flash::manifest::kHeadDimMultiple == 0);
   FLASH_CHECK(k.size(3) == pb.head_dim && dv_ok, "flash_attn_hopper: q and k must have the same head dim, and v ",
@@ -224,6 +244,24 @@ float const* sink_pointer(std::optional<Tensor> const& sink, Tensor const& q, in
               "flash_attn_hopper: sink must be a contiguous float32 tensor of shape (nheads,) = (", heads_q, ",)");
   FLASH_CHECK(same_device(*sink, q), "flash_attn_hopper: sink must be on q's device");
   return sink->const_data_ptr<float>();
+}
+
+// qv (FA3's): q's dtype and device, sizes `sizes` (q's with v's head dim), a contiguous last
+// dimension; checked before anything is allocated.
+void check_qv(std::optional<Tensor> const& qv, Tensor const& q, std::vector<int64_t> const& sizes) {
+  if (!qv) { return; }
+  FLASH_CHECK(qv->scalar_type() == q.scalar_type() && same_device(*qv, q),
+              "flash_attn_hopper: qv must have q's dtype and device");
+  FLASH_CHECK(sizes_of(*qv) == sizes, "flash_attn_hopper: qv must be shaped like q with v's head dim");
+  FLASH_CHECK(qv->stride(qv->dim() - 1) == 1, "flash_attn_hopper: the last dimension of qv must be contiguous");
+}
+
+// FwdParams' qv from qv4, qv as a 4-D (batch, rows, heads, dv) view ready for TMA.
+void set_qv(flash::FwdParams& params, Tensor const& qv4) {
+  params.qv_ptr = qv4.data_ptr();
+  params.qv_batch_stride = qv4.stride(0);
+  params.qv_row_stride = qv4.stride(1);
+  params.qv_head_stride = qv4.stride(2);
 }
 
 // Windows as FlashAttention defines them (-1 = unbounded; causal = right window 0), measured
@@ -352,11 +390,12 @@ struct VarlenCall {
 VarlenCall check_varlen_call(bool value_head_dim, Tensor const& q, Tensor const& k, Tensor const& v,
                              Tensor const& cu_seqlens_q,
                              Tensor const& cu_seqlens_k, std::optional<Tensor> const& seqused_q,
-                             std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+                             std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                             bool qv = false) {
   FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
   Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   Tensor const q4 = unsqueeze0(q), k4 = unsqueeze0(k), v4 = unsqueeze0(v);
-  return {vl, q4, k4, v4, check_problem(q4, k4, v4, value_head_dim)};
+  return {vl, q4, k4, v4, check_problem(q4, k4, v4, value_head_dim, qv)};
 }
 
 }  // namespace

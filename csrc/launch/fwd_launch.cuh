@@ -102,14 +102,16 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   using N = Int<Kernel::kBlockN>;
   using D = Int<Kernel::kHeadDim>;
   using DV = Int<Kernel::kHeadDimV>;
-  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM;
+  using DO = Int<Kernel::Policy::kHeadDimO>;
+  // kWideV (qv kernels): one CTA per O slice of each tile, the grid's m coordinate m_block * slices + slice.
+  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM * Kernel::Policy::kOSlices;
   int const heads_per_group = Kernel::Scheduler::heads_per_group(
       p.heads_q, p.heads_q / p.heads_kv, p.batch, int64_t(p.seqlen_k) * p.head_dim * int64_t(sizeof(Element)));
   typename Kernel::Params params{
       make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Kernel::SmemLayoutQ{}, Shape<M, D>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kernel::SmemLayoutKV{}), Shape<N, D>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Kernel::SmemLayoutV{}), Shape<N, DV>{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, mO, typename Kernel::SmemLayoutO64{}, Shape<_64, DV>{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, mO, typename Kernel::SmemLayoutO64{}, Shape<_64, DO>{}, _1{}),
       shape_q,
       shape_k,
       p.lse_ptr,
@@ -134,12 +136,20 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       {},  // split, set below
       {},  // paged, set below
       {},  // shapes_v, set below
+      {},  // qv, set below
   };
   if constexpr (Kernel::kHeadDimV != Kernel::kHeadDim) { params.shapes_v = {shape_v, shape_o}; }
   if constexpr (Kernel::kDirectO) {
     params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
   }
   if constexpr (kVarlen) { params.varlen = p.varlen; }
+  if constexpr (Kernel::Policy::kWideV) {
+    if (p.qv_ptr == nullptr) { throw std::runtime_error("flash_attn_hopper: the qv kernels need qv"); }
+    ShapeQKV const shape_qv = make_shape(get<0>(shape_q), head_dim_v, p.heads_q, get<3>(shape_q));
+    Tensor mQv = tensor(p.qv_ptr, shape_qv, p.qv_row_stride, p.qv_head_stride, p.qv_batch_stride);
+    params.qv = {make_tma_copy(SM90_TMA_LOAD{}, mQv, typename Kernel::Mainloop::SmemLayoutQv{}, Shape<M, DV>{}, _1{}),
+                 shape_qv};
+  }
   if constexpr (Kernel::Policy::kPaged) {
     params.paged = {p.k_ptr,           p.v_ptr,           p.k_batch_stride,      p.k_row_stride,
                     p.k_head_stride,   p.v_batch_stride,  p.v_row_stride,        p.v_head_stride,
@@ -220,9 +230,11 @@ void run_flash_fwd_dv(FwdParams& p, cudaStream_t stream) {
 
 // Entry point, explicitly instantiated once per (head dim, dtype) by the generated files. V's head
 // dim is q's (rounded up alike), or the one narrower head dim with kernels of its own
-// (fwd_value_head_dim: 128 beside 192); the binding refuses any other.
+// (fwd_value_head_dim: 128 beside 192); the binding refuses any other. qv calls take
+// run_flash_fwd_qv (qv_launch.cuh).
 template <int kHeadDim, typename Element>
 void run_flash_fwd(FwdParams& p, cudaStream_t stream) {
+  if (p.qv_ptr != nullptr) { throw std::runtime_error("flash_attn_hopper: qv calls take the qv kernels"); }
   constexpr int kHeadDimV = fwd_value_head_dim<kHeadDim>();
   if (p.head_dim_v > 0 && p.head_dim_v != p.head_dim) {
     if constexpr (kHeadDimV > 0) {

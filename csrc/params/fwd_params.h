@@ -80,6 +80,12 @@ struct FwdParams {
   int64_t page_table_stride = 0;
   int page_size = 0;
   int num_pages = 0;
+
+  // qv (null: none; FA3's MLA decode): (batch, seqlen, heads_q, head_dim_v) [varlen: (total_q,
+  // heads_q, head_dim_v)] with a unit last stride; the scores are softmax_scale * (q.k^T + qv.v^T).
+  // Head dim 64 only, head_dim_v in (64, 512]; no softcap, splits or paged caches.
+  void const* qv_ptr = nullptr;
+  int64_t qv_batch_stride = 0, qv_row_stride = 0, qv_head_stride = 0;
 };
 
 }  // namespace flash

@@ -70,7 +70,7 @@ def render_instantiation(inst, softcap: bool = True) -> str:
 def missing_launch_headers(selection, csrc_dir: Path = REPO_ROOT / "csrc") -> list[str]:
     """Launch headers the selection's files include that ``csrc_dir`` lacks (a build would fail on them)."""
     manifest = load_manifest()
-    needed = sorted({manifest.DIRECTIONS[d].launch_header for d in selection.directions})
+    needed = sorted({manifest.DIRECTIONS[i.direction].launch_header for i in selection.instantiations()})
     return [name for name in needed if not (Path(csrc_dir) / name).is_file()]
 
 

@@ -147,9 +147,15 @@ struct FwdPolicy {
   using Mask = Mask_;
   static constexpr FwdTileShape kTile = kTile_;
   static constexpr int kHeadDim = kHeadDim_;
-  // V's (and O's) head dim: kHeadDim, or (dv != d kernels, fwd_value_head_dim) narrower.
+  // V's (and O's) head dim: kHeadDim, or (dv != d kernels, fwd_value_head_dim) narrower, or
+  // (qv kernels, kWideV) wider.
   static constexpr int kHeadDimV = kHeadDimV_ ? kHeadDimV_ : kHeadDim_;
-  static_assert(kHeadDimV <= kHeadDim, "O is staged in Q's buffer");
+  // qv kernels (FA3's MLA decode, d 64 with dv 256 / 512): scores Q.K^T + Qv.V^T, Qv (M, dv) beside
+  // Q; O in column slices of kHeadDimO (256) per CTA, the grid's m coordinate m_block * kOSlices +
+  // slice, each slice's CTA computing the whole S (fwd_qv_tile, mainloop_qv.h).
+  static constexpr bool kWideV = kHeadDimV > kHeadDim_;
+  static constexpr int kHeadDimO = kWideV && kHeadDimV > 256 ? 256 : kHeadDimV;
+  static constexpr int kOSlices = kHeadDimV / kHeadDimO;
   static constexpr bool kLocal = Mask::kLocal;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -175,7 +181,7 @@ struct FwdPolicy {
   // Persistent without room for an own O: O goes from registers straight to global memory in
   // 16-byte stores, so Q is released after the tile's last Q.K^T GEMM all the same [D:015].
   // Varlen kernels always: a TMA store of a whole tile would write past the sequence's end.
-  static constexpr bool kDirectO = (kPersistent && !kTile.own_o) || kVarlen || kSplit;
+  static constexpr bool kDirectO = (kPersistent && !kTile.own_o) || kVarlen || kSplit || kWideV;
   // Q's buffer is released by the tile's last Q.K^T GEMM (not by the epilogue's O store).
   static constexpr bool kEarlyQ = kSeparateO || kDirectO;
   // Persistent causal/local: tiles drawn from an atomic counter, heaviest first [D:005].
@@ -189,14 +195,14 @@ struct FwdPolicy {
   // [D:014]. Varlen persistent kernels' ring carries walked tiles with their extents (kernel.h).
   static constexpr bool kRingDecode = kHeadDim <= 64;
   // Causal/local: the key-block loop in three parts around its unmasked middle [D:008].
-  static constexpr bool kSplitMask = kLocal;
+  static constexpr bool kSplitMask = kLocal && !kWideV;
   // hdim 64 causal/local 128-key tiles: the diagonal block's mask and softmax over the half each
   // warpgroup needs [D:017].
   static constexpr bool kHalfSoftmax = kHeadDim == 64 && kLocal && kBlockN == 128;
   // Key blocks after the first full unmasked one skip the row-max search [D:010].
   // Not at hdim 256 with softcap [D:056] or paged (232 consumer registers [D:063]), where the
   // second S(n) spills.
-  static constexpr bool kMaxFree =
+  static constexpr bool kMaxFree = kWideV ? false :
       kHeadDim == 96 || (kHeadDim == 64 && (!kLocal || kBlockM == 192)) ||
       (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap && !kPaged)));
 };
@@ -218,6 +224,19 @@ constexpr int fwd_value_head_dim() {
   return kHeadDim == 192 ? 128 : 0;
 }
 inline int fwd_value_head_dim(int head_dim_rounded) { return head_dim_rounded == 192 ? 128 : 0; }
+
+// qv kernels (d 64, dv 256 / 512, FwdPolicy::kWideV): one CTA per tile, O slice (and split), 128 rows, and
+// as many keys per stage as leave Q + Qv + two K/V stages within shared memory: 64 at dv 256
+// (160 KB), 32 at dv 512 (216 KB).
+template <int kHeadDimV>
+constexpr FwdTileShape fwd_qv_tile() {
+  return {128, kHeadDimV <= 256 ? 64 : 32, 2};
+}
+template <typename Element, bool kLocal, bool kVarlen, bool kSoftcap, int kHeadDimV, bool kSplit = false>
+using FwdQvPolicyFor =
+    FwdPolicy<64, Element, MaskFor<kLocal>, fwd_qv_tile<kHeadDimV>(), kVarlen, kSoftcap, kSplit, false, kHeadDimV>;
+// The qv kernels' V head dim for v's head dim dv (0: none).
+inline int fwd_qv_head_dim_v(int dv) { return dv <= 64 ? 0 : dv <= 256 ? 256 : dv <= 512 ? 512 : 0; }
 
 // Paged KV kernels take the split tile (decode and chunked prefill over a cache), split or not.
 template <int kHeadDim, typename Element, bool kLocal, bool kSoftcap, bool kSplit>

@@ -38,7 +38,7 @@ struct NoSplit {};
 template <typename Policy, typename TiledMmaPV>
 struct FwdEpilogue {
   using Element = typename Policy::Element;
-  static constexpr int kHeadDim = Policy::kHeadDimV;  // O's head dim: V's
+  static constexpr int kHeadDim = Policy::kHeadDimO;  // O's columns per CTA: V's head dim, or (kWideV) a slice
   static constexpr bool kSameV = Policy::kHeadDimV == Policy::kHeadDim;
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
@@ -76,7 +76,7 @@ struct FwdEpilogue {
   template <typename Params, typename Seq, typename TensorO>
   CUTLASS_DEVICE void store_o_direct(Params const& params, Seq const& seq, TiledMmaPV const& tiled_mma_pv,
                                      TensorO const& tOrO_out,
-                                     int m_block, int head, int batch, int mma_tidx) const {
+                                     int m_block, int head, int batch, int mma_tidx, int slice) const {
     static_assert(kHeadDim % 32 == 0, "groups of four 8-column chunks");
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
     Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
@@ -84,9 +84,9 @@ struct FwdEpilogue {
     Tensor tOrO_rc = make_tensor(tOrO_out.data(), acc_layout_rowcol(tOrO_out.layout()));
     constexpr int kCols = decltype(size<1>(tOrO_rc))::value;  // pairs of 2: kCols / 2 chunks
     static_assert(kCols % 8 == 0);
-    int const head_dim = get<1>(shape_o(params));
+    int const head_dim = get<1>(shape_o(params)) - slice * kHeadDim;  // this slice's real columns
     int const quad_lane = threadIdx.x % 4;
-    Element* o_head;  // this head's rows of the batch entry, or of the sequence
+    Element* o_head;  // this head's rows of the batch entry, or of the sequence, from the slice's first column
     if constexpr (Policy::kVarlen) {
       o_head = params.direct_o.ptr + int64_t(seq.offset_q(params)) * params.direct_o.row_stride +
                int64_t(head) * params.direct_o.head_stride;
@@ -94,6 +94,7 @@ struct FwdEpilogue {
       o_head = params.direct_o.ptr + int64_t(batch) * params.direct_o.batch_stride +
                int64_t(head) * params.direct_o.head_stride;
     }
+    o_head += slice * kHeadDim;
     auto pack = [&](int r, int c) {
       cutlass::Array<Element, 2> pair;
       pair[0] = tOrO_rc(r, c);
@@ -123,17 +124,18 @@ struct FwdEpilogue {
   template <typename Params, typename Seq, typename TensorO, typename TensorL>
   CUTLASS_DEVICE void store_partial(Params const& params, Seq const& seq, TiledMmaPV const& tiled_mma_pv,
                                     TensorO const& tOrO, TensorL const& lse, int m_block, int head, int batch,
-                                    int split, int mma_tidx) const {
+                                    int split, int mma_tidx, int slice) const {
     auto const& sp = params.split;
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
     Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
     Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
-    int const head_dim = get<1>(shape_o(params));
+    int const head_dim = get<1>(shape_o(params)) - slice * kHeadDim;
     // Varlen: the sequence's rows of the packed (splits, total_q, heads, d) buffer.
     int64_t const first_row = Policy::kVarlen ? int64_t(seq.offset_q(params)) * sp.o_row_stride
                                               : int64_t(batch) * sp.o_batch_stride;
-    float* const o_head = sp.oaccum + split * sp.o_split_stride + first_row + int64_t(head) * sp.o_head_stride;
+    float* const o_head =
+        sp.oaccum + split * sp.o_split_stride + first_row + int64_t(head) * sp.o_head_stride + slice * kHeadDim;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(tOrO_rc); ++r) {
       int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
@@ -145,7 +147,7 @@ struct FwdEpilogue {
         if (col < head_dim) { *reinterpret_cast<float2*>(o_row + col) = make_float2(tOrO_rc(r, c), tOrO_rc(r, c + 1)); }
       }
     }
-    if (get<1>(tOcO_rc(0, 0)) == 0) {  // one lane of each quad holds a row's LSE
+    if (get<1>(tOcO_rc(0, 0)) == 0 && slice == 0) {  // one lane of each quad (and slice) holds a row's LSE
       float* lse_row = sp.lseaccum + split * sp.lse_split_stride;  // as the LSE's layout, per split
       if constexpr (Policy::kVarlen) {
         lse_row += int64_t(head) * params.varlen.total_q + seq.offset_q(params);
@@ -166,16 +168,16 @@ struct FwdEpilogue {
   template <typename Params, typename Seq, typename TensorO, typename TensorL>
   CUTLASS_DEVICE void store(Params const& params, Seq const& seq, SharedStorage& smem, TiledMmaPV const& tiled_mma_pv,
                             TensorO const& tOrO, TensorL const& lse, int m_block, int head, int batch, int mma_tidx,
-                            int wg, int split = 0) const {
+                            int wg, int split = 0, int slice = 0) const {
     if constexpr (Policy::kSplit) {
-      store_partial(params, seq, tiled_mma_pv, tOrO, lse, m_block, head, batch, split, mma_tidx);
+      store_partial(params, seq, tiled_mma_pv, tOrO, lse, m_block, head, batch, split, mma_tidx, slice);
       return;
     }
     Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
     convert_into(tOrO, tOrO_out);
     int const warp_idx_in_wg = (threadIdx.x / 32) % 4;
     if constexpr (kDirectO) {
-      store_o_direct(params, seq, tiled_mma_pv, tOrO_out, m_block, head, batch, mma_tidx);
+      store_o_direct(params, seq, tiled_mma_pv, tOrO_out, m_block, head, batch, mma_tidx, slice);
     } else {
       if constexpr (kLazyStore) {
         // The previous O store of this warpgroup has read the buffer before anyone writes it.
@@ -204,11 +206,11 @@ struct FwdEpilogue {
       }
     }
 
-    // One lane of each quad holds a row's LSE.
+    // One lane of each quad (of the first O slice) holds a row's LSE.
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
     Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
-    if (get<1>(tOcO_rc(0, 0)) == 0) {
+    if (get<1>(tOcO_rc(0, 0)) == 0 && slice == 0) {
       float* lse_row;  // (batch, heads_q, seqlen_q), or varlen (heads_q, total_q)
       if constexpr (Policy::kVarlen) {
         lse_row = params.lse + int64_t(head) * params.varlen.total_q + seq.offset_q(params);

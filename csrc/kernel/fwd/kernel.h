@@ -25,6 +25,7 @@
 #include "kernel/common/utils.h"
 #include "kernel/fwd/epilogue.h"
 #include "kernel/fwd/mainloop.h"
+#include "kernel/fwd/mainloop_qv.h"
 #include "kernel/fwd/paged_kv.h"
 #include "kernel/fwd/shared_storage.h"
 
@@ -59,7 +60,7 @@ struct FwdKernel {
   using Walk = VarlenTileWalk<kBlockM, kLocal ? WalkOrder::kHeavyFirst : WalkOrder::kBlocksFastest>;
   static constexpr bool kPaged = Policy::kPaged;
 
-  using Mainloop = FwdMainloop<Policy>;
+  using Mainloop = std::conditional_t<Policy::kWideV, FwdQvMainloop<Policy>, FwdMainloop<Policy>>;
   using Epilogue = FwdEpilogue<Policy, typename Mainloop::TiledMmaPV>;
   using Scheduler = FwdTileScheduler<Policy::kPersistent, kLocal>;
   using SharedStorage = FwdSharedStorage<Policy>;
@@ -122,6 +123,7 @@ struct FwdKernel {
     [[no_unique_address]] std::conditional_t<kPaged, PagedKVParams, NoPagedKV> paged;
     // dv != d: V's and O's global shapes (else K's and Q's).
     [[no_unique_address]] std::conditional_t<Policy::kHeadDimV != kHeadDim, ValueShapes<ShapeQKV>, NoValueShapes> shapes_v;
+    [[no_unique_address]] typename Mainloop::QvArgs qv;  // kWideV: Qv's TMA and shape
   };
   using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
 
@@ -144,6 +146,7 @@ struct FwdKernel {
       cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+      if constexpr (Policy::kWideV) { cute::prefetch_tma_descriptor(params.qv.tma.get_tma_descriptor()); }
       smem.barrier_q.init(/*arrive_count=*/1);
       smem.barrier_q_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
       if constexpr (Policy::kSeparateO) {
@@ -173,12 +176,11 @@ struct FwdKernel {
         return tile;
       } else if constexpr (std::is_same_v<std::decay_t<decltype(tile)>, CompactTile>) {
         return tile.tile;
-      } else if constexpr (Policy::kSplit) {
-        FwdTile t = scheduler.decode(tile, params.divisors);
-        t.batch /= split_count(params);
-        return t;
       } else {
-        return scheduler.decode(tile, params.divisors);
+        FwdTile t = scheduler.decode(tile, params.divisors);
+        if constexpr (Policy::kSplit) { t.batch /= split_count(params); }
+        if constexpr (Policy::kWideV) { t.m_block /= Policy::kOSlices; }  // the grid's m: m_block * kOSlices + slice
+        return t;
       }
     };
     // The tile's sequence: handed on with it (kCompact), else read here.
@@ -192,6 +194,13 @@ struct FwdKernel {
     auto split_of = [&](auto const& tile) {
       if constexpr (Policy::kSplit) {
         return scheduler.decode(tile, params.divisors).batch % split_count(params);
+      } else {
+        return 0;
+      }
+    };
+    auto slice_of = [&](auto const& tile) {
+      if constexpr (Policy::kWideV) {
+        return scheduler.decode(tile, params.divisors).m_block % Policy::kOSlices;
       } else {
         return 0;
       }
@@ -304,7 +313,7 @@ struct FwdKernel {
         }
         int const split = split_of(tile);
         mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq, split),
-                     threadIdx.x - 128, wg, epilogue, split);
+                     threadIdx.x - 128, wg, epilogue, split, slice_of(tile));
       };
       if constexpr (Policy::kRing) {
         for (int iteration = 0;; ++iteration) {

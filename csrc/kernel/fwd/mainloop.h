@@ -34,6 +34,7 @@ struct FwdMainloop {
   using Element = typename Policy::Element;
   static constexpr int kHeadDim = Policy::kHeadDim;
   static constexpr int kHeadDimV = Policy::kHeadDimV;  // V's and O's
+  static constexpr int kHeadDimO = Policy::kHeadDimO;  // O's columns per CTA: V's, or (kWideV) a slice
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kBlockN = Policy::kBlockN;
   static constexpr bool kLocal = Policy::kLocal;
@@ -66,7 +67,7 @@ struct FwdMainloop {
       GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>(), AtomLayoutMNK{}));
   // O += P.V: P from registers, V^T read MN-major (V is stored as it arrives, head dim fastest).
   using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>,
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDimO>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutMNK{}));
   // kHalfSoftmax: views of one half of the diagonal block's S (the GEMMs stay full width: a
@@ -91,6 +92,7 @@ struct FwdMainloop {
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);  // a K stage
   static constexpr uint32_t kBytesV = kBlockN * kHeadDimV * sizeof(Element);
+  struct QvArgs {};  // kernel parameters of the qv mainloop (mainloop_qv.h), none here
 
   // V's global shape: K's, or (dv != d) its own (Params::shapes_v).
   template <typename Params>
@@ -239,7 +241,7 @@ struct FwdMainloop {
   CUTLASS_DEVICE void mma(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                           Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v, int& q_phase,
                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
-                          Epilogue const& epilogue, int split = 0) const {
+                          Epilogue const& epilogue, int split = 0, int /*slice: kWideV only*/ = 0) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     TiledMmaQK tiled_mma_qk;
     TiledMmaPV tiled_mma_pv;
@@ -260,7 +262,7 @@ struct FwdMainloop {
     Tensor tOrV = wg_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
     Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // fp32
-    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDimV>>{});  // fp32
+    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDimO>>{});  // fp32
     Tensor tOrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));  // (rows, cols)
     Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));

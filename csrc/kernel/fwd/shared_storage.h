@@ -57,9 +57,17 @@ struct FwdSmemLayouts {
   static constexpr bool kQHoldsO = !Policy::kSeparateO && !Policy::kDirectO;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{},
                                              std::conditional_t<kQHoldsO, Step<_2, _1>, Step<_1, _2>>{}));
-  using SmemLayoutO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, Step<_2, _1>{}));
-  using SmemLayoutO64 = decltype(tile_to_shape(SmemAtomV{}, Shape<_64, Int<kHeadDimV>>{}, Step<_2, _1>{}));
-  static_assert(cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutQ>, "O is staged in Q's buffer");
+  static constexpr int kHeadDimO = Policy::kHeadDimO;  // O's columns per CTA (kWideV: a slice of dv)
+  using SmemLayoutO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimO>>{}, Step<_2, _1>{}));
+  using SmemLayoutO64 = decltype(tile_to_shape(SmemAtomV{}, Shape<_64, Int<kHeadDimO>>{}, Step<_2, _1>{}));
+  static_assert(!kQHoldsO || cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutQ>, "O is staged in Q's buffer");
+  // kWideV: Qv (M, dv), K-major like Q; and one O slice's columns of a V stage, (N, kHeadDimO) at
+  // offset slice * N * kHeadDimO of it (V's atoms are N rows by 64 columns, N fastest), viewed
+  // (kHeadDimO, N) as P.V's B operand.
+  using SmemLayoutQv = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, Step<_1, _2>{}));
+  using SmemLayoutVtSlice = decltype(composition(
+      tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimO>>{}),
+      make_ordered_layout(Shape<Int<kHeadDimO>, Int<kBlockN>>{}, Step<_2, _1>{})));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
   // (head_dim_v, block_n, stages) view of V: the B operand of P.V.
@@ -93,6 +101,11 @@ struct FwdSharedStorage {
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutKV>> k;
   alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutV>> v;
   std::conditional_t<kSeparateO, BufferOQ2, NoO> o;
+  struct NoQv {};
+  struct BufferQv {  // kWideV: Qv, loaded with Q under barrier_q
+    alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQv>> data;
+  };
+  [[no_unique_address]] std::conditional_t<Policy::kWideV, BufferQv, NoQv> qv;
   alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q tile landed
   alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
   alignas(16) typename L::Pipeline::SharedStorage pipeline_k;

@@ -1,0 +1,183 @@
+// The qv forward mainloop (FwdPolicy::kWideV: FA3's `qv`, MLA decode with q/k head dim 64 and v
+// head dim 256 / 512): scores S = Q.K^T + Qv.V^T over the same K/V blocks, then the online
+// softmax and O += P.V for this CTA's slice of V's columns (kHeadDimO of them; the grid holds one
+// CTA per slice, each computing the whole S). V's stage is the B operand of both GEMMs: K-major
+// for Qv.V^T, MN-major for P.V. Per key block: S, softmax, P.V, in that order, while the producer
+// loads the next block into the other stage; the two consumer warpgroups take turns issuing their
+// S GEMMs (the base mainloop's ping-pong). Loads, softcap, masks, softmax and epilogue are the base's.
+#pragma once
+
+#include "kernel/fwd/mainloop.h"
+
+namespace flash {
+
+using namespace cute;
+
+template <typename Policy>
+struct FwdQvMainloop : FwdMainloop<Policy> {
+  using Base = FwdMainloop<Policy>;
+  using Element = typename Base::Element;
+  using SharedStorage = typename Base::SharedStorage;
+  using Pipeline = typename Base::Pipeline;
+  using PipelineState = typename Base::PipelineState;
+  using ShapeQKV = typename Base::ShapeQKV;
+  using StrideQKV = typename Base::StrideQKV;
+  using TiledMmaQK = typename Base::TiledMmaQK;
+  using TiledMmaPV = typename Base::TiledMmaPV;
+  using Layouts = typename Base::Layouts;
+  static constexpr int kHeadDim = Policy::kHeadDim;
+  static constexpr int kHeadDimV = Policy::kHeadDimV;
+  static constexpr int kHeadDimO = Policy::kHeadDimO;
+  static constexpr int kBlockM = Policy::kBlockM;
+  static constexpr int kBlockN = Policy::kBlockN;
+  static constexpr bool kLocal = Policy::kLocal;
+  static_assert(Policy::kWideV && !Policy::kPersistent && !Policy::kPaged);
+
+  using SmemLayoutQv = typename Layouts::SmemLayoutQv;
+  using SmemLayoutVtSlice = typename Layouts::SmemLayoutVtSlice;
+  using TmaQv = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutQv{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
+  // Kernel parameters of its own: Qv's TMA and global shape (rows, dv, heads_q, batch).
+  struct QvArgs {
+    TmaQv tma;
+    ShapeQKV shape;
+  };
+  static constexpr uint32_t kBytesQv = kBlockM * kHeadDimV * sizeof(Element);
+
+  // Producer (one thread): Q and Qv under the Q barrier, then K(n) and V(n) block by block in the
+  // consumers' order, so that a block's loads start as soon as the block two before it is done.
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void load(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
+                           Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
+                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
+                           int q_empty_phase, int q_slot) const {
+    int const head_kv = t.head / params.q_heads_per_kv_head;
+    int const b = Base::batch_coord(t.batch);
+    Tensor mQ = Base::rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, b), seq.offset_q(params));
+    Tensor mQv = Base::rows_of(params.qv.tma.get_tma_tensor(params.qv.shape)(_, _, t.head, b), seq.offset_q(params));
+    Tensor mK = Base::rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, b), seq.offset_k(params));
+    Tensor mV = Base::rows_of(params.tma_v.get_tma_tensor(Base::shape_v(params))(_, _, head_kv, b), seq.offset_k(params));
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
+    Tensor gQv = local_tile(mQv, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, make_coord(t.m_block, _0{}));
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));   // (N, D, n)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (N, DV, n)
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), typename Base::SmemLayoutQ{});
+    Tensor sQv = make_tensor(make_smem_ptr(smem.qv.data.data()), SmemLayoutQv{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Base::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Base::SmemLayoutV{});
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tQvgQv, tQvsQv] =
+        tma_partition(params.qv.tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sQv), group_modes<0, 2>(gQv));
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+    auto load_kv = [&](int n) {
+      pipeline_k.producer_acquire(state_k);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
+      ++state_k;
+      pipeline_v.producer_acquire(state_v);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
+      ++state_v;
+    };
+    if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
+    auto& q_full = smem.q_full(q_slot);
+    q_full.arrive_and_expect_tx(Base::kBytesQ + kBytesQv);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(q_full)), tQgQ, tQsQ);
+    copy(params.qv.tma.with(reinterpret_cast<uint64_t&>(q_full)), tQvgQv, tQvsQv);
+    for (int n = range.n_block_max - 1; n >= range.n_block_min; --n) { load_kv(n); }
+  }
+
+  // Consumer warpgroup `wg` owns rows [64 wg, 64 wg + 64) of the tile and O's columns
+  // [kHeadDimO * slice, kHeadDimO * (slice + 1)).
+  template <typename Params, typename Seq, typename Epilogue>
+  CUTLASS_DEVICE void mma(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
+                          Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v, int& q_phase,
+                          FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
+                          Epilogue const& epilogue, int split, int slice) const {
+    TiledMmaQK tiled_mma_qk;
+    TiledMmaPV tiled_mma_pv;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
+    int const wg_thread = warpgroup_first_thread(mma_tidx);
+    auto wg_mma_qk = tiled_mma_qk.get_thread_slice(wg_thread);
+    auto wg_mma_pv = tiled_mma_pv.get_thread_slice(wg_thread);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(0)), typename Base::SmemLayoutQ{});
+    Tensor sQv = make_tensor(make_smem_ptr(smem.qv.data.data()), SmemLayoutQv{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Base::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Base::SmemLayoutV{});
+    Tensor tSrQ = wg_mma_qk.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_K) descriptors
+    Tensor tSrQv = wg_mma_qk.partition_fragment_A(sQv);  // (MMA, MMA_M, MMA_KV)
+    Tensor tSrK = wg_mma_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stages)
+    Tensor tSrV = wg_mma_qk.partition_fragment_B(sV);    // (MMA, MMA_N, MMA_KV, stages): V as Qv.V^T's B
+    // P.V's B operand: this slice's columns of V stage `stage`.
+    auto slice_of_v = [&](int stage) {
+      Tensor sVt = make_tensor(
+          make_smem_ptr(smem.v.data() + stage * (kBlockN * kHeadDimV) + slice * (kBlockN * kHeadDimO)),
+          SmemLayoutVtSlice{});
+      return wg_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K)
+    };
+
+    Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDimO>>{});
+    Tensor tOrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
+    Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
+    Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
+    Tensor tScS = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+    constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
+
+    OnlineSoftmax<kRows> softmax(params.softmax_scale_log2);
+    Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
+    Tensor rescale = make_tensor<float>(Shape<Int<kRows>>{});
+    int const row0 = t.m_block * kBlockM;
+    float const sink = params.sink != nullptr ? params.sink[t.head] : -INFINITY;
+
+    if (!range.empty()) {
+      smem.barrier_q.wait(q_phase);
+      q_phase ^= 1;
+      clear(tOrO);
+      for (int n = range.n_block_max - 1; n >= range.n_block_min; --n) {
+        Base::scheduler_sync(wg);
+        pipeline_k.consumer_wait(state_k);
+        pipeline_v.consumer_wait(state_v);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        wgmma_issue</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
+        wgmma_issue</*kZeroInit=*/false>(tiled_mma_qk, tSrQv, tSrV(_, _, _, state_v.index()), tSrS);
+        warpgroup_commit_batch();
+        warpgroup_fence_operand(tSrS);
+        Base::scheduler_arrive(wg);
+        warpgroup_wait<0>();
+        if (n == range.n_block_min) { Base::release_q(smem, mma_tidx, 0); }
+        pipeline_k.consumer_release(state_k);
+        ++state_k;
+        if constexpr (Policy::kSoftcap) { apply_softcap(tSrS, params.softcap_prescale); }
+        if (range.needs_mask(n)) {
+          apply_mask<kLocal>(tSrS_rc, tScS_rc, row0, n * kBlockN, seq.seqlen_k(params), seq.diag(params),
+                             params.window_left, params.window_right, n < range.n_unmasked_lo);
+        }
+        if (n == range.n_block_max - 1) {
+          softmax.first_block(tSrS_rc);
+        } else {
+          bool const moved = softmax.next_block(tSrS_rc, rescale);
+          if (softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
+        }
+        convert_into(tSrS, tOrP);
+        Tensor tOrV = slice_of_v(state_v.index());
+        wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV, tOrO);
+        warpgroup_wait<0>();
+        pipeline_v.consumer_release(state_v);
+        ++state_v;
+      }
+      softmax.finalize(tOrO_rc, params.lse_scale, lse, sink);
+    } else {
+      clear(tOrO);
+      fill(lse, sink);
+    }
+    epilogue.store(params, seq, smem, tiled_mma_pv, tOrO, lse, t.m_block, t.head, t.batch, mma_tidx, wg, split,
+                   slice);
+  }
+};
+
+}  // namespace flash

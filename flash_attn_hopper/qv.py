@@ -1,0 +1,179 @@
+"""FlashAttention-3's ``qv`` argument: MLA decode's extra query.
+
+DeepSeek-style models decode with the latent KV cache as both the "rope" keys ``k`` (head dim 64)
+and the values ``v`` (head dim 512), and two queries: ``q`` against ``k`` and ``qv`` against ``v``.
+The scores are ``softmax_scale * (q kᵀ + qv vᵀ)`` and the output ``softmax(scores) v``, with
+FA3's default scale ``(headdim + headdim_v) ** -0.5``. The qv kernels (``FwdPolicy::kWideV``,
+``csrc/kernel/fwd/mainloop_qv.h``) take q / k head dims up to 64 (multiples of 8) and v head dims
+in (64, 512] (multiples of 8); forward only, as FA3 (the forward runs on inputs that require grad,
+the backward raises); softcap, windows, a learnable sink and split-KV (``num_splits``) as everywhere
+else, PackGQA as rows where exact.
+
+``flash_attn_func`` and ``flash_attn_varlen_func`` hand calls with ``qv`` to :func:`dense` and
+:func:`varlen`; everything about q and k (shapes, dtypes, GQA, strides, the compiled set, the
+device) is judged by the usual checks on q, k and the first headdim columns of v, the rest here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import manifest, offsets, op_autograd, packgqa, sinks, support, support_varlen
+
+MAX_HEAD_DIM = 64  # q / k
+MAX_HEAD_DIM_V = 512
+
+
+def _refuse(message: str, error=ValueError):
+    raise error(f"flash_attn_hopper: {message}")
+
+
+def check(q, k, v, qv, *, varlen: bool) -> None:
+    """Clear errors, before any launch, for what the qv kernels do not take."""
+    dims = 3 if varlen else 4
+    layout = "(total_q, nheads, headdim_v)" if varlen else "(batch, seqlen_q, nheads, headdim_v)"
+    for name, t in (("q", q), ("k", k), ("v", v), ("qv", qv)):
+        if not isinstance(t, torch.Tensor):
+            _refuse(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+        if t.dim() != dims:
+            _refuse(f"with qv, {name} must be a {dims}-D tensor, got shape {tuple(t.shape)}")
+    d, dv = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != d or d > MAX_HEAD_DIM or d % manifest.HEAD_DIM_MULTIPLE:
+        _refuse(f"qv needs q and k of one head dim, a multiple of {manifest.HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM} "
+                f"(MLA decode's 64); got {d} and {k.shape[-1]}")
+    if not (MAX_HEAD_DIM < dv <= MAX_HEAD_DIM_V) or dv % manifest.HEAD_DIM_MULTIPLE:
+        _refuse(f"qv needs v's head dim in ({MAX_HEAD_DIM}, {MAX_HEAD_DIM_V}], a multiple of "
+                f"{manifest.HEAD_DIM_MULTIPLE} (MLA decode's 512); got {dv}")
+    if tuple(qv.shape) != tuple(q.shape[:-1]) + (dv,):
+        _refuse(f"qv must be {layout} = {tuple(q.shape[:-1]) + (dv,)} (q's shape with v's head dim), "
+                f"got {tuple(qv.shape)}")
+    if qv.dtype != q.dtype or qv.device != q.device:
+        _refuse(f"qv must have q's dtype and device ({q.dtype} on {q.device}), got {qv.dtype} on {qv.device}")
+    if qv.stride(-1) != 1:
+        _refuse("the last dimension of qv must be contiguous")
+
+
+def _check_compiled(q) -> None:
+    """The qv kernels (their own files, FLASH_ATTN_HOPPER_HDIMS including 64) in the recorded build."""
+    name = manifest.dtype_name(str(q.dtype).removeprefix("torch."))
+    refusal = support.not_compiled_refusal("qv", 64, name) if name is not None else None
+    if refusal is not None:
+        raise refusal.exception()
+
+
+def _op(name: str):
+    if not hasattr(torch.ops.flash_attn_hopper, name):
+        _refuse(f"this build has no {name} op (built before qv kernels existed); rebuild with "
+                f"`{manifest.BUILD_COMMAND}`", RuntimeError)
+    return getattr(torch.ops.flash_attn_hopper, name)
+
+
+def _sink(learnable_sink, heads_q: int, q):
+    if learnable_sink is None:
+        return None
+    sinks.check_sink(learnable_sink, heads_q, q)
+    return learnable_sink.float().contiguous()
+
+
+def _scale(softmax_scale, d: int, dv: int) -> float:
+    return (d + dv) ** (-0.5) if softmax_scale is None else float(softmax_scale)
+
+
+def _packs(pack_gqa, q, k, seqlen_q: int, answer, window, learnable_sink) -> bool:
+    """PackGQA as rows (packgqa.py) where exact and without a sink (one logit per query head): MLA
+    decode's query heads of the one KV head then run as rows of one tile, the cache read once."""
+    group = q.shape[-2] // k.shape[-2]
+    return learnable_sink is None and packgqa.packs(pack_gqa, group, seqlen_q, answer.causal, window)
+
+
+def dense(q, k, v, qv, softmax_scale, causal, window_size, softcap, learnable_sink, return_attn_probs,
+          pack_gqa=None, num_splits=1):
+    """flash_attn_func with qv (attention_chunk: as varlen segments, interface._chunked)."""
+    check(q, k, v, qv, varlen=False)
+    _check_compiled(q)
+    scale = _scale(softmax_scale, q.shape[-1], v.shape[-1])
+    answer = support.check(q, k, v[..., : q.shape[-1]], causal=causal, window_size=window_size, softmax_scale=scale,
+                           softcap=softcap)
+    if isinstance(answer, support.Refusal):
+        raise answer.exception()
+    left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
+    if _packs(pack_gqa, q, k, q.shape[1], answer, (left, right), learnable_sink):
+        batch, seqlen_q, heads, _ = q.shape
+        heads_k, group, dv = k.shape[2], heads // k.shape[2], v.shape[-1]
+
+        def rows(t):
+            return packgqa.pack_rows(t.reshape(batch * seqlen_q, heads, t.shape[-1]), heads_k).view(
+                batch, seqlen_q * group, heads_k, t.shape[-1])
+
+        out, lse = _op("fwd_qv")(rows(q), k, v, rows(qv), scale, False, -1, -1, softcap=float(softcap),
+                                 num_splits=num_splits)
+        out = packgqa.unpack_rows(out.reshape(batch * seqlen_q * group, heads_k, dv), group)
+        out = out.view(batch, seqlen_q, heads, dv)
+        return (out, packgqa.unpack_lse(lse, group)) if return_attn_probs else out
+    out, lse = _op("fwd_qv")(q, k, v, qv, scale, answer.causal, left, right, softcap=float(softcap),
+                             sink=_sink(learnable_sink, q.shape[2], q), num_splits=num_splits)
+    return (out, lse) if return_attn_probs else out
+
+
+def varlen(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+           softmax_scale, causal, window_size, softcap, learnable_sink, return_attn_probs, pack_gqa=None,
+           num_splits=1):
+    """flash_attn_varlen_func with qv (no page table; attention_chunk: chunked.varlen's segments)."""
+    check(q, k, v, qv, varlen=True)
+    _check_compiled(q)
+    scale = _scale(softmax_scale, q.shape[-1], v.shape[-1])
+    answer = support_varlen.check_varlen(
+        q, k, v[..., : q.shape[-1]], cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+        causal=causal, window_size=window_size, softmax_scale=scale, softcap=softcap)
+    if isinstance(answer, support.Refusal):
+        raise answer.exception()
+    left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
+    if _packs(pack_gqa, q, k, answer.max_seqlen_q, answer, (left, right), learnable_sink):
+        heads_k, group = k.shape[1], q.shape[1] // k.shape[1]
+        out, lse = _op("varlen_fwd_qv")(
+            packgqa.pack_rows(q, heads_k), k, v, packgqa.pack_rows(qv, heads_k), offsets.scaled(cu_seqlens_q, group),
+            cu_seqlens_k, None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
+            answer.max_seqlen_k, scale, False, -1, -1, softcap=float(softcap), num_splits=num_splits)
+        out = packgqa.unpack_rows(out, group)
+        return (out, packgqa.unpack_lse(lse, group)) if return_attn_probs else out
+    out, lse = _op("varlen_fwd_qv")(
+        q, k, v, qv, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
+        scale, answer.causal, left, right, softcap=float(softcap), sink=_sink(learnable_sink, q.shape[1], q),
+        num_splits=num_splits)
+    return (out, lse) if return_attn_probs else out
+
+
+def _fwd_qv_fake(q, k, v, qv, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
+                 softcap=0.0, sink=None, num_splits=1):
+    batch, seqlen_q, heads, _ = q.shape
+    return q.new_empty((batch, seqlen_q, heads, v.shape[-1])), q.new_empty((batch, heads, seqlen_q),
+                                                                           dtype=torch.float32)
+
+
+def _varlen_fwd_qv_fake(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False, softcap=0.0,
+                        sink=None, num_splits=1):
+    total_q, heads, _ = q.shape
+    return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError("flash_attn_hopper: qv has no backward (as FlashAttention-3); the forward ran, gradients "
+                       "through it cannot be computed: run it under torch.no_grad() / torch.inference_mode()")
+
+
+def register(lib) -> None:
+    """Fake kernels of the qv ops (torch.compile / export trace them without a GPU) and an autograd
+    formula that refuses the backward (the forward runs on inputs that require grad, as FA3's),
+    where the build has the ops."""
+    for name, fake in (("fwd_qv", _fwd_qv_fake), ("varlen_fwd_qv", _varlen_fwd_qv_fake)):
+        if hasattr(torch.ops.flash_attn_hopper, name):
+            torch.library.register_fake(f"flash_attn_hopper::{name}", fake, lib=lib)
+            op_autograd.register_autograd(f"flash_attn_hopper::{name}", _no_backward,
+                                          setup_context=lambda ctx, inputs, output: None, lib=lib)
+
+
+from . import ops as _ops  # noqa: E402  (after the definitions: ops imports nothing of this module)
+
+if _ops._PY_LIBRARY is not None:
+    register(_ops._PY_LIBRARY)
