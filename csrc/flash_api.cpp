@@ -520,6 +520,11 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
         "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
         "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
         "Tensor? sink=None, int num_splits=1, int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)");
+  // paged_fwd with FA3's qv (as fwd_qv): v_cache (num_pages, page_size, nheads_kv, dv), qv (total_q, nheads, dv).
+  m.def("paged_fwd_qv(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qv, Tensor page_table, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+        "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
+        "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).
@@ -547,6 +552,7 @@ FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
   m.impl("varlen_fwd_qv", TORCH_BOX(&mha_varlen_fwd_qv));
   m.impl("fwd_combine", TORCH_BOX(&mha_combine));
   m.impl("paged_fwd", TORCH_BOX(&mha_paged_fwd));
+  m.impl("paged_fwd_qv", TORCH_BOX(&mha_paged_fwd_qv));
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.impl("bwd", TORCH_BOX(&mha_bwd));
   m.impl("varlen_bwd", TORCH_BOX(&mha_varlen_bwd));

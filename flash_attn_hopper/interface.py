@@ -434,8 +434,8 @@ def flash_attn_varlen_func(
             aligned within each sequence); the chunk segments are made on the GPU (chunked.py),
             so nothing is read on the host. Not with a page_table (flash_attn_with_kvcache
             takes both).
-        qv: None, or (total_q, nheads, headdim_v): as in :func:`flash_attn_func` (not with a
-            page_table yet).
+        qv: None, or (total_q, nheads, headdim_v): as in :func:`flash_attn_func`, also with a
+            page_table (v's cache then of headdim_v: vLLM's MLA decode).
         q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility; values
             other than the defaults raise RuntimeError (no kernels for them yet).
         num_splits: as in :func:`flash_attn_func` (split-KV over each sequence's keys).
@@ -462,9 +462,6 @@ def flash_attn_varlen_func(
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     _check_scale_and_causal(softmax_scale, causal)
-    if qv is not None and page_table is not None:
-        raise RuntimeError("flash_attn_hopper: qv with a page_table (paged KV cache) has no kernels yet; pass k and "
-                           "v unpaged (packed varlen) or qv=None")
     if attention_chunk:
         if page_table is not None:
             raise ValueError("flash_attn_varlen_func takes attention_chunk or page_table, not both: "
@@ -475,7 +472,7 @@ def flash_attn_varlen_func(
             softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
             return_attn_probs=return_attn_probs, learnable_sink=learnable_sink, qv=qv)
     support.check_attention_chunk(attention_chunk)
-    if qv is not None:
+    if qv is not None and page_table is None:
         return qv_calls.varlen(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
                                seqused_k, softmax_scale, causal, window_size, softcap, learnable_sink,
                                return_attn_probs, pack_gqa, num_splits)
@@ -485,6 +482,10 @@ def flash_attn_varlen_func(
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
             raise RuntimeError("flash_attn_varlen_func with a page table has no backward (as FlashAttention-3): call "
                                "it under torch.no_grad() / torch.inference_mode()")
+        if qv is not None:
+            return qv_calls.paged(q, k, v, qv, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  seqused_k, softmax_scale, causal, window_size, softcap, learnable_sink,
+                                  return_attn_probs, pack_gqa, num_splits)
         return paged.varlen_paged(q, k, v, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   seqused_k, softmax_scale, causal, window_size, softcap, num_splits, pack_gqa,
                                   return_attn_probs, learnable_sink)

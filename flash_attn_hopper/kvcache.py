@@ -12,8 +12,8 @@ New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_
 ``cu_seqlens_k_new``. A paged cache (``page_table``; paged.py) is read in place the same way, the
 new tokens written to their pages; ``cache_batch_idx`` then picks page-table rows, and
 ``cache_leftpad`` moves each sequence's first key as in a contiguous cache. Not in this version
-(refused, naming the argument): FP8 descales, ``sm_margin``, ``qv`` with a paged cache (a contiguous
-cache takes it: qv.py). No backward, as in
+(refused, naming the argument): FP8 descales, ``sm_margin``. ``qv`` (MLA decode) runs on the qv
+kernels over a contiguous or a paged cache (qv.py). No backward, as in
 FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (chunked.py).
 
 PackGQA (packgqa.py): where exact, the query heads of a KV head run as query rows of one head, so
@@ -210,11 +210,10 @@ def flash_attn_with_kvcache(
     if qv is not None:  # FA3's MLA decode query (qv.py): rows like q's, on the varlen qv kernels
         if not isinstance(qv, torch.Tensor) or qv.dim() != q.dim() or qv.shape[:-1] != q.shape[:-1]:
             raise ValueError("qv must be a tensor shaped like q with v's head dim")
-        if page_table is not None:
-            raise RuntimeError("flash_attn_hopper: qv with a page_table (paged KV cache) has no kernels yet; pass a "
-                               "contiguous cache or qv=None")
     if page_table is not None:
-        refusal = paged.cache_refusal(k_cache, v_cache, page_table, q)
+        # qv (MLA decode): v's cache as wide as the qv kernels take (qv.py).
+        refusal = paged.cache_refusal(k_cache, v_cache, page_table, q) if qv is None else \
+            paged.cache_refusal(k_cache, v_cache, page_table, q, max_width=512)
         if refusal is not None:
             raise refusal.exception()
     elif k_cache.dim() != 4 or v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
@@ -340,6 +339,14 @@ def flash_attn_with_kvcache(
         max_k = min(attention_chunk, seqlen_cache)
         if page_table is not None:  # each chunk segment reads its sequence's row of pages
             page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
+    qv_rows = None if qv is None else _query_rows(qv, cu_seqlens_q, batch, seqlen_q)[0]
+    if page_table is not None and qv is not None:
+        from .qv import paged as paged_qv
+
+        result = paged_qv(q_rows, k_cache, v_cache, qv_rows, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
+                          softmax_scale, causal, window_size, softcap, learnable_sink, return_softmax_lse, pack_gqa,
+                          num_splits)
+        return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
     if page_table is not None:
         result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
                                     softmax_scale, causal, window_size, softcap, num_splits, pack_gqa,
@@ -347,7 +354,6 @@ def flash_attn_with_kvcache(
         return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
     k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
     v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, dv)
-    qv_rows = None if qv is None else _query_rows(qv, cu_seqlens_q, batch, seqlen_q)[0]
     result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
         q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k, qv=qv_rows,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,

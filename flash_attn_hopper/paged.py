@@ -68,8 +68,9 @@ def _zeros(n: int, device) -> torch.Tensor:
     return offsets.constant("full", n, 0, device)
 
 
-def cache_refusal(k_cache, v_cache, page_table, q) -> Refusal | None:
-    """Why (k_cache, v_cache, page_table) is no paged cache the kernels read in place, or None."""
+def cache_refusal(k_cache, v_cache, page_table, q, max_width: int = manifest.MAX_HEAD_DIM) -> Refusal | None:
+    """Why (k_cache, v_cache, page_table) is no paged cache the kernels read in place, or None
+    (``max_width``: the widest head dim taken; the qv kernels' v goes to 512)."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table)):
         if not isinstance(t, torch.Tensor):
             return Refusal(f"{name} must be a torch.Tensor, got {type(t).__name__}", error=TypeError)
@@ -97,9 +98,9 @@ def cache_refusal(k_cache, v_cache, page_table, q) -> Refusal | None:
         return Refusal(f"q's head dim ({q.shape[-1]}) and the cache's ({k_cache.shape[-1]}) must agree with a "
                        "page table")
     widths = (k_cache.shape[-1], v_cache.shape[-1])
-    if any(w % manifest.HEAD_DIM_MULTIPLE for w in widths) or max(widths) > manifest.MAX_HEAD_DIM:
+    if any(w % manifest.HEAD_DIM_MULTIPLE for w in widths) or max(widths) > max_width:
         return Refusal(f"with a page table the head dims must be multiples of {manifest.HEAD_DIM_MULTIPLE} up to "
-                       f"{manifest.MAX_HEAD_DIM} (the cache is read in place, not padded), got k {widths[0]} and "
+                       f"{max_width} (the cache is read in place, not padded), got k {widths[0]} and "
                        f"v {widths[1]}")
     return None
 

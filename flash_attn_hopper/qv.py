@@ -9,8 +9,9 @@ in (64, 512] (multiples of 8); forward only, as FA3 (the forward runs on inputs 
 the backward raises); softcap, windows, a learnable sink and split-KV (``num_splits``) as everywhere
 else, PackGQA as rows where exact.
 
-``flash_attn_func`` and ``flash_attn_varlen_func`` hand calls with ``qv`` to :func:`dense` and
-:func:`varlen`; everything about q and k (shapes, dtypes, GQA, strides, the compiled set, the
+``flash_attn_func`` and ``flash_attn_varlen_func`` hand calls with ``qv`` to :func:`dense`,
+:func:`varlen` and (with a page table: vLLM's MLA decode over one latent cache viewed as v and k)
+:func:`paged`; everything about q and k (shapes, dtypes, GQA, strides, the compiled set, the
 device) is judged by the usual checks on q, k and the first headdim columns of v, the rest here.
 """
 
@@ -143,6 +144,61 @@ def varlen(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     return (out, lse) if return_attn_probs else out
 
 
+def paged(q, k_cache, v_cache, qv, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+          softmax_scale, causal, window_size, softcap, learnable_sink, return_attn_probs, pack_gqa=None,
+          num_splits=1):
+    """flash_attn_varlen_func / flash_attn_with_kvcache with qv over a paged cache (paged.py's layout;
+    v_cache of v's head dim): vLLM's MLA decode call."""
+    from . import paged as paged_cache  # paged imports ops only
+
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            _refuse(f"with a page table, {name} must be a 4-D (num_pages, page_size, nheads_k, headdim) tensor")
+    check(q, k_cache[0], v_cache[0], qv, varlen=True)
+    refusal = paged_cache.cache_refusal(k_cache, v_cache, page_table, q, max_width=MAX_HEAD_DIM_V)
+    if refusal is not None:
+        raise refusal.exception()
+    if seqused_k is None:
+        _refuse("with a page table, seqused_k (int32 (batch,): each sequence's number of keys) is required")
+    _check_compiled(q)
+    if cu_seqlens_k is None:
+        cu_seqlens_k = offsets.constant("full", cu_seqlens_q.numel(), 0, q.device)
+    scale = _scale(softmax_scale, q.shape[-1], v_cache.shape[-1])
+    answer = support_varlen.check_varlen(
+        q, k_cache[0], v_cache[0][..., : q.shape[-1]], cu_seqlens_q, cu_seqlens_k, None, seqused_k, max_seqlen_q,
+        max_seqlen_k, causal=causal, window_size=window_size, softmax_scale=scale, softcap=softcap,
+        names=("q", "k_cache", "v_cache"))
+    if isinstance(answer, support.Refusal):
+        raise answer.exception()
+    if page_table.shape[0] != answer.batch:
+        _refuse(f"page_table must have one row per sequence ({answer.batch}), got {page_table.shape[0]}")
+    capacity = page_table.shape[1] * k_cache.shape[1]
+    if capacity + q.shape[0] > manifest.MAX_SEQLEN_SUM:
+        _refuse(f"max_pages x page_size + total_q = {capacity + q.shape[0]} is over the kernels' limit of "
+                f"{manifest.MAX_SEQLEN_SUM}")
+    max_k = min(answer.max_seqlen_k, capacity)
+    left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
+    op = _op("paged_fwd_qv")
+    if _packs(pack_gqa, q, k_cache, answer.max_seqlen_q, answer, (left, right), learnable_sink):
+        heads_k, group = k_cache.shape[2], q.shape[1] // k_cache.shape[2]
+        out, lse = op(packgqa.pack_rows(q, heads_k), k_cache, v_cache, packgqa.pack_rows(qv, heads_k), page_table,
+                      offsets.scaled(cu_seqlens_q, group), cu_seqlens_k, seqused_k, answer.max_seqlen_q * group,
+                      max_k, scale, False, -1, -1, softcap=float(softcap), num_splits=num_splits)
+        out = packgqa.unpack_rows(out, group)
+        return (out, packgqa.unpack_lse(lse, group)) if return_attn_probs else out
+    out, lse = op(q, k_cache, v_cache, qv, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, answer.max_seqlen_q,
+                  max_k, scale, answer.causal, left, right, softcap=float(softcap),
+                  sink=_sink(learnable_sink, q.shape[1], q), num_splits=num_splits)
+    return (out, lse) if return_attn_probs else out
+
+
+def _paged_fwd_qv_fake(q, k_cache, v_cache, qv, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                       max_seqlen_k, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
+                       softcap=0.0, sink=None, num_splits=1):
+    total_q, heads, _ = q.shape
+    return q.new_empty((total_q, heads, v_cache.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
+
+
 def _fwd_qv_fake(q, k, v, qv, softmax_scale, causal, window_size_left=-1, window_size_right=-1, top_left=False,
                  softcap=0.0, sink=None, num_splits=1):
     batch, seqlen_q, heads, _ = q.shape
@@ -166,7 +222,8 @@ def register(lib) -> None:
     """Fake kernels of the qv ops (torch.compile / export trace them without a GPU) and an autograd
     formula that refuses the backward (the forward runs on inputs that require grad, as FA3's),
     where the build has the ops."""
-    for name, fake in (("fwd_qv", _fwd_qv_fake), ("varlen_fwd_qv", _varlen_fwd_qv_fake)):
+    for name, fake in (("fwd_qv", _fwd_qv_fake), ("varlen_fwd_qv", _varlen_fwd_qv_fake),
+                       ("paged_fwd_qv", _paged_fwd_qv_fake)):
         if hasattr(torch.ops.flash_attn_hopper, name):
             torch.library.register_fake(f"flash_attn_hopper::{name}", fake, lib=lib)
             op_autograd.register_autograd(f"flash_attn_hopper::{name}", _no_backward,

@@ -81,8 +81,11 @@ def test_qv_shape_dtype_stride_and_features_are_checked():
         flash_attn_func(q, k, v, qv=qv.half())
     with pytest.raises(ValueError, match="contiguous"):
         flash_attn_func(q, k, v, qv=qv.transpose(-1, -2).contiguous().transpose(-1, -2))
-    with pytest.raises(RuntimeError, match="page_table"):
-        call = packed()
+    call = packed()
+    pages = dict(k=torch.zeros(4, 16, 1, 64, dtype=BF16), v=torch.zeros(4, 16, 1, 512, dtype=BF16))
+    with pytest.raises(ValueError, match="seqused_k"):  # a paged cache (vLLM's MLA call) needs the lengths
+        flash_attn_varlen_func(**{**call, **pages}, page_table=torch.zeros(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="4-D"):
         flash_attn_varlen_func(**call, page_table=torch.zeros(2, 1, dtype=torch.int32))
     with pytest.raises(ValueError, match="3-D"):
         call = packed()
@@ -124,3 +127,11 @@ def test_fake_kernels_give_the_output_shapes():
         out, lse = torch.ops.flash_attn_hopper.varlen_fwd_qv(q[0], k[0], v[0], qv[0], cu, cu, None, None, 5, 9,
                                                             0.05, False)
         assert out.shape == (5, 8, 512) and lse.shape == (8, 5)
+        if hasattr(torch.ops.flash_attn_hopper, "paged_fwd_qv"):
+            pages_k = torch.empty(6, 16, 1, 64, dtype=BF16, device="cuda")
+            pages_v = torch.empty(6, 16, 1, 512, dtype=BF16, device="cuda")
+            table = torch.zeros(2, 3, dtype=torch.int32, device="cuda")
+            used = torch.zeros(2, dtype=torch.int32, device="cuda")
+            out, lse = torch.ops.flash_attn_hopper.paged_fwd_qv(q[0], pages_k, pages_v, qv[0], table, cu, cu, used,
+                                                               5, 48, 0.05, True)
+            assert out.shape == (5, 8, 512) and lse.shape == (8, 5)

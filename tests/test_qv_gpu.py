@@ -188,3 +188,42 @@ def test_qv_split(dv, causal):
                                     qv=qv.flatten(0, 1), causal=causal, num_splits=4)
     ref, _, low = reference(q, k, v, qv, causal=causal)
     assert_fa_close(packed.view_as(ref), ref, low, name="out (varlen, 4 splits)")
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("dv", [512, 256])
+def test_qv_paged_decode(page_size, dv):
+    """vLLM's MLA call: one latent cache (pages, page_size, d + dv) viewed as v = its first dv
+    columns and k = the last d (one KV head), pages in a random order, through both entry points;
+    causal chunked prefill (4 queries per sequence) and decode, splits chosen."""
+    skip_unless_compiled(64, torch.bfloat16)
+    from flash_attn_hopper import flash_attn_with_kvcache
+
+    dtype, batch, heads, d = torch.bfloat16, 3, 16, 64
+    lens = [300, 1, 129]
+    gen = torch.Generator(device="cuda").manual_seed(page_size + dv)
+    pages_per_seq = -(-max(lens) // page_size) + 1
+    num_pages = batch * pages_per_seq + 3
+    latent = draw((num_pages, page_size, 1, dv + d), dtype, gen)
+    v_cache, k_cache = latent[..., :dv], latent[..., dv:]
+    table = torch.randperm(num_pages, device="cuda", generator=gen)[: batch * pages_per_seq].view(batch, -1)
+    table = table.to(torch.int32)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+    def contiguous(b, n):  # sequence b's first n keys, gathered from its pages
+        rows = latent[table[b].long()].flatten(0, 1)[:n]
+        return rows[None, :, :, dv:], rows[None, :, :, :dv]
+
+    for seqlen_q in (1, 4):
+        q = draw((batch, seqlen_q, heads, d), dtype, gen)
+        qv = draw((batch, seqlen_q, heads, dv), dtype, gen)
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, qv=qv, cache_seqlens=seqlens, page_table=table,
+                                      causal=True)
+        cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32, device="cuda")
+        out_v = flash_attn_varlen_func(q.flatten(0, 1), k_cache, v_cache, cu_q, None, seqlen_q, max(lens),
+                                       seqused_k=seqlens, page_table=table, qv=qv.flatten(0, 1), causal=True)
+        for b, n in enumerate(lens):
+            k, v = contiguous(b, n)
+            ref, _, low = reference(q[b:b + 1], k, v, qv[b:b + 1], causal=True)
+            assert_fa_close(out[b:b + 1], ref, low, name=f"out {b} (kvcache, {seqlen_q} queries)")
+            assert_fa_close(out_v.view_as(out)[b:b + 1], ref, low, name=f"out {b} (varlen, {seqlen_q} queries)")

@@ -18,16 +18,20 @@ FwdFn find_paged(int head_dim_rounded, bool is_bf16) {
 // read in place through page_table (batch, max_pages) int32: sequence b's keys are seqused_k[b]
 // logical positions from cu_seqlens_k[b] of its pages (FwdParams). Contents of the index tensors
 // are never read here: the kernels clamp them. Returns out like q and the LSE (heads, total_q).
-std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache, Tensor const& v_cache,
-                                         Tensor const& page_table, Tensor const& cu_seqlens_q,
-                                         Tensor const& cu_seqlens_k, Tensor const& seqused_k, int64_t max_seqlen_q,
-                                         int64_t max_seqlen_k, double softmax_scale, bool causal,
-                                         int64_t window_size_left, int64_t window_size_right, bool top_left,
-                                         double softcap, std::optional<Tensor> const& sink, int64_t num_splits,
-                                         int64_t pack_gqa) {
+// qv (the paged_fwd_qv op): FA3's extra query on the qv kernels; v_cache then has v's head dim.
+std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_cache, Tensor const& v_cache,
+                                              Tensor const& page_table, Tensor const& cu_seqlens_q,
+                                              Tensor const& cu_seqlens_k, Tensor const& seqused_k,
+                                              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                              bool causal, int64_t window_size_left, int64_t window_size_right,
+                                              bool top_left, double softcap, std::optional<Tensor> const& sink,
+                                              int64_t num_splits, int64_t pack_gqa, std::optional<Tensor> const& qv) {
   FLASH_CHECK(q.dim() == 3, "flash_attn_hopper: with a page table q must be 3-D (total_q, nheads, headdim)");
-  FLASH_CHECK(k_cache.dim() == 4 && same_sizes(k_cache, v_cache),
-              "flash_attn_hopper: k_cache and v_cache must be (num_pages, page_size, nheads_kv, headdim) of one shape");
+  bool const same_rows = k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.size(0) == v_cache.size(0) &&
+                         k_cache.size(1) == v_cache.size(1) && k_cache.size(2) == v_cache.size(2);
+  FLASH_CHECK(same_rows && (qv || same_sizes(k_cache, v_cache)),
+              "flash_attn_hopper: k_cache and v_cache must be (num_pages, page_size, nheads_kv, headdim) of one shape",
+              qv ? " (v's head dim its own with qv)" : "");
   int64_t const num_pages = k_cache.size(0), page_size = k_cache.size(1);
   FLASH_CHECK(num_pages >= 1 && page_size >= 1, "flash_attn_hopper: a paged cache needs at least one page and row");
   FLASH_CHECK(page_table.scalar_type() == kInt && page_table.dim() == 2 && page_table.stride(1) == 1,
@@ -48,7 +52,7 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   Tensor k_pages = k_cache, v_pages = v_cache;  // handles: narrow takes a non-const one
   Tensor const k4 = torch::stable::narrow(k_pages, 0, 0, 1), v4 = torch::stable::narrow(v_pages, 0, 0, 1);
   Tensor const q4 = unsqueeze0(q);
-  Problem pb = check_problem(q4, k4, v4);
+  Problem pb = check_problem(q4, k4, v4, /*value_head_dim=*/qv.has_value(), qv.has_value());
   Varlen vl = check_varlen(q, torch::stable::select(k_pages, 0, 0), cu_seqlens_q, cu_seqlens_k, std::nullopt,
                            seqused_k, max_seqlen_q, max_seqlen_k);
   FLASH_CHECK(page_table.size(0) == vl.batch, "flash_attn_hopper: page_table must have one row per sequence (",
@@ -63,12 +67,14 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   check_scale(softmax_scale, softcap);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  FwdFn const fwd = find_paged(pb.head_dim_rounded, pb.is_bf16);
-  FLASH_CHECK(fwd != nullptr, not_compiled("paged-KV forward", pb, q.scalar_type()));
+  check_qv(qv, q, {vl.total_q, pb.heads_q, pb.head_dim_v});
+  FLASH_CHECK(!qv || pack_gqa == 1, "flash_attn_hopper: qv runs without pack_gqa");
+  FwdFn const fwd = qv ? find_fwd_for(pb.head_dim_rounded, pb.is_bf16, true) : find_paged(pb.head_dim_rounded, pb.is_bf16);
+  FLASH_CHECK(fwd != nullptr, not_compiled(qv ? "qv forward" : "paged-KV forward", pb, q.scalar_type()));
 
   check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, false, sink.has_value());
   int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
-  Tensor out = empty_like_dev(q, {rows, heads, pb.head_dim});
+  Tensor out = empty_like_dev(q, {rows, heads, pb.head_dim_v});
   Tensor lse = empty_like_dev(q, {heads, rows}, kFloat);
   if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
   if (vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
@@ -86,10 +92,35 @@ std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache,
   params.page_table_stride = page_table.stride(0);
   params.page_size = int(page_size);
   params.num_pages = int(std::min<int64_t>(num_pages, std::numeric_limits<int>::max()));
+  Tensor const qvt = qv ? tma_ready(unsqueeze0(*qv)) : Tensor{};
+  if (qv) { set_qv(params, qvt); }
   // The paged kernels are one CTA per tile: no tile counter.
   launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/false,
                 pack_gqa);
   return {out, lse};
+}
+
+std::tuple<Tensor, Tensor> mha_paged_fwd(Tensor const& q, Tensor const& k_cache, Tensor const& v_cache,
+                                         Tensor const& page_table, Tensor const& cu_seqlens_q,
+                                         Tensor const& cu_seqlens_k, Tensor const& seqused_k, int64_t max_seqlen_q,
+                                         int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                         int64_t window_size_left, int64_t window_size_right, bool top_left,
+                                         double softcap, std::optional<Tensor> const& sink, int64_t num_splits,
+                                         int64_t pack_gqa) {
+  return mha_paged_fwd_impl(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                            max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, top_left,
+                            softcap, sink, num_splits, pack_gqa, std::nullopt);
+}
+std::tuple<Tensor, Tensor> mha_paged_fwd_qv(Tensor const& q, Tensor const& k_cache, Tensor const& v_cache,
+                                            Tensor const& qv, Tensor const& page_table, Tensor const& cu_seqlens_q,
+                                            Tensor const& cu_seqlens_k, Tensor const& seqused_k,
+                                            int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                            bool causal, int64_t window_size_left, int64_t window_size_right,
+                                            bool top_left, double softcap, std::optional<Tensor> const& sink,
+                                            int64_t num_splits) {
+  return mha_paged_fwd_impl(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                            max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, top_left,
+                            softcap, sink, num_splits, 1, qv);
 }
 
 }  // namespace

@@ -232,9 +232,10 @@ template <int kHeadDimV>
 constexpr FwdTileShape fwd_qv_tile() {
   return {128, kHeadDimV <= 256 ? 64 : 32, 2};
 }
-template <typename Element, bool kLocal, bool kVarlen, bool kSoftcap, int kHeadDimV, bool kSplit = false>
+template <typename Element, bool kLocal, bool kVarlen, bool kSoftcap, int kHeadDimV, bool kSplit = false,
+          bool kPaged = false>
 using FwdQvPolicyFor =
-    FwdPolicy<64, Element, MaskFor<kLocal>, fwd_qv_tile<kHeadDimV>(), kVarlen, kSoftcap, kSplit, false, kHeadDimV>;
+    FwdPolicy<64, Element, MaskFor<kLocal>, fwd_qv_tile<kHeadDimV>(), kVarlen, kSoftcap, kSplit, kPaged, kHeadDimV>;
 // The qv kernels' V head dim for v's head dim dv (0: none).
 inline int fwd_qv_head_dim_v(int dv) { return dv <= 64 ? 0 : dv <= 256 ? 256 : dv <= 512 ? 512 : 0; }
 

@@ -48,7 +48,8 @@ struct FwdMainloop {
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
   static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 2 && kNumMmaWarpGroups <= 3);
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
-  static_assert(!Policy::kPaged || kHeadDimV == kHeadDim, "paged caches hold K and V of one head dim");
+  static_assert(!Policy::kPaged || kHeadDimV == kHeadDim || Policy::kWideV,
+                "paged kernels read K and V of one head dim (the qv kernels their own)");
   static_assert(!kMaxFree || kFwdVoteHwBarrier + kNumMmaWarpGroups <= 8, "vote barriers past CUTLASS's reserved ids");
 
   using Layouts = FwdSmemLayouts<Policy>;

@@ -31,7 +31,7 @@ struct FwdQvMainloop : FwdMainloop<Policy> {
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kBlockN = Policy::kBlockN;
   static constexpr bool kLocal = Policy::kLocal;
-  static_assert(Policy::kWideV && !Policy::kPersistent && !Policy::kPaged);
+  static_assert(Policy::kWideV && !Policy::kPersistent);
 
   using SmemLayoutQv = typename Layouts::SmemLayoutQv;
   using SmemLayoutVtSlice = typename Layouts::SmemLayoutVtSlice;
@@ -45,47 +45,87 @@ struct FwdQvMainloop : FwdMainloop<Policy> {
   };
   static constexpr uint32_t kBytesQv = kBlockM * kHeadDimV * sizeof(Element);
 
-  // Producer (one thread): Q and Qv under the Q barrier, then K(n) and V(n) block by block in the
-  // consumers' order, so that a block's loads start as soon as the block two before it is done.
+  // Producer (one thread; paged: the warpgroup): Q and Qv under the Q barrier, then K(n) and V(n)
+  // block by block in the consumers' order, so that a block's loads start as soon as the block two
+  // before it is done.
   template <typename Params, typename Seq>
   CUTLASS_DEVICE void load(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                            Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
                            FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range,
-                           int q_empty_phase, int q_slot) const {
+                           int q_empty_phase, int /*q_slot: one Q buffer*/) const {
+    if constexpr (Policy::kPaged) {
+      load_paged(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, t, range);
+      return;
+    }
     int const head_kv = t.head / params.q_heads_per_kv_head;
     int const b = Base::batch_coord(t.batch);
-    Tensor mQ = Base::rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, b), seq.offset_q(params));
-    Tensor mQv = Base::rows_of(params.qv.tma.get_tma_tensor(params.qv.shape)(_, _, t.head, b), seq.offset_q(params));
     Tensor mK = Base::rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, b), seq.offset_k(params));
     Tensor mV = Base::rows_of(params.tma_v.get_tma_tensor(Base::shape_v(params))(_, _, head_kv, b), seq.offset_k(params));
-    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
-    Tensor gQv = local_tile(mQv, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, make_coord(t.m_block, _0{}));
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));   // (N, D, n)
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (N, DV, n)
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), typename Base::SmemLayoutQ{});
-    Tensor sQv = make_tensor(make_smem_ptr(smem.qv.data.data()), SmemLayoutQv{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Base::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Base::SmemLayoutV{});
-    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    auto [tQvgQv, tQvsQv] =
-        tma_partition(params.qv.tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sQv), group_modes<0, 2>(gQv));
     auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-
-    auto load_kv = [&](int n) {
+    static_assert(!Policy::kSeparateO, "one Q buffer");
+    if (q_empty_phase >= 0) { smem.barrier_q_empty.wait(q_empty_phase); }
+    load_q(params, seq, smem, t);
+    for (int n = range.n_block_max - 1; n >= range.n_block_min; --n) {
       pipeline_k.producer_acquire(state_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
       ++state_k;
       pipeline_v.producer_acquire(state_v);
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
       ++state_v;
-    };
-    if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
-    auto& q_full = smem.q_full(q_slot);
-    q_full.arrive_and_expect_tx(Base::kBytesQ + kBytesQv);
-    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(q_full)), tQgQ, tQsQ);
-    copy(params.qv.tma.with(reinterpret_cast<uint64_t&>(q_full)), tQvgQv, tQvsQv);
-    for (int n = range.n_block_max - 1; n >= range.n_block_min; --n) { load_kv(n); }
+    }
+  }
+
+  // Q and Qv by TMA under the Q barrier (one thread).
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void load_q(Params const& params, Seq const& seq, SharedStorage& smem, FwdTile const& t) const {
+    int const b = Base::batch_coord(t.batch);
+    Tensor mQ = Base::rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, b), seq.offset_q(params));
+    Tensor mQv = Base::rows_of(params.qv.tma.get_tma_tensor(params.qv.shape)(_, _, t.head, b), seq.offset_q(params));
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
+    Tensor gQv = local_tile(mQv, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, make_coord(t.m_block, _0{}));
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(0)), typename Base::SmemLayoutQ{});
+    Tensor sQv = make_tensor(make_smem_ptr(smem.qv.data.data()), SmemLayoutQv{});
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tQvgQv, tQvsQv] =
+        tma_partition(params.qv.tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sQv), group_modes<0, 2>(gQv));
+    smem.barrier_q.arrive_and_expect_tx(Base::kBytesQ + kBytesQv);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQgQ, tQsQ);
+    copy(params.qv.tma.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQvgQv, tQvsQv);
+  }
+
+  // load() of paged qv kernels, by the producer warpgroup: K and V rows (each of its own width)
+  // gathered page by page with cp.async (paged_kv.h), each thread arriving on the stage when its
+  // copies land; V's columns past v's head dim are zero-filled, as K's past q's.
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE void load_paged(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
+                                 Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v,
+                                 FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range) const {
+    int const head_kv = t.head / params.q_heads_per_kv_head;
+    int const tid = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
+    PagedKVParams paged_v = params.paged;
+    paged_v.head_dim = get<1>(Base::shape_v(params));
+    PagedKVLoader<Element, kBlockN, kHeadDim> const loader_k(params.paged, t.batch, seq.offset_k(params),
+                                                             seq.seqlen_k(params), tid);
+    PagedKVLoader<Element, kBlockN, kHeadDimV> const loader_v(paged_v, t.batch, seq.offset_k(params),
+                                                              seq.seqlen_k(params), tid);
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Base::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Base::SmemLayoutV{});
+    if (tid == 0) { load_q(params, seq, smem, t); }
+    for (int n = range.n_block_max - 1; n >= range.n_block_min; --n) {
+      pipeline_k.producer_acquire(state_k);
+      loader_k.template load<true>(n, head_kv, sK(_, _, state_k.index()));
+      pipeline_k.producer_commit(state_k, cutlass::arch::cpasync_barrier_arrive);
+      ++state_k;
+      pipeline_v.producer_acquire(state_v);
+      loader_v.template load<false>(n, head_kv, sV(_, _, state_v.index()));
+      pipeline_v.producer_commit(state_v, cutlass::arch::cpasync_barrier_arrive);
+      ++state_v;
+    }
   }
 
   // Consumer warpgroup `wg` owns rows [64 wg, 64 wg + 64) of the tile and O's columns
