@@ -103,8 +103,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   using D = Int<Kernel::kHeadDim>;
   using DV = Int<Kernel::kHeadDimV>;
   using DO = Int<Kernel::Policy::kHeadDimO>;
-  // kWideV (qv kernels): one CTA per O slice of each tile, the grid's m coordinate m_block * slices + slice.
-  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM * Kernel::Policy::kOSlices;
+  int const num_m_blocks = (p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM;
   int const heads_per_group = Kernel::Scheduler::heads_per_group(
       p.heads_q, p.heads_q / p.heads_kv, p.batch, int64_t(p.seqlen_k) * p.head_dim * int64_t(sizeof(Element)));
   typename Kernel::Params params{

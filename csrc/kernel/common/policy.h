@@ -151,11 +151,12 @@ struct FwdPolicy {
   // (qv kernels, kWideV) wider.
   static constexpr int kHeadDimV = kHeadDimV_ ? kHeadDimV_ : kHeadDim_;
   // qv kernels (FA3's MLA decode, d 64 with dv 256 / 512): scores Q.K^T + Qv.V^T, Qv (M, dv) beside
-  // Q; O in column slices of kHeadDimO (256) per CTA, the grid's m coordinate m_block * kOSlices +
-  // slice, each slice's CTA computing the whole S (fwd_qv_tile, mainloop_qv.h).
+  // Q (fwd_qv_tile, mainloop_qv.h). Past dv 256 one warpgroup's O would not fit its registers: the
+  // two consumer warpgroups then share the tile's rows (kSharedRows), each computing the whole S
+  // and its half of O's columns, kHeadDimO of them.
   static constexpr bool kWideV = kHeadDimV > kHeadDim_;
-  static constexpr int kHeadDimO = kWideV && kHeadDimV > 256 ? 256 : kHeadDimV;
-  static constexpr int kOSlices = kHeadDimV / kHeadDimO;
+  static constexpr bool kSharedRows = kWideV && kHeadDimV > 256;
+  static constexpr int kHeadDimO = kSharedRows ? kHeadDimV / 2 : kHeadDimV;
   static constexpr bool kLocal = Mask::kLocal;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -225,12 +226,12 @@ constexpr int fwd_value_head_dim() {
 }
 inline int fwd_value_head_dim(int head_dim_rounded) { return head_dim_rounded == 192 ? 128 : 0; }
 
-// qv kernels (d 64, dv 256 / 512, FwdPolicy::kWideV): one CTA per tile, O slice (and split), 128 rows, and
-// as many keys per stage as leave Q + Qv + two K/V stages within shared memory: 64 at dv 256
-// (160 KB), 32 at dv 512 (216 KB).
+// qv kernels (d 64, dv 256 / 512, FwdPolicy::kWideV): one CTA per tile (and split), and as many keys
+// per stage as leave Q + Qv + two K/V stages within shared memory: 128 rows (a warpgroup's each)
+// by 64 keys at dv 256 (160 KB); 64 rows (shared, kSharedRows) by 64 keys at dv 512 (216 KB) [D:079].
 template <int kHeadDimV>
 constexpr FwdTileShape fwd_qv_tile() {
-  return {128, kHeadDimV <= 256 ? 64 : 32, 2};
+  return kHeadDimV <= 256 ? FwdTileShape{128, 64, 2} : FwdTileShape{64, 64, 2};
 }
 template <typename Element, bool kLocal, bool kVarlen, bool kSoftcap, int kHeadDimV, bool kSplit = false,
           bool kPaged = false>

@@ -38,7 +38,7 @@ struct NoSplit {};
 template <typename Policy, typename TiledMmaPV>
 struct FwdEpilogue {
   using Element = typename Policy::Element;
-  static constexpr int kHeadDim = Policy::kHeadDimO;  // O's columns per CTA: V's head dim, or (kWideV) a slice
+  static constexpr int kHeadDim = Policy::kHeadDimO;  // O's columns per warpgroup: V's head dim, or (kSharedRows) half
   static constexpr bool kSameV = Policy::kHeadDimV == Policy::kHeadDim;
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;

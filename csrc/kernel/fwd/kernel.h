@@ -179,7 +179,6 @@ struct FwdKernel {
       } else {
         FwdTile t = scheduler.decode(tile, params.divisors);
         if constexpr (Policy::kSplit) { t.batch /= split_count(params); }
-        if constexpr (Policy::kWideV) { t.m_block /= Policy::kOSlices; }  // the grid's m: m_block * kOSlices + slice
         return t;
       }
     };
@@ -194,13 +193,6 @@ struct FwdKernel {
     auto split_of = [&](auto const& tile) {
       if constexpr (Policy::kSplit) {
         return scheduler.decode(tile, params.divisors).batch % split_count(params);
-      } else {
-        return 0;
-      }
-    };
-    auto slice_of = [&](auto const& tile) {
-      if constexpr (Policy::kWideV) {
-        return scheduler.decode(tile, params.divisors).m_block % Policy::kOSlices;
       } else {
         return 0;
       }
@@ -313,7 +305,7 @@ struct FwdKernel {
         }
         int const split = split_of(tile);
         mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq, split),
-                     threadIdx.x - 128, wg, epilogue, split, slice_of(tile));
+                     threadIdx.x - 128, wg, epilogue, split);
       };
       if constexpr (Policy::kRing) {
         for (int iteration = 0;; ++iteration) {

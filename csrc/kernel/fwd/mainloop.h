@@ -34,7 +34,7 @@ struct FwdMainloop {
   using Element = typename Policy::Element;
   static constexpr int kHeadDim = Policy::kHeadDim;
   static constexpr int kHeadDimV = Policy::kHeadDimV;  // V's and O's
-  static constexpr int kHeadDimO = Policy::kHeadDimO;  // O's columns per CTA: V's, or (kWideV) a slice
+  static constexpr int kHeadDimO = Policy::kHeadDimO;  // O's columns per warpgroup: V's, or (kSharedRows) half
   static constexpr int kBlockM = Policy::kBlockM;
   static constexpr int kBlockN = Policy::kBlockN;
   static constexpr bool kLocal = Policy::kLocal;
@@ -45,7 +45,8 @@ struct FwdMainloop {
   static constexpr bool kMaxFree = Policy::kMaxFree;
   static constexpr bool kSoftcap = Policy::kSoftcap;
 
-  static constexpr int kNumMmaWarpGroups = kBlockM / 64;
+  // Consumer warpgroups: one per 64 rows, or (kSharedRows) two sharing them.
+  static constexpr int kNumMmaWarpGroups = Policy::kSharedRows ? 2 : kBlockM / 64;
   static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 2 && kNumMmaWarpGroups <= 3);
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
   static_assert(!Policy::kPaged || kHeadDimV == kHeadDim || Policy::kWideV,
@@ -62,7 +63,7 @@ struct FwdMainloop {
   using PipelineState = typename Pipeline::PipelineState;
 
   using TileShapeMNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
-  using AtomLayoutMNK = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
+  using AtomLayoutMNK = Layout<Shape<Int<kBlockM / 64>, _1, _1>>;
   // S = Q.K^T: both operands K-major in shared memory.
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>(), AtomLayoutMNK{}));
@@ -242,7 +243,7 @@ struct FwdMainloop {
   CUTLASS_DEVICE void mma(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                           Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v, int& q_phase,
                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
-                          Epilogue const& epilogue, int split = 0, int /*slice: kWideV only*/ = 0) const {
+                          Epilogue const& epilogue, int split = 0) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
     TiledMmaQK tiled_mma_qk;
     TiledMmaPV tiled_mma_pv;

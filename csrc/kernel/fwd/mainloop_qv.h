@@ -1,10 +1,11 @@
 // The qv forward mainloop (FwdPolicy::kWideV: FA3's `qv`, MLA decode with q/k head dim 64 and v
 // head dim 256 / 512): scores S = Q.K^T + Qv.V^T over the same K/V blocks, then the online
-// softmax and O += P.V for this CTA's slice of V's columns (kHeadDimO of them; the grid holds one
-// CTA per slice, each computing the whole S). V's stage is the B operand of both GEMMs: K-major
-// for Qv.V^T, MN-major for P.V. Per key block: S, softmax, P.V, in that order, while the producer
-// loads the next block into the other stage; the two consumer warpgroups take turns issuing their
-// S GEMMs (the base mainloop's ping-pong). Loads, softcap, masks, softmax and epilogue are the base's.
+// softmax and O += P.V. Each consumer warpgroup owns 64 of the tile's rows, or (kSharedRows, dv 512)
+// both share the tile's 64 rows, each computing the whole S and its half of O's columns (kHeadDimO
+// of them). V's stage is the B operand of both
+// GEMMs: K-major for Qv.V^T, MN-major for P.V. Per key block: S, softmax, P.V, in that order,
+// while the producer loads the next block into the other stage; the warpgroups take turns issuing
+// their S GEMMs (the base mainloop's ping-pong). Softcap, masks, softmax and epilogue are the base's.
 #pragma once
 
 #include "kernel/fwd/mainloop.h"
@@ -128,17 +129,23 @@ struct FwdQvMainloop : FwdMainloop<Policy> {
     }
   }
 
-  // Consumer warpgroup `wg` owns rows [64 wg, 64 wg + 64) of the tile and O's columns
-  // [kHeadDimO * slice, kHeadDimO * (slice + 1)).
+  // Consumer warpgroup `wg`: rows [64 wg, 64 wg + 64) of the tile, or (kSharedRows) all 64 rows and
+  // O's columns [kHeadDimO * wg, kHeadDimO * (wg + 1)).
   template <typename Params, typename Seq, typename Epilogue>
   CUTLASS_DEVICE void mma(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
                           Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v, int& q_phase,
                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
-                          Epilogue const& epilogue, int split, int slice) const {
+                          Epilogue const& epilogue, int split) const {
+    constexpr bool kSharedRows = Policy::kSharedRows;
+    static_assert(!kSharedRows || kBlockM == 64, "one warpgroup's rows, shared by both");
+    // kSharedRows: the tiled MMAs are one warpgroup's, each warpgroup its own O slice.
+    int const tidx = kSharedRows ? mma_tidx % cutlass::NumThreadsPerWarpGroup : mma_tidx;
+    int const slice = kSharedRows ? wg : 0;
     TiledMmaQK tiled_mma_qk;
     TiledMmaPV tiled_mma_pv;
-    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
-    int const wg_thread = warpgroup_first_thread(mma_tidx);
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(tidx);
+    // Operands through the warpgroup's first thread: descriptors uniform over the warpgroup.
+    int const wg_thread = kSharedRows ? 0 : warpgroup_first_thread(mma_tidx);
     auto wg_mma_qk = tiled_mma_qk.get_thread_slice(wg_thread);
     auto wg_mma_pv = tiled_mma_pv.get_thread_slice(wg_thread);
 
@@ -215,8 +222,7 @@ struct FwdQvMainloop : FwdMainloop<Policy> {
       clear(tOrO);
       fill(lse, sink);
     }
-    epilogue.store(params, seq, smem, tiled_mma_pv, tOrO, lse, t.m_block, t.head, t.batch, mma_tidx, wg, split,
-                   slice);
+    epilogue.store(params, seq, smem, tiled_mma_pv, tOrO, lse, t.m_block, t.head, t.batch, tidx, wg, split, slice);
   }
 };
 

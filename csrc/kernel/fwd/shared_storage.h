@@ -57,7 +57,7 @@ struct FwdSmemLayouts {
   static constexpr bool kQHoldsO = !Policy::kSeparateO && !Policy::kDirectO;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{},
                                              std::conditional_t<kQHoldsO, Step<_2, _1>, Step<_1, _2>>{}));
-  static constexpr int kHeadDimO = Policy::kHeadDimO;  // O's columns per CTA (kWideV: a slice of dv)
+  static constexpr int kHeadDimO = Policy::kHeadDimO;  // O's columns per warpgroup (kSharedRows: half of dv)
   using SmemLayoutO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimO>>{}, Step<_2, _1>{}));
   using SmemLayoutO64 = decltype(tile_to_shape(SmemAtomV{}, Shape<_64, Int<kHeadDimO>>{}, Step<_2, _1>{}));
   static_assert(!kQHoldsO || cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutQ>, "O is staged in Q's buffer");
