@@ -77,6 +77,8 @@ def _sources(enable: frozenset[str] = frozenset(), hdims=HDIMS) -> list[str]:
             kernels += [name("fwd", d, combo) for d in hdims]
             if "HDIMDIFF192" in enable and 192 in hdims:  # q / k 192 with v 128 (DeepSeek's prefill)
                 kernels.append(name("fwd", "192_128", combo))
+            if "HDIMDIFF64" in enable and 64 in hdims:  # q / k 64 with v 256 / 512 (MLA decode's qv)
+                kernels += [name("fwd", f"64_{dv}", combo) for dv in (256, 512)]
             if set(combo) <= {"SOFTCAP"}:
                 kernels += [name("bwd", d, combo) for d in hdims]
     combine = ["flash_fwd_combine.cu"] if "SPLIT" in enable else []  # the split kernels' merge
@@ -125,7 +127,7 @@ def build(out: Path, jobs: int, enable: frozenset[str] = frozenset(), hdims=HDIM
                 t.extractall(src, filter="data")
     hopper, cutlass_include = src / "hopper", src / "include"
     missing = [f for f in _sources(enable, hdims) if not (hopper / f).exists()]
-    if missing:  # instantiation stubs the archive does not carry (head dim 192): FA3's generator writes them
+    if missing:  # instantiation stubs the archive does not carry (hdim 192, the dv != d pairs): FA3's generator writes them
         subprocess.run([sys.executable, "generate_kernels.py", "--output_dir", "instantiations"], cwd=hopper, check=True)
 
     # The interface module and the build-flag record it reads (FA3's setup.py writes the latter).
@@ -201,7 +203,8 @@ def main() -> None:
                     help="comma-separated FA3 switches to compile in, e.g. SOFTCAP,VARLEN (default: $FA3_ENABLE)")
     bd.add_argument("--hdims", default=",".join(map(str, HDIMS)),
                     help="head dims to compile, a subset of 64,128,192,256 (e.g. 128 for a smaller decode peer; "
-                         "192 with --enable HDIMDIFF192 for the 192 / 128 pair)")
+                         "192 with --enable HDIMDIFF192 for the 192 / 128 pair; 64 with --enable HDIMDIFF64 for "
+                         "64 / 256 and 64 / 512, the qv (MLA decode) kernels)")
     sub.add_parser("check", help="FA3 against flash_attn_hopper on one shape (on the GPU machine)")
     ex = sub.add_parser("export", help="copy a built peer's runtime files (for carrying to the GPU machine)")
     ex.add_argument("built", type=Path)
