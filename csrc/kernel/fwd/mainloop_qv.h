@@ -2,10 +2,10 @@
 // head dim 256 / 512): scores S = Q.K^T + Qv.V^T over the same K/V blocks, then the online
 // softmax and O += P.V. Each consumer warpgroup owns 64 of the tile's rows, or (kSharedRows, dv 512)
 // both share the tile's 64 rows, each computing the whole S and its half of O's columns (kHeadDimO
-// of them). V's stage is the B operand of both
-// GEMMs: K-major for Qv.V^T, MN-major for P.V. Per key block: S, softmax, P.V, in that order,
-// while the producer loads the next block into the other stage; the warpgroups take turns issuing
-// their S GEMMs (the base mainloop's ping-pong). Softcap, masks, softmax and epilogue are the base's.
+// of them). V's stage is the B operand of both GEMMs: K-major for Qv.V^T, MN-major for P.V. Per
+// key block: S, softmax, P.V, in that order, while the producer loads the next block into the other
+// stage; the warpgroups take turns issuing their S GEMMs (the base mainloop's ping-pong). Softcap,
+// masks, softmax and epilogue are the base's [D:079].
 #pragma once
 
 #include "kernel/fwd/mainloop.h"
