@@ -193,10 +193,11 @@ Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, bool va
   FLASH_CHECK(pb.head_dim_rounded != 0, "flash_attn_hopper: head dim must be a multiple of ",
               flash::manifest::kHeadDimMultiple, " and at most ", flash::manifest::kMaxHeadDim, ", got ", pb.head_dim);
   if (qv) {
-    FLASH_CHECK(pb.head_dim_rounded == 64 && k.size(3) == pb.head_dim && flash::fwd_qv_head_dim_v(int(pb.head_dim_v)) != 0 &&
-                    pb.head_dim_v % flash::manifest::kHeadDimMultiple == 0,
-                "flash_attn_hopper: qv needs q and k head dims of at most 64 and v's in (64, 512], a multiple of 8; got ",
-                pb.head_dim, ", ", k.size(3), ", ", pb.head_dim_v);
+    bool const qv_dims = pb.head_dim_rounded == 64 && k.size(3) == pb.head_dim &&
+                         flash::fwd_qv_head_dim_v(int(pb.head_dim_v)) != 0 &&
+                         pb.head_dim_v % flash::manifest::kHeadDimMultiple == 0;
+    FLASH_CHECK(qv_dims, "flash_attn_hopper: qv needs q and k head dims of at most 64 and v's in (64, 512], a ",
+                "multiple of 8; got ", pb.head_dim, ", ", k.size(3), ", ", pb.head_dim_v);
   }
   int const own_dv = qv ? 512 : value_head_dim ? flash::fwd_value_head_dim(pb.head_dim_rounded) : 0;
   bool const dv_ok = pb.head_dim_v == pb.head_dim ||

@@ -1,6 +1,6 @@
 // Host side of the qv forward (FA3's qv, MLA decode; FwdPolicy::kWideV): the launch of
 // fwd_launch.cuh with the qv kernels, in translation units of their own (beside the hdim-64
-// forward's, they changed that file's other kernels' code).
+// forward's, they changed that file's other kernels' code) [D:079].
 #pragma once
 
 #include <type_traits>
@@ -9,9 +9,9 @@
 
 namespace flash {
 
-// v's head dim rounded up to 256 or 512 (fwd_qv_head_dim_v); one CTA per tile, O slice and split
-// (split-KV calls have no softcap: the binding leaves softcap unsplit).
-// A paged cache (page_table set, varlen) takes the paged qv kernels.
+// v's head dim rounded up to 256 or 512 (fwd_qv_head_dim_v); one CTA per tile (and split; split-KV
+// calls have no softcap: the binding leaves softcap unsplit). A paged cache (page_table set, varlen)
+// takes the paged qv kernels.
 template <typename Element, int kHeadDimV, bool kPaged>
 void run_flash_fwd_qv_dv(FwdParams& p, cudaStream_t stream) {
   if (p.num_splits > 1) {
