@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from . import chunked, offsets, packgqa, paged, support
+from . import chunked, manifest, offsets, packgqa, paged, support
+from . import qv as qv_calls
 
 
 def _refuse_extras(**extras) -> None:
@@ -211,9 +212,9 @@ def flash_attn_with_kvcache(
         if not isinstance(qv, torch.Tensor) or qv.dim() != q.dim() or qv.shape[:-1] != q.shape[:-1]:
             raise ValueError("qv must be a tensor shaped like q with v's head dim")
     if page_table is not None:
-        # qv (MLA decode): v's cache as wide as the qv kernels take (qv.py).
-        refusal = paged.cache_refusal(k_cache, v_cache, page_table, q) if qv is None else \
-            paged.cache_refusal(k_cache, v_cache, page_table, q, max_width=512)
+        # qv (MLA decode): v's cache as wide as the qv kernels take.
+        widest = manifest.MAX_HEAD_DIM if qv is None else qv_calls.MAX_HEAD_DIM_V
+        refusal = paged.cache_refusal(k_cache, v_cache, page_table, q, max_width=widest)
         if refusal is not None:
             raise refusal.exception()
     elif k_cache.dim() != 4 or v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
@@ -341,11 +342,9 @@ def flash_attn_with_kvcache(
             page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
     qv_rows = None if qv is None else _query_rows(qv, cu_seqlens_q, batch, seqlen_q)[0]
     if page_table is not None and qv is not None:
-        from .qv import paged as paged_qv
-
-        result = paged_qv(q_rows, k_cache, v_cache, qv_rows, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
-                          softmax_scale, causal, window_size, softcap, learnable_sink, return_softmax_lse, pack_gqa,
-                          num_splits)
+        result = qv_calls.paged(q_rows, k_cache, v_cache, qv_rows, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
+                                softmax_scale, causal, window_size, softcap, learnable_sink, return_softmax_lse,
+                                pack_gqa, num_splits)
         return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
     if page_table is not None:
         result = paged.varlen_paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
