@@ -67,19 +67,21 @@ _FWD_COMBOS = ((), ("PAGEDKV",), ("SPLIT",), ("PAGEDKV", "SPLIT"), ("SOFTCAP",),
                ("SPLIT", "SOFTCAP"), ("PAGEDKV", "SPLIT", "SOFTCAP"), ("PACKGQA",), ("SOFTCAP", "PACKGQA"))
 
 
-def _sources(enable: frozenset[str] = frozenset(), hdims=HDIMS) -> list[str]:
-    def name(kind, d, combo):
-        return f"instantiations/flash_{kind}_hdim{d}_bf16{''.join('_' + _TAG[f] for f in combo)}_sm90.cu"
+def _sources(enable: frozenset[str] = frozenset(), hdims=HDIMS, backward: bool = True) -> list[str]:
+    def name(kind, d, combo, dtype="bf16"):
+        return f"instantiations/flash_{kind}_hdim{d}_{dtype}{''.join('_' + _TAG[f] for f in combo)}_sm90.cu"
 
     kernels = []
     for combo in _FWD_COMBOS:
         if set(combo) <= enable:
             kernels += [name("fwd", d, combo) for d in hdims]
+            if "FP8" in enable:  # e4m3 forward (FA3 has no FP8 backward)
+                kernels += [name("fwd", d, combo, "e4m3") for d in hdims]
             if "HDIMDIFF192" in enable and 192 in hdims:  # q / k 192 with v 128 (DeepSeek's prefill)
                 kernels.append(name("fwd", "192_128", combo))
             if "HDIMDIFF64" in enable and 64 in hdims:  # q / k 64 with v 256 / 512 (MLA decode's qv)
                 kernels += [name("fwd", f"64_{dv}", combo) for dv in (256, 512)]
-            if set(combo) <= {"SOFTCAP"}:
+            if set(combo) <= {"SOFTCAP"} and backward:
                 kernels += [name("bwd", d, combo) for d in hdims]
     combine = ["flash_fwd_combine.cu"] if "SPLIT" in enable else []  # the split kernels' merge
     return ["flash_api_stable.cpp", *kernels, *combine, "flash_prepare_scheduler.cu"]
@@ -103,19 +105,21 @@ def pack(fa_repo: Path, cutlass_repo: Path) -> None:
         print(f"{a.relative_to(REPO_ROOT)}: {a.stat().st_size / 1e6:.1f} MB")
 
 
-def _switches(enable: frozenset[str] = frozenset()) -> dict[str, bool]:
+def _switches(enable: frozenset[str] = frozenset(), backward: bool = True) -> dict[str, bool]:
     """FA3's DISABLE switches (True = compiled out), with the features in ``enable`` compiled in."""
     unknown = enable - set(DISABLED) - set(DISABLED_DIFF)
     if unknown:
         sys.exit(f"--enable: not an FA3 feature switch: {sorted(unknown)} (known: {sorted(DISABLED | DISABLED_DIFF)})")
-    return {k: off and k not in enable for k, off in (DISABLED | DISABLED_DIFF).items()}
+    switches = {k: off and k not in enable for k, off in (DISABLED | DISABLED_DIFF).items()}
+    switches["BACKWARD"] = not backward
+    return switches
 
 
-def _feature_defines(enable: frozenset[str] = frozenset()) -> list[str]:
-    return [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in _switches(enable).items() if off]
+def _feature_defines(enable: frozenset[str] = frozenset(), backward: bool = True) -> list[str]:
+    return [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in _switches(enable, backward).items() if off]
 
 
-def build(out: Path, jobs: int, enable: frozenset[str] = frozenset(), hdims=HDIMS) -> None:
+def build(out: Path, jobs: int, enable: frozenset[str] = frozenset(), hdims=HDIMS, backward: bool = True) -> None:
     for a in (FA3_ARCHIVE, CUTLASS_ARCHIVE):
         if not a.exists():
             sys.exit(f"{a} is missing: run `tools/gpu/fa3_peer.py pack` here and carry .peers/")
@@ -126,13 +130,14 @@ def build(out: Path, jobs: int, enable: frozenset[str] = frozenset(), hdims=HDIM
             with tarfile.open(a) as t:
                 t.extractall(src, filter="data")
     hopper, cutlass_include = src / "hopper", src / "include"
-    missing = [f for f in _sources(enable, hdims) if not (hopper / f).exists()]
+    sources = _sources(enable, hdims, backward)
+    missing = [f for f in sources if not (hopper / f).exists()]
     if missing:  # instantiation stubs the archive does not carry (hdim 192, the dv != d pairs): FA3's generator writes them
         subprocess.run([sys.executable, "generate_kernels.py", "--output_dir", "instantiations"], cwd=hopper, check=True)
 
     # The interface module and the build-flag record it reads (FA3's setup.py writes the latter).
     shutil.copy(hopper / "flash_attn_interface.py", out / "flash_attn_interface.py")
-    switches = _switches(enable)
+    switches = _switches(enable, backward)
     flags = {f"FLASHATTENTION_DISABLE_{k}": switches[k] for k in DISABLED}
     flags |= {f"FLASH_ATTENTION_DISABLE_{k}": switches[k] for k in DISABLED_DIFF}
     flags |= {f"FLASHATTENTION_DISABLE_HDIM{d}": d not in hdims for d in BUILDABLE_HDIMS}
@@ -152,11 +157,11 @@ def build(out: Path, jobs: int, enable: frozenset[str] = frozenset(), hdims=HDIM
     cxx = ["-O3", "-std=c++17", "-DPy_LIMITED_API=0x03090000", "-DTORCH_TARGET_VERSION=0x0209000000000000"]
     start = time.time()
     switches_hdim = {f"HDIM{d}": d not in hdims for d in BUILDABLE_HDIMS}
-    defines = _feature_defines(enable) + [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in switches_hdim.items() if off]
-    load(name="_C", sources=[str(hopper / s) for s in _sources(enable, hdims)], extra_cflags=cxx + defines,
+    defines = _feature_defines(enable, backward) + [f"-DFLASHATTENTION_DISABLE_{k}" for k, off in switches_hdim.items() if off]
+    load(name="_C", sources=[str(hopper / s) for s in sources], extra_cflags=cxx + defines,
          extra_cuda_cflags=nvcc + defines, extra_include_paths=[str(hopper), str(cutlass_include)],
          build_directory=str(package), is_python_module=False, verbose=False)
-    print(f"FA3 {FA3_COMMIT} built in {time.time() - start:.0f} s ({len(_sources(enable, hdims))} files, {jobs} jobs, "
+    print(f"FA3 {FA3_COMMIT} built in {time.time() - start:.0f} s ({len(sources)} files, {jobs} jobs, "
           f"enabled: {','.join(sorted(enable)) or 'none'}) -> {out}")
 
 
@@ -205,6 +210,8 @@ def main() -> None:
                     help="head dims to compile, a subset of 64,128,192,256 (e.g. 128 for a smaller decode peer; "
                          "192 with --enable HDIMDIFF192 for the 192 / 128 pair; 64 with --enable HDIMDIFF64 for "
                          "64 / 256 and 64 / 512, the qv (MLA decode) kernels)")
+    bd.add_argument("--no-backward", action="store_true",
+                    help="forward kernels only (FLASHATTENTION_DISABLE_BACKWARD), e.g. for the FP8 peer")
     sub.add_parser("check", help="FA3 against flash_attn_hopper on one shape (on the GPU machine)")
     ex = sub.add_parser("export", help="copy a built peer's runtime files (for carrying to the GPU machine)")
     ex.add_argument("built", type=Path)
@@ -222,7 +229,7 @@ def main() -> None:
         if not set(hdims) <= set(BUILDABLE_HDIMS):
             sys.exit(f"--hdims: a subset of {BUILDABLE_HDIMS}, got {hdims}")
         build(args.out.resolve(), args.jobs, frozenset(x.strip().upper() for x in args.enable.split(",") if x.strip()),
-              hdims)
+              hdims, backward=not args.no_backward)
 
 
 if __name__ == "__main__":
