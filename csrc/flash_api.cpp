@@ -44,6 +44,9 @@
 #ifndef FLASH_ATTN_HOPPER_FOR_EACH_QV  // a registry without qv kernels
 #define FLASH_ATTN_HOPPER_FOR_EACH_QV(X)
 #endif
+#ifndef FLASH_ATTN_HOPPER_FOR_EACH_FP8  // a registry without FP8 kernels
+#define FLASH_ATTN_HOPPER_FOR_EACH_FP8(X)
+#endif
 
 #if defined(FLASH_ATTN_HOPPER_HAS_BWD) && FLASH_ATTN_HOPPER_HAS_BWD
 #include "params/bwd_params.h"
@@ -59,6 +62,8 @@ template <int kHeadDim, typename Element>
 void run_flash_fwd_paged(FwdParams& params, cudaStream_t stream);
 template <int kHeadDim, typename Element>
 void run_flash_fwd_qv(FwdParams& params, cudaStream_t stream);
+template <int kHeadDim, typename Element>
+void run_flash_fwd_fp8(FwdParams& params, cudaStream_t stream);
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 template <int kHeadDim, typename Element>
 void run_flash_bwd(BwdParams& params, cudaStream_t stream);
@@ -274,6 +279,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd_qv(Tensor const& q, Tensor const& k, T
 }
 
 #include "api/paged.h"  // paged_fwd (after fill_empty_lse)
+#include "api/fp8.h"    // fwd_fp8, varlen_fwd_fp8 (after set_outputs, fill_empty_lse)
 
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 using BwdFn = void (*)(flash::BwdParams&, cudaStream_t);
@@ -525,6 +531,14 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
         "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
         "bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, float softcap=0.0, "
         "Tensor? sink=None, int num_splits=1) -> (Tensor out, Tensor softmax_lse)");
+  // FP8 (e4m3) q, k, v with float32 descales (batch, nheads_kv) (None = 1), out bf16; forward only.
+  m.def("fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, "
+        "float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
+        "Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
+  m.def("varlen_fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
+        "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, Tensor? q_descale, Tensor? k_descale, "
+        "Tensor? v_descale, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
+        "bool top_left=False, Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).
@@ -553,6 +567,8 @@ FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
   m.impl("fwd_combine", TORCH_BOX(&mha_combine));
   m.impl("paged_fwd", TORCH_BOX(&mha_paged_fwd));
   m.impl("paged_fwd_qv", TORCH_BOX(&mha_paged_fwd_qv));
+  m.impl("fwd_fp8", TORCH_BOX(&mha_fwd_fp8));
+  m.impl("varlen_fwd_fp8", TORCH_BOX(&mha_varlen_fwd_fp8));
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.impl("bwd", TORCH_BOX(&mha_bwd));
   m.impl("varlen_bwd", TORCH_BOX(&mha_varlen_bwd));

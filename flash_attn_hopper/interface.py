@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import chunked, manifest, offsets, ops, packgqa, paged, qv as qv_calls, sinks, support, support_varlen
+from . import chunked, fp8, manifest, offsets, ops, packgqa, paged, qv as qv_calls, sinks, support, support_varlen
 
 # --------------------------------------------------------------------------
 # Checks: argument types here, everything else in support.check
@@ -159,9 +159,9 @@ def _check_unsupported_extras(q_descale, k_descale, v_descale, attention_chunk, 
     refusal = None
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if refusal is None and value is not None:
-            refusal = support.feature_refusal(
-                "fp8", f"{name} (FP8 descaling)", "Pass fp16/bf16 inputs and no descale tensors."
-            )
+            refusal = support.Refusal(f"flash_attn_hopper: {name} applies to FP8 (float8_e4m3fn) inputs only",
+                                      "Pass q, k and v in torch.float8_e4m3fn with it, or no descale tensors.",
+                                      ValueError)
     if refusal is None and attention_chunk != 0:
         refusal = support.feature_refusal("attention_chunk", f"attention_chunk={attention_chunk}", "Pass attention_chunk=0.")
     if refusal is None and sm_margin != 0:
@@ -222,8 +222,9 @@ def flash_attn_func(
         qv: None, or (batch, seqlen_q, nheads, headdim_v): FA3's extra query (MLA decode, headdim
             64, headdim_v 512): scores softmax_scale * (q kᵀ + qv vᵀ), softmax_scale defaulting
             to (headdim + headdim_v) ** -0.5; forward only (flash_attn_hopper/qv.py).
-        q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility;
-            values other than the defaults raise RuntimeError (no kernels for them yet).
+        q/k/v_descale: with q, k, v in torch.float8_e4m3fn, FA3's FP8 forward: None or float32
+            (batch, nheads_kv) descales; out is then bfloat16 (flash_attn_hopper/fp8.py).
+        sm_margin: accepted for FlashAttention-3 compatibility; only 0 runs.
         num_splits: split-KV, as FlashAttention-3: 1 (default) none, 0 choose (split when the
             query tiles leave SMs idle: decode), n > 1 at most n splits whose partial results
             the combine kernel merges (a learnable sink joins there). The result does not depend
@@ -246,6 +247,11 @@ def flash_attn_func(
         (out, softmax_lse) with softmax_lse float32 (batch, nheads, seqlen_q),
         the natural-log logsumexp of each row of q kᵀ · softmax_scale.
     """
+    if fp8.is_fp8(q, k, v):
+        _check_unsupported_extras(None, None, None, 0, sm_margin)
+        return fp8.dense(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink,
+                         return_attn_probs, softcap=softcap, qv=qv, num_splits=num_splits,
+                         attention_chunk=attention_chunk)
     _check_unsupported_extras(q_descale, k_descale, v_descale, 0, sm_margin)
     support.check_num_splits(num_splits)
     packgqa.check_pack_gqa(pack_gqa)
@@ -436,8 +442,8 @@ def flash_attn_varlen_func(
             takes both).
         qv: None, or (total_q, nheads, headdim_v): as in :func:`flash_attn_func`, also with a
             page_table (v's cache then of headdim_v: vLLM's MLA decode).
-        q/k/v_descale, sm_margin: accepted for FlashAttention-3 compatibility; values
-            other than the defaults raise RuntimeError (no kernels for them yet).
+        q/k/v_descale: with FP8 q, k, v as in :func:`flash_attn_func`, per sequence (batch =
+            the number of sequences). sm_margin: only 0 runs.
         num_splits: as in :func:`flash_attn_func` (split-KV over each sequence's keys).
         pack_gqa: as in :func:`flash_attn_func` (per sequence, max_seqlen_q for the choice).
         return_attn_probs: also return softmax_lse.
@@ -456,6 +462,12 @@ def flash_attn_varlen_func(
         out (total_q, nheads, headdim) in q's dtype, or (out, softmax_lse) with
         softmax_lse float32 (nheads, total_q), FlashAttention's varlen layout.
     """
+    if fp8.is_fp8(q, k, v):
+        _check_unsupported_extras(None, None, None, 0, sm_margin)
+        return fp8.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                          q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink,
+                          return_attn_probs, softcap=softcap, qv=qv, num_splits=num_splits,
+                          attention_chunk=attention_chunk, page_table=page_table)
     _check_unsupported_extras(q_descale, k_descale, v_descale, 0, sm_margin)
     support.check_num_splits(num_splits)
     packgqa.check_pack_gqa(pack_gqa)

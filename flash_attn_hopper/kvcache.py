@@ -12,7 +12,7 @@ New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_
 ``cu_seqlens_k_new``. A paged cache (``page_table``; paged.py) is read in place the same way, the
 new tokens written to their pages; ``cache_batch_idx`` then picks page-table rows, and
 ``cache_leftpad`` moves each sequence's first key as in a contiguous cache. Not in this version
-(refused, naming the argument): FP8 descales, ``sm_margin``. ``qv`` (MLA decode) runs on the qv
+(refused, naming the argument): FP8 caches and descales, ``sm_margin``. ``qv`` (MLA decode) runs on the qv
 kernels over a contiguous or a paged cache (qv.py). No backward, as in
 FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (chunked.py).
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from . import chunked, manifest, offsets, packgqa, paged, support
+from . import chunked, fp8, manifest, offsets, packgqa, paged, support
 from . import qv as qv_calls
 
 
@@ -191,6 +191,9 @@ def flash_attn_with_kvcache(
     Returns:
         out like q, and softmax_lse when return_softmax_lse.
     """
+    if fp8.is_fp8(q, k_cache, v_cache, k, v):
+        raise RuntimeError("flash_attn_hopper: FP8 (float8_e4m3fn) with a KV cache has no kernels in this version "
+                           "(flash_attn_func / flash_attn_varlen_func take FP8 inputs); pass a bf16/fp16 cache")
     _refuse_extras(
         q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
         k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),

@@ -67,11 +67,19 @@ DTYPES: Mapping[str, DType] = {
     "bf16": DType("bf16", "cutlass::bfloat16_t", "bfloat16", "BFloat16"),
 }
 
+#: FP8 (e4m3) inputs: a knob dtype of its own (``FLASH_ATTN_HOPPER_DTYPES=...,fp8``) with its own
+#: direction (forward only, bf16 output); DTYPES stays the 16-bit dtypes every other direction takes.
+FP8 = DType("fp8", "cutlass::float_e4m3_t", "float8_e4m3fn", "Float8_e4m3fn")
+#: Every dtype a build selection may name, in the knobs' order.
+BUILD_DTYPES: Mapping[str, DType] = {**DTYPES, FP8.name: FP8}
+
 #: Accepted alternative spellings in ``FLASH_ATTN_HOPPER_DTYPES``.
 DTYPE_ALIASES: Mapping[str, str] = {
     "float16": "fp16",
     "half": "fp16",
     "bfloat16": "bf16",
+    "e4m3": "fp8",
+    "float8_e4m3fn": "fp8",
 }
 
 
@@ -84,6 +92,7 @@ class Direction:
     launch_header: str  # the csrc/ header that declares entry_point
     params_type: str  # the params struct entry_point takes by reference
     hdims: tuple[int, ...] | None = None  # the head dims it has kernels for (None: every one)
+    dtypes: tuple[str, ...] = tuple(DTYPES)  # the dtypes it has kernels for
 
 
 #: Every direction the project knows how to generate files for.
@@ -105,6 +114,11 @@ DIRECTIONS: Mapping[str, Direction] = {
         "qv", "flash::run_flash_fwd_qv", "FLASH_ATTN_HOPPER_FOR_EACH_QV", "qv forward",
         "launch/qv_launch.cuh", "flash::FwdParams", hdims=(64,),
     ),
+    # FP8 (e4m3) forward: head dims up to 64 / 128 / 256 on those kernels (fp8_head_dim).
+    "fp8": Direction(
+        "fp8", "flash::run_flash_fwd_fp8", "FLASH_ATTN_HOPPER_FOR_EACH_FP8", "FP8 forward",
+        "launch/fp8_launch.cuh", "flash::FwdParams", hdims=(64, 128, 256), dtypes=(FP8.name,),
+    ),
 }
 
 #: dv != d with kernels of their own (csrc/kernel/common/policy.h fwd_value_head_dim; the backward's
@@ -114,7 +128,7 @@ VALUE_HEAD_DIMS: Mapping[int, int] = {192: 128}
 
 #: Directions whose kernels exist in csrc/ and are verified on a GPU in this
 #: version: built by default (for the selected head dims and dtypes).
-AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "paged", "qv")
+AVAILABLE_DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "paged", "qv", "fp8")
 
 #: Attention features and whether this version has kernels for them.  The
 #: Python layer refuses an unavailable feature before any launch, naming it.
@@ -128,7 +142,7 @@ FEATURES: Mapping[str, bool] = {
     "varlen": True,  # flash_attn_varlen_func: packed sequences (cu_seqlens, seqused), forward and backward
     "paged_kv": True,  # flash_attn_with_kvcache / flash_attn_varlen_func with page_table (forward)
     "qv": True,  # FA3's qv (d 64, dv up to 512), dense / varlen / contiguous KV cache, forward
-    "fp8": False,
+    "fp8": True,  # e4m3 q, k, v with descales, bf16 out: dense / varlen forward (a build may leave it out)
     # Verified backward kernels in this version (a build may still leave them out):
     # build_info()["features"]["backward"] says what the installed build can do.
     "backward": "bwd" in AVAILABLE_DIRECTIONS,
@@ -169,7 +183,7 @@ class Instantiation:
 
     @property
     def cutlass_type(self) -> str:
-        return DTYPES[self.dtype].cutlass_type
+        return BUILD_DTYPES[self.dtype].cutlass_type
 
 
 @dataclass(frozen=True)
@@ -188,6 +202,7 @@ class Selection:
             for hdim in self.hdims
             if DIRECTIONS[direction].hdims is None or hdim in DIRECTIONS[direction].hdims
             for dtype in self.dtypes
+            if dtype in DIRECTIONS[direction].dtypes
         ]
 
     def as_dict(self) -> dict:
@@ -236,18 +251,18 @@ def parse_hdims(value: str | None) -> tuple[int, ...]:
 def parse_dtypes(value: str | None) -> tuple[str, ...]:
     """Parse ``FLASH_ATTN_HOPPER_DTYPES``; ``None``, empty or ``all`` means all."""
     if value is None or value.strip().lower() in ("", "all"):
-        return tuple(DTYPES)
+        return tuple(BUILD_DTYPES)
     chosen = set()
     for item in _split(value):
         name = DTYPE_ALIASES.get(item.lower(), item.lower())
-        if name not in DTYPES:
+        if name not in BUILD_DTYPES:
             raise ValueError(
-                f"{ENV_DTYPES}={value!r}: unknown dtype {item!r}; choose from {','.join(DTYPES)} (or 'all')"
+                f"{ENV_DTYPES}={value!r}: unknown dtype {item!r}; choose from {','.join(BUILD_DTYPES)} (or 'all')"
             )
         chosen.add(name)
     if not chosen:
         raise ValueError(f"{ENV_DTYPES}={value!r} selects no dtype")
-    return tuple(name for name in DTYPES if name in chosen)  # manifest order
+    return tuple(name for name in BUILD_DTYPES if name in chosen)  # manifest order
 
 
 def parse_flag(name: str, value: str | None) -> bool:
@@ -324,7 +339,7 @@ def rebuild_hint(hdims: Iterable[int], dtypes: Iterable[str], backward: bool = F
     """The command line that builds a selection including ``hdims`` × ``dtypes``, with or without the backward."""
     parts = [
         f"{ENV_HDIMS}={','.join(str(h) for h in sorted(set(hdims)))}",
-        f"{ENV_DTYPES}={','.join(d for d in DTYPES if d in set(dtypes))}",
+        f"{ENV_DTYPES}={','.join(d for d in BUILD_DTYPES if d in set(dtypes))}",
     ]
     knob = backward_knob(backward)
     if knob is not None:
@@ -367,7 +382,7 @@ def not_compiled_message(
     if Instantiation(direction, rounded, dtype) in compiled:
         return None
     have_hdims = sorted({inst.hdim for inst in ours})
-    have_dtypes = [d for d in DTYPES if d in {inst.dtype for inst in ours}]
+    have_dtypes = [d for d in BUILD_DTYPES if d in {inst.dtype for inst in ours}]
     # The hint rebuilds what the build had, plus the missing pair: the backward stays as it was.
     backward = direction == "bwd" or any(inst.direction == "bwd" for inst in compiled)
     hint = rebuild_hint(set(have_hdims) | {rounded}, set(have_dtypes) | {dtype}, backward)

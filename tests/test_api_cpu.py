@@ -184,17 +184,16 @@ def test_wide_window_is_accepted_as_no_window(everything_compiled):
         flash_attn_func(q, k, v, window_size=(1000, 1000))
 
 
-@pytest.mark.parametrize(
-    "kwargs, fragments",
-    [
-        (dict(q_descale=torch.ones(1)), ["q_descale", "fp8"]),
-        (dict(sm_margin=4), ["sm_margin=4"]),
-    ],
-)
-def test_other_unsupported_features_refused(kwargs, fragments):  # (attention_chunk: tests/test_chunked_cpu.py)
+def test_other_unsupported_features_refused():  # (attention_chunk: tests/test_chunked_cpu.py)
     q, k, v = qkv()
-    with raises(RuntimeError, "not available in this version", *fragments):
-        flash_attn_func(q, k, v, **kwargs)
+    with raises(RuntimeError, "not available in this version", "sm_margin=4"):
+        flash_attn_func(q, k, v, sm_margin=4)
+
+
+def test_descales_with_16_bit_inputs_are_refused():  # (FP8 itself: tests/test_fp8_cpu.py)
+    q, k, v = qkv()
+    with raises(ValueError, "q_descale applies to FP8 (float8_e4m3fn) inputs only"):
+        flash_attn_func(q, k, v, q_descale=torch.ones(1))
 
 
 def test_varlen_on_cpu_is_refused_never_faked():

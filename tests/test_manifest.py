@@ -10,10 +10,11 @@ from flash_attn_hopper import manifest as m
 def test_default_selection_is_everything_available():
     sel = m.selection_from_env({})
     assert sel.hdims == (64, 96, 128, 192, 256)
-    assert sel.dtypes == ("fp16", "bf16")
+    assert sel.dtypes == ("fp16", "bf16", "fp8")
     assert sel.directions == m.AVAILABLE_DIRECTIONS
-    # Every head dim and dtype per direction, but qv: hdim 64 only.
-    assert len(sel.instantiations()) == 5 * 2 * (len(m.AVAILABLE_DIRECTIONS) - 1) + 1 * 2
+    # Every head dim and 16-bit dtype per direction, but qv: hdim 64 only; FP8: its own direction,
+    # hdims 64 / 128 / 256.
+    assert len(sel.instantiations()) == 5 * 2 * (len(m.AVAILABLE_DIRECTIONS) - 2) + 1 * 2 + 3
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,8 @@ def test_parse_hdims_rejects_with_a_fix(value, must_mention):
 def test_parse_dtypes():
     assert m.parse_dtypes("bf16") == ("bf16",)
     assert m.parse_dtypes("bfloat16, FP16") == ("fp16", "bf16")  # manifest order, aliases, any case
-    assert m.parse_dtypes(None) == ("fp16", "bf16")
+    assert m.parse_dtypes(None) == ("fp16", "bf16", "fp8")
+    assert m.parse_dtypes("fp8,bf16") == ("bf16", "fp8")
     with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DTYPES.*unknown dtype 'fp32'"):
         m.parse_dtypes("fp32")
 
@@ -51,7 +53,7 @@ def test_parse_dtypes():
 def test_disable_backward_knob():
     on = m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "1"})
     off = m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "0"})
-    assert on.directions == ("fwd", "paged", "qv")
+    assert on.directions == ("fwd", "paged", "qv", "fp8")
     assert off.directions == m.AVAILABLE_DIRECTIONS
     with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_BACKWARD"):
         m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "maybe"})
@@ -59,7 +61,8 @@ def test_disable_backward_knob():
 
 def test_knobs_combine():
     sel = m.selection_from_env({"FLASH_ATTN_HOPPER_HDIMS": "128", "FLASH_ATTN_HOPPER_DTYPES": "bf16"})
-    assert sel.instantiations() == [m.Instantiation(d, 128, "bf16") for d in m.AVAILABLE_DIRECTIONS if d != "qv"]
+    assert sel.instantiations() == [m.Instantiation(d, 128, "bf16") for d in m.AVAILABLE_DIRECTIONS
+                                    if d not in ("qv", "fp8")]
     assert sel.instantiations()[0].filename == "flash_fwd_hdim128_bf16_sm90.cu"
     assert sel.instantiations()[0].cutlass_type == "cutlass::bfloat16_t"
 
@@ -116,7 +119,7 @@ def test_backward_knobs():
     assert "bwd" in m.AVAILABLE_DIRECTIONS
     knobs = {"FLASH_ATTN_HOPPER_HDIMS": "64,256", "FLASH_ATTN_HOPPER_DTYPES": "bf16"}
     on = m.selection_from_env(knobs)
-    assert on.directions == ("fwd", "bwd", "paged", "qv")
+    assert on.directions == ("fwd", "bwd", "paged", "qv", "fp8")
     assert on.instantiations() == [
         m.Instantiation("fwd", 64, "bf16"),
         m.Instantiation("fwd", 256, "bf16"),
@@ -128,7 +131,7 @@ def test_backward_knobs():
     ]
     assert on.instantiations()[2].filename == "flash_bwd_hdim64_bf16_sm90.cu"
     assert m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "0"}).directions == m.AVAILABLE_DIRECTIONS
-    assert m.selection_from_env(dict(knobs, FLASH_ATTN_HOPPER_DISABLE_BACKWARD="yes")).directions == ("fwd", "paged", "qv")
+    assert m.selection_from_env(dict(knobs, FLASH_ATTN_HOPPER_DISABLE_BACKWARD="yes")).directions == ("fwd", "paged", "qv", "fp8")
     with pytest.raises(ValueError, match="FLASH_ATTN_HOPPER_DISABLE_BACKWARD='2'"):
         m.selection_from_env({"FLASH_ATTN_HOPPER_DISABLE_BACKWARD": "2"})
 

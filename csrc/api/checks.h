@@ -167,14 +167,20 @@ struct Problem {
 // fwd_value_head_dim: the forward's dv != d kernels, the backward's BwdPolicy::kNarrowV);
 // otherwise q, k and v share one.
 // qv: the call has a qv (FA3's MLA decode): head dim 64 only, v's up to 512 (the qv kernels).
+// fp8: an FP8 call (api/fp8.h): float8_e4m3fn inputs, which every other call refuses.
 Problem check_problem(Tensor const& q, Tensor const& k, Tensor const& v, bool value_head_dim = false,
-                      bool qv = false) {
+                      bool qv = false, bool fp8 = false) {
   FLASH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "flash_attn_hopper: q, k and v must be CUDA tensors");
   FLASH_CHECK(same_device(k, q) && same_device(v, q),
               "flash_attn_hopper: q, k and v must be on the same device");
   auto const dtype = q.scalar_type();
-  FLASH_CHECK(manifest_dtype_name(dtype) != nullptr, "flash_attn_hopper: only ", supported_dtypes(),
-              " are supported, got ", dtype);
+  if (fp8) {
+    FLASH_CHECK(dtype == ScalarType::Float8_e4m3fn, "flash_attn_hopper: the FP8 forward takes float8_e4m3fn q, k "
+                "and v, got ", dtype);
+  } else {
+    FLASH_CHECK(manifest_dtype_name(dtype) != nullptr, "flash_attn_hopper: only ", supported_dtypes(),
+                " are supported, got ", dtype);
+  }
   FLASH_CHECK(k.scalar_type() == dtype && v.scalar_type() == dtype,
               "flash_attn_hopper: q, k and v must have the same dtype");
   FLASH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -392,11 +398,11 @@ VarlenCall check_varlen_call(bool value_head_dim, Tensor const& q, Tensor const&
                              Tensor const& cu_seqlens_q,
                              Tensor const& cu_seqlens_k, std::optional<Tensor> const& seqused_q,
                              std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                             bool qv = false) {
+                             bool qv = false, bool fp8 = false) {
   FLASH_CHECK(v.dim() == 3, "flash_attn_hopper: varlen q, k and v must be 3-D (total_tokens, nheads, headdim)");
   Varlen const vl = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   Tensor const q4 = unsqueeze0(q), k4 = unsqueeze0(k), v4 = unsqueeze0(v);
-  return {vl, q4, k4, v4, check_problem(q4, k4, v4, value_head_dim, qv)};
+  return {vl, q4, k4, v4, check_problem(q4, k4, v4, value_head_dim, qv, fp8)};
 }
 
 }  // namespace

@@ -73,6 +73,7 @@ template <typename Kernel>
 void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Kernel::Element;
+  using OutElement = typename Kernel::Policy::OutElement;
   using ShapeQKV = typename Kernel::ShapeQKV;
 
   // Varlen: one packed (total, d, heads) tensor, batch coordinate 0; tiles offset by their sequence.
@@ -95,7 +96,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
   ShapeQKV const shape_v = make_shape(get<0>(shape_k), head_dim_v, p.heads_kv, get<3>(shape_k));
   ShapeQKV const shape_o = make_shape(get<0>(shape_q), head_dim_v, p.heads_q, get<3>(shape_q));
   Tensor mV = tensor(p.v_ptr, shape_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
-  Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(p.o_ptr)), shape_o,
+  Tensor mO = make_tensor(make_gmem_ptr(static_cast<OutElement*>(p.o_ptr)), shape_o,
                           make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
 
   using M = Int<Kernel::kBlockM>;
@@ -136,10 +137,16 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
       {},  // paged, set below
       {},  // shapes_v, set below
       {},  // qv, set below
+      {},  // fp8, set below
   };
   if constexpr (Kernel::kHeadDimV != Kernel::kHeadDim) { params.shapes_v = {shape_v, shape_o}; }
   if constexpr (Kernel::kDirectO) {
-    params.direct_o = {static_cast<Element*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
+    params.direct_o = {static_cast<OutElement*>(p.o_ptr), p.o_row_stride, p.o_head_stride, p.o_batch_stride};
+  }
+  if constexpr (Kernel::kFp8) {
+    params.fp8 = {p.q_descale_ptr,          p.k_descale_ptr,          p.v_descale_ptr,
+                  p.q_descale_batch_stride, p.q_descale_head_stride,  p.k_descale_batch_stride,
+                  p.k_descale_head_stride,  p.v_descale_batch_stride, p.v_descale_head_stride};
   }
   if constexpr (kVarlen) { params.varlen = p.varlen; }
   if constexpr (Kernel::Policy::kWideV) {

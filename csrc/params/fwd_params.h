@@ -86,6 +86,15 @@ struct FwdParams {
   // Head dim 64 only, head_dim_v in (64, 512]; no softcap, splits or paged caches.
   void const* qv_ptr = nullptr;
   int64_t qv_batch_stride = 0, qv_row_stride = 0, qv_head_stride = 0;
+
+  // FP8 (e4m3 q, k, v; o bf16): float32 descales (batch, heads_kv) by strides, null = 1. The scores
+  // are q_descale * k_descale * Q.K^T, the output v_descale * P.V (FA3's).
+  float const* q_descale_ptr = nullptr;
+  float const* k_descale_ptr = nullptr;
+  float const* v_descale_ptr = nullptr;
+  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
 };
 
 }  // namespace flash

@@ -145,6 +145,10 @@ template <int kHeadDim_, typename Element_, typename Mask_, FwdTileShape kTile_,
 struct FwdPolicy {
   using Element = Element_;
   using Mask = Mask_;
+  // FP8 (e4m3) inputs (fp8.h): O in bf16 (FA3's convention), V transposed in shared memory for the
+  // K-major P.V WGMMA, P quantized to e4m3.
+  static constexpr bool kFp8 = cutlass::sizeof_bits<Element_>::value == 8;
+  using OutElement = std::conditional_t<kFp8, cutlass::bfloat16_t, Element_>;
   static constexpr FwdTileShape kTile = kTile_;
   static constexpr int kHeadDim = kHeadDim_;
   // V's (and O's) head dim: kHeadDim, or (dv != d kernels, fwd_value_head_dim) narrower, or
@@ -182,7 +186,7 @@ struct FwdPolicy {
   // Persistent without room for an own O: O goes from registers straight to global memory in
   // 16-byte stores, so Q is released after the tile's last Q.K^T GEMM all the same [D:015].
   // Varlen kernels always: a TMA store of a whole tile would write past the sequence's end.
-  static constexpr bool kDirectO = (kPersistent && !kTile.own_o) || kVarlen || kSplit || kWideV;
+  static constexpr bool kDirectO = (kPersistent && !kTile.own_o) || kVarlen || kSplit || kWideV || kFp8;
   // Q's buffer is released by the tile's last Q.K^T GEMM (not by the epilogue's O store).
   static constexpr bool kEarlyQ = kSeparateO || kDirectO;
   // Persistent causal/local: tiles drawn from an atomic counter, heaviest first [D:005].
@@ -199,11 +203,12 @@ struct FwdPolicy {
   static constexpr bool kSplitMask = kLocal && !kWideV;
   // hdim 64 causal/local 128-key tiles: the diagonal block's mask and softmax over the half each
   // warpgroup needs [D:017].
-  static constexpr bool kHalfSoftmax = kHeadDim == 64 && kLocal && kBlockN == 128;
+  static constexpr bool kHalfSoftmax = kHeadDim == 64 && kLocal && kBlockN == 128 && !kFp8;
   // Key blocks after the first full unmasked one skip the row-max search [D:010].
   // Not at hdim 256 with softcap [D:056] or paged (232 consumer registers [D:063]), where the
   // second S(n) spills.
-  static constexpr bool kMaxFree = kWideV ? false :
+  // FP8: every block searches its max (P must stay within e4m3's range, fp8.h).
+  static constexpr bool kMaxFree = kWideV || kFp8 ? false :
       kHeadDim == 96 || (kHeadDim == 64 && (!kLocal || kBlockM == 192)) ||
       (!kLocal && (kHeadDim == 128 || kHeadDim == 192 || (kHeadDim == 256 && !kPersistent && !kSoftcap && !kPaged)));
 };
@@ -239,6 +244,14 @@ using FwdQvPolicyFor =
     FwdPolicy<64, Element, MaskFor<kLocal>, fwd_qv_tile<kHeadDimV>(), kVarlen, kSoftcap, kSplit, kPaged, kHeadDimV>;
 // The qv kernels' V head dim for v's head dim dv (0: none).
 inline int fwd_qv_head_dim_v(int dv) { return dv <= 64 ? 0 : dv <= 256 ? 256 : dv <= 512 ? 512 : 0; }
+
+// FP8 kernels: one CTA per tile, Q + stages * (K + V as it lands + V^T) <= 227 KB; 192 rows at hdim 64.
+template <int kHeadDim>
+constexpr FwdTileShape fwd_fp8_tile() {
+  return kHeadDim <= 64 ? FwdTileShape{192, 128, 2} : FwdTileShape{128, 128, 2};
+}
+template <int kHeadDim, bool kLocal, bool kVarlen>
+using FwdFp8PolicyFor = FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>, fwd_fp8_tile<kHeadDim>(), kVarlen>;
 
 // Paged KV kernels take the split tile (decode and chunked prefill over a cache), split or not.
 template <int kHeadDim, typename Element, bool kLocal, bool kSoftcap, bool kSplit>

@@ -23,7 +23,9 @@ using namespace cute;
 
 constexpr float kMaxSlack = 8.f;
 
-template <int kRows>
+// kMaxOffset (FP8, with exact maxima): p = exp2(s * c - m * c + kMaxOffset), so that P uses e4m3's
+// range up to 2^kMaxOffset; the sum carries the same factor (it cancels in O) and the LSE drops it.
+template <int kRows, int kMaxOffset = 0>
 struct OnlineSoftmax {
   Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> row_max;
   Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> row_sum;  // per-thread partial sums
@@ -32,7 +34,13 @@ struct OnlineSoftmax {
   CUTLASS_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {}
 
   // A row whose max is -inf has seen only masked scores: subtract 0 so exp2 gives 0, not NaN.
-  CUTLASS_DEVICE float scaled_max(float m) const { return m == -INFINITY ? 0.f : m * scale_log2; }
+  CUTLASS_DEVICE float scaled_max(float m) const {
+    if constexpr (kMaxOffset != 0) {
+      return m == -INFINITY ? 0.f : m * scale_log2 - float(kMaxOffset);
+    } else {
+      return m == -INFINITY ? 0.f : m * scale_log2;
+    }
+  }
 
   // p = exp2(s * c - m_scaled) over row r of s, in place; returns the row's partial sum.
   template <typename TensorS>
@@ -81,7 +89,9 @@ struct OnlineSoftmax {
       float const m_scaled = scaled_max(m);
       // Nothing seen before (old max -inf): O and the sum are 0, so the factor is 0 (never inf*0).
       // Otherwise the new max is finite too and the factor is exp2 of a non-positive number.
-      float const factor = row_max(r) == -INFINITY ? 0.f : exp2f(row_max(r) * scale_log2 - m_scaled);
+      float const factor = row_max(r) == -INFINITY  ? 0.f
+                           : kMaxOffset == 0          ? exp2f(row_max(r) * scale_log2 - m_scaled)
+                                                      : exp2f((row_max(r) - m) * scale_log2);
       bool const row_moved = m != row_max(r);
       rescale(r) = row_moved ? factor : 1.f;
       moved |= row_moved;
@@ -146,6 +156,7 @@ struct OnlineSoftmax {
       bool const empty = !(sum > 0.f);  // also catches NaN
       float inv = empty ? 0.f : 1.f / sum;
       float l = empty ? -INFINITY : row_max(r) * softmax_scale + logf(sum);
+      if constexpr (kMaxOffset != 0) { l -= float(kMaxOffset) * float(M_LN2); }
       if (sink > -INFINITY) {
         float const hi = fmaxf(l, sink);
         float const with_sink = hi + log1pf(expf(-fabsf(l - sink)));

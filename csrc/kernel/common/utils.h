@@ -25,13 +25,14 @@ constexpr int launch_register_pool(int threads_per_cta, int ctas_per_sm) {
 static_assert(launch_register_pool(384, 1) == 168 * 384 && launch_register_pool(512, 1) == 128 * 512 &&
               launch_register_pool(256, 2) == 128 * 256);
 
-// K-major shared-memory atom with the widest swizzle that kContiguous elements per row allow
-// (any tile extent along that dimension must be a multiple of the atom's width).
+// K-major shared-memory atom with the widest swizzle (128, 64 or 32 bytes) that kContiguous elements
+// per row allow (any tile extent along that dimension must be a multiple of the atom's width).
 template <typename Element, int kContiguous>
 constexpr auto smem_atom_k_major() {
-  if constexpr (kContiguous % 64 == 0) {
+  constexpr int kBytes = kContiguous * cute::sizeof_bits_v<Element> / 8;
+  if constexpr (kBytes % 128 == 0) {
     return GMMA::Layout_K_SW128_Atom<Element>{};
-  } else if constexpr (kContiguous % 32 == 0) {
+  } else if constexpr (kBytes % 64 == 0) {
     return GMMA::Layout_K_SW64_Atom<Element>{};
   } else {
     return GMMA::Layout_K_SW32_Atom<Element>{};

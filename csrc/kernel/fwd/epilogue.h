@@ -37,7 +37,7 @@ struct NoSplit {};
 
 template <typename Policy, typename TiledMmaPV>
 struct FwdEpilogue {
-  using Element = typename Policy::Element;
+  using Element = typename Policy::OutElement;  // O's: the inputs', or (kFp8) bf16
   static constexpr int kHeadDim = Policy::kHeadDimO;  // O's columns per warpgroup: V's head dim, or (kSharedRows) half
   static constexpr bool kSameV = Policy::kHeadDimV == Policy::kHeadDim;
   static constexpr int kBlockM = Policy::kBlockM;

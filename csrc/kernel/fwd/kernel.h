@@ -25,6 +25,7 @@
 #include "kernel/common/utils.h"
 #include "kernel/fwd/epilogue.h"
 #include "kernel/fwd/mainloop.h"
+#include "kernel/fwd/mainloop_fp8.h"
 #include "kernel/fwd/mainloop_qv.h"
 #include "kernel/fwd/paged_kv.h"
 #include "kernel/fwd/shared_storage.h"
@@ -59,6 +60,8 @@ struct FwdKernel {
   static constexpr bool kCompact = Policy::kCompact;
   using Walk = VarlenTileWalk<kBlockM, kLocal ? WalkOrder::kHeavyFirst : WalkOrder::kBlocksFastest>;
   static constexpr bool kPaged = Policy::kPaged;
+  // FP8: the whole producer warpgroup transposes V (mainloop_fp8.h) for the consumers' V^T pipeline.
+  static constexpr bool kFp8 = Policy::kFp8;
 
   using Mainloop = std::conditional_t<Policy::kWideV, FwdQvMainloop<Policy>, FwdMainloop<Policy>>;
   using Epilogue = FwdEpilogue<Policy, typename Mainloop::TiledMmaPV>;
@@ -77,7 +80,7 @@ struct FwdKernel {
   static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
   static constexpr int kNumThreads = kNumMmaThreads + 128;
 
-  static_assert(!kPaged || (!kDynamic && !Policy::kPersistent), "all producer threads walk the same static tiles");
+  static_assert(!(kPaged || kFp8) || (!kDynamic && !Policy::kPersistent), "all producer threads walk the same static tiles");
 
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
@@ -85,9 +88,12 @@ struct FwdKernel {
   // setmaxnreg budgets: the producer keeps the minimum, the consumers share the rest of the CTA's
   // launch pool (launch_register_pool: 168 x 384 with two consumer warpgroups, 64K with three). A
   // consumer's count must not be below what the kernel starts with, since setmaxnreg.inc may
-  // only raise it. Paged kernels' producers compute row addresses: 40 registers, as FA3's.
-  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : kPaged ? 40 : 24;
-  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : kPaged ? 232 : 240;
+  // only raise it. Paged kernels' producers compute row addresses and FP8 ones up to hdim 128
+  // transpose V: 40 registers (32 beside three consumer warpgroups); past hdim 128 the FP8
+  // consumers' O takes 240.
+  static constexpr bool kWideProducer = kPaged || (kFp8 && kHeadDimV <= 128);
+  static constexpr int kProducerRegs = kNumMmaWarpGroups == 3 ? 32 : kWideProducer ? 40 : 24;
+  static constexpr int kConsumerRegs = kNumMmaWarpGroups == 3 ? 160 : kWideProducer ? 232 : 240;
   static_assert(!kPaged || kNumMmaWarpGroups == 2, "paged kernels have two consumer warpgroups");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= launch_register_pool(kNumThreads, 1),
                 "setmaxnreg.inc would wait forever for registers the CTA does not hold");
@@ -124,8 +130,15 @@ struct FwdKernel {
     // dv != d: V's and O's global shapes (else K's and Q's).
     [[no_unique_address]] std::conditional_t<Policy::kHeadDimV != kHeadDim, ValueShapes<ShapeQKV>, NoValueShapes> shapes_v;
     [[no_unique_address]] typename Mainloop::QvArgs qv;  // kWideV: Qv's TMA and shape
+    [[no_unique_address]] std::conditional_t<kFp8, Fp8Args, NoFp8> fp8;  // kFp8: the descales
   };
   using Seq = SeqLenFor<kVarlen, Params>;  // a tile's sequence: its extent and offsets
+
+  // The stages P.V reads: V's, or (kFp8) V^T's.
+  template <typename PipelineV, typename PipelineVt>
+  CUTLASS_DEVICE static auto& pv_pipeline(PipelineV& v, PipelineVt& vt) {
+    if constexpr (kFp8) { return vt; } else { return v; }
+  }
 
   CUTLASS_DEVICE static int split_count(Params const& params) {
     if constexpr (Policy::kSplit) {
@@ -163,7 +176,20 @@ struct FwdKernel {
     pipeline_params.num_consumers = kNumMmaThreads;
     Pipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
     if constexpr (Mainloop::kBytesV != Mainloop::kBytesKV) { pipeline_params.transaction_bytes = Mainloop::kBytesV; }
+    if constexpr (kFp8) { pipeline_params.num_consumers = 128; }  // V's stages are read by the producer warpgroup
     Pipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    // kFp8: V^T's stages, written by the producer warpgroup, read by the consumers.
+    auto pipeline_vt = [&] {
+      if constexpr (kFp8) {
+        typename CpAsyncPipeline<Policy::kStages>::Params vt_params;
+        vt_params.role = producer ? CpAsyncPipeline<Policy::kStages>::ThreadCategory::Producer
+                                  : CpAsyncPipeline<Policy::kStages>::ThreadCategory::Consumer;
+        vt_params.num_consumers = kNumMmaThreads;
+        return CpAsyncPipeline<Policy::kStages>(smem.vt.pipeline, vt_params, Shape<_1, _1, _1>{});
+      } else {
+        return NoFp8{};
+      }
+    }();
     __syncthreads();  // barriers initialised before anyone waits on them
 
     Mainloop const mainloop;
@@ -212,9 +238,10 @@ struct FwdKernel {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       // One thread issues the TMA loads (compact kernels: its whole warp walks the tiles); paged
       // kernels' K/V copies take the whole warpgroup.
-      if (kPaged || (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && (kCompact || lane_predicate))) {
+      if (kPaged || kFp8 || (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && (kCompact || lane_predicate))) {
         PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
         PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
+        typename Mainloop::Fp8States states_vt;
         // Which release of the Q buffer to wait for before loading Q (-1: none). Without
         // kEarlyQ every tile releases it (a tile with nothing to attend writes its zero O
         // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
@@ -231,8 +258,13 @@ struct FwdKernel {
             if (!Policy::kEarlyQ && wait_phase >= 0) { smem.barrier_q_empty.wait(wait_phase); }
             return;
           }
-          mainloop.load(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase,
-                        Policy::kSeparateO ? q_loads & 1 : 0);
+          if constexpr (kFp8) {
+            mainloop.load_fp8(params, seq, smem, pipeline_k, pipeline_v, pipeline_vt, state_k, state_v, states_vt, t,
+                              range, wait_phase, 0);
+          } else {
+            mainloop.load(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase,
+                          Policy::kSeparateO ? q_loads & 1 : 0);
+          }
           ++q_loads;
         };
         if constexpr (kCompact) {
@@ -304,7 +336,7 @@ struct FwdKernel {
           if (t.m_block * kBlockM >= seq.seqlen_q(params)) { return; }
         }
         int const split = split_of(tile);
-        mainloop.mma(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, q_phase, t, range_of(t, seq, split),
+        mainloop.mma(params, seq, smem, pipeline_k, pv_pipeline(pipeline_v, pipeline_vt), state_k, state_v, q_phase, t, range_of(t, seq, split),
                      threadIdx.x - 128, wg, epilogue, split);
       };
       if constexpr (Policy::kRing) {

@@ -22,6 +22,7 @@
 #include "kernel/common/softmax.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
+#include "kernel/fwd/fp8.h"
 #include "kernel/fwd/paged_kv.h"
 #include "kernel/fwd/shared_storage.h"
 
@@ -44,6 +45,7 @@ struct FwdMainloop {
   static constexpr bool kHalfSoftmax = Policy::kHalfSoftmax;
   static constexpr bool kMaxFree = Policy::kMaxFree;
   static constexpr bool kSoftcap = Policy::kSoftcap;
+  static constexpr bool kFp8 = Policy::kFp8;
 
   // Consumer warpgroups: one per 64 rows, or (kSharedRows) two sharing them.
   static constexpr int kNumMmaWarpGroups = Policy::kSharedRows ? 2 : kBlockM / 64;
@@ -67,10 +69,11 @@ struct FwdMainloop {
   // S = Q.K^T: both operands K-major in shared memory.
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>(), AtomLayoutMNK{}));
-  // O += P.V: P from registers, V^T read MN-major (V is stored as it arrives, head dim fastest).
+  // O += P.V: P from registers, V^T read MN-major (V is stored as it arrives, head dim fastest), or
+  // (kFp8) K-major from its transposed copy.
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDimO>, Int<kBlockN>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
+                           GMMA::Major::K, kFp8 ? GMMA::Major::K : GMMA::Major::MN>(),
       AtomLayoutMNK{}));
   // kHalfSoftmax: views of one half of the diagonal block's S (the GEMMs stay full width: a
   // run-time choice between two WGMMA shapes serializes them).
@@ -107,6 +110,29 @@ struct FwdMainloop {
   }
 
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
+
+  // kFp8: the producer warpgroup's places in the V pipeline (reading landed stages) and in the V^T
+  // pipeline (writing them transposed); load_fp8 is in mainloop_fp8.h.
+  struct Fp8States {
+    PipelineState read;
+    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+  };
+  template <typename Params, typename Seq, typename PipelineVt>
+  CUTLASS_DEVICE void load_fp8(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
+                               Pipeline& pipeline_v, PipelineVt& pipeline_vt, PipelineState& state_k,
+                               PipelineState& state_v, Fp8States& states_vt, FwdTile const& t,
+                               BlockRange<kBlockM, kBlockN, kLocal> const& range, int q_empty_phase, int q_slot) const;
+
+  // The scores' descale q_descale * k_descale (kFp8; else 1) and the output's v_descale of a tile.
+  template <typename Params>
+  CUTLASS_DEVICE static float qk_descale(Params const& params, int batch, int head_kv) {
+    if constexpr (kFp8) { return params.fp8.qk(batch, head_kv); } else { return 1.f; }
+  }
+  // P for P.V from the softmax's float32 S: its 16-bit copy, or (kFp8) e4m3 in the permuted order.
+  template <typename TensorS, typename TensorP>
+  CUTLASS_DEVICE static void make_p(TensorS const& s, TensorP& p) {
+    if constexpr (kFp8) { quantize_p(s, p); } else { convert_into(s, p); }
+  }
 
   // A (rows, d) view of one head: dense, the batch entry's own; varlen (batch coordinate 0 of the
   // packed tensor), starting at the sequence's first row.
@@ -239,9 +265,9 @@ struct FwdMainloop {
 
   // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
   // The epilogue (epilogue.h) stores the tile's O and LSE.
-  template <typename Params, typename Seq, typename Epilogue>
+  template <typename Params, typename Seq, typename Epilogue, typename PipelineV>
   CUTLASS_DEVICE void mma(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
-                          Pipeline& pipeline_v, PipelineState& state_k, PipelineState& state_v, int& q_phase,
+                          PipelineV& pipeline_v, PipelineState& state_k, PipelineState& state_v, int& q_phase,
                           FwdTile const& t, BlockRange<kBlockM, kBlockN, kLocal> const& range, int mma_tidx, int wg,
                           Epilogue const& epilogue, int split = 0) const {
     int const m_block = t.m_block, head = t.head, batch = t.batch;
@@ -258,21 +284,34 @@ struct FwdMainloop {
     int const q_slot = kQ2 ? q_phase & 1 : 0;
     Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
-    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
+    Tensor sVt = [&] {
+      if constexpr (kFp8) {
+        return make_tensor(make_smem_ptr(smem.vt.data.data()), typename Layouts::SmemLayoutVtK{});
+      } else {
+        return make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
+      }
+    }();
     Tensor tSrQ = wg_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
     Tensor tSrK = wg_mma_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
     Tensor tOrV = wg_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
     Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // fp32
     Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDimO>>{});  // fp32
-    Tensor tOrP = make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
+    Tensor tOrP = [&] {
+      if constexpr (kFp8) {
+        return make_tensor<Element>(fp8_p_layout<kBlockN>());
+      } else {
+        return make_tensor<Element>(acc_layout_as_a_operand(tSrS.layout()));
+      }
+    }();
     Tensor tSrS_rc = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));  // (rows, cols)
     Tensor tOrO_rc = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
     Tensor tScS = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
     Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
     constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
 
-    OnlineSoftmax<kRows> softmax(params.softmax_scale_log2);
+    float const descale_qk = qk_descale(params, batch, head / params.q_heads_per_kv_head);
+    OnlineSoftmax<kRows, kFp8 ? 8 : 0> softmax(kFp8 ? params.softmax_scale_log2 * descale_qk : params.softmax_scale_log2);
     Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
     int const row0 = m_block * kBlockM;
     auto mask = [&](int n) {
@@ -352,7 +391,7 @@ struct FwdMainloop {
         mask(n);
         softmax.first_block(tSrS_rc);
       }
-      convert_into(tSrS, tOrP);
+      make_p(tSrS, tOrP);
       clear(tOrO);
       // Factor for O before P(n+1).V(n+1) is added; applied while S(n) runs on the tensor cores.
       Tensor rescale = make_tensor<float>(Shape<Int<kRows>>{});
@@ -407,12 +446,12 @@ struct FwdMainloop {
         } else {
           release_k(n);
           mask_block();
-          moved = softmax.next_block(tSrS_rc, rescale);
+          moved = softmax.template next_block<kFp8>(tSrS_rc, rescale);
         }
         warpgroup_wait<0>();   // P.V done: V's stage and the P registers are free
         pipeline_v.consumer_release(state_v);
         ++state_v;
-        convert_into(tSrS, tOrP);
+        make_p(tSrS, tOrP);
       };
       // kSplitMask: three loops, as FA3, so that the long middle one carries no mask code or
       // registers: the blocks at the sequence end / right window edge (masked), the inner blocks,
@@ -434,7 +473,13 @@ struct FwdMainloop {
       warpgroup_wait<0>();
       pipeline_v.consumer_release(state_v);
       ++state_v;  // persistent mode: the next tile's first V is the next stage
-      softmax.finalize(tOrO_rc, params.lse_scale, lse, params.sink != nullptr ? params.sink[head] : -INFINITY);
+      softmax.finalize(tOrO_rc, kFp8 ? params.lse_scale * descale_qk : params.lse_scale, lse,
+                       params.sink != nullptr ? params.sink[head] : -INFINITY);
+      if constexpr (kFp8) {
+        float const descale_v = params.fp8.v(batch, head / params.q_heads_per_kv_head);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= descale_v; }
+      }
     } else {
       clear(tOrO);
       fill(lse, params.sink != nullptr ? params.sink[head] : -INFINITY);

@@ -50,6 +50,7 @@ struct FwdSmemLayouts {
 
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   using SmemAtomV = decltype(smem_atom_k_major<Element, kHeadDimV>());
+  using SmemAtomO = decltype(smem_atom_k_major<typename Policy::OutElement, kHeadDimV>());
   // Q tiles whose buffer the epilogue reuses for O: atoms in row-major order, so that each
   // warpgroup's 64 rows form one contiguous block laid out like SmemLayoutO64 (with dv != d,
   // narrower); a TMA box then spans 8 rows. Kernels that stage O elsewhere (kSeparateO) or not at
@@ -58,8 +59,8 @@ struct FwdSmemLayouts {
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{},
                                              std::conditional_t<kQHoldsO, Step<_2, _1>, Step<_1, _2>>{}));
   static constexpr int kHeadDimO = Policy::kHeadDimO;  // O's columns per warpgroup (kSharedRows: half of dv)
-  using SmemLayoutO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimO>>{}, Step<_2, _1>{}));
-  using SmemLayoutO64 = decltype(tile_to_shape(SmemAtomV{}, Shape<_64, Int<kHeadDimO>>{}, Step<_2, _1>{}));
+  using SmemLayoutO = decltype(tile_to_shape(SmemAtomO{}, Shape<Int<kBlockM>, Int<kHeadDimO>>{}, Step<_2, _1>{}));
+  using SmemLayoutO64 = decltype(tile_to_shape(SmemAtomO{}, Shape<_64, Int<kHeadDimO>>{}, Step<_2, _1>{}));
   static_assert(!kQHoldsO || cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutQ>, "O is staged in Q's buffer");
   // kWideV: Qv (M, dv), K-major like Q; and one O slice's columns of a V stage, (N, kHeadDimO) at
   // offset slice * N * kHeadDimO of it (V's atoms are N rows by 64 columns, N fastest), viewed
@@ -73,6 +74,10 @@ struct FwdSmemLayouts {
   // (head_dim_v, block_n, stages) view of V: the B operand of P.V.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // kFp8: V^T (head_dim_v, block_n, stages), keys contiguous: the K-major B operand of the FP8 P.V,
+  // written by the producer warpgroup from each landed V stage (fp8.h transpose_v).
+  using SmemLayoutVtK = decltype(tile_to_shape(smem_atom_k_major<Element, kBlockN>(),
+                                               Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}));
   // K/V stages filled by TMA (one transaction per stage), or (paged) by the producer warpgroup's
   // cp.async, each thread arriving when its copies land.
   using Pipeline = std::conditional_t<Policy::kPaged, CpAsyncPipeline<kStages>, cutlass::PipelineTmaAsync<kStages>>;
@@ -106,6 +111,12 @@ struct FwdSharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutQv>> data;
   };
   [[no_unique_address]] std::conditional_t<Policy::kWideV, BufferQv, NoQv> qv;
+  struct NoVt {};
+  struct BufferVt {  // kFp8: V^T stages and their pipeline (producer warpgroup -> consumers)
+    alignas(1024) cute::array_aligned<Element, cosize_v<typename L::SmemLayoutVtK>> data;
+    alignas(16) typename CpAsyncPipeline<Policy::kStages>::SharedStorage pipeline;
+  };
+  [[no_unique_address]] std::conditional_t<Policy::kFp8, BufferVt, NoVt> vt;
   alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q tile landed
   alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;       // Q may be overwritten
   alignas(16) typename L::Pipeline::SharedStorage pipeline_k;

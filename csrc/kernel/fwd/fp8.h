@@ -1,0 +1,109 @@
+// The FP8 (e4m3) forward's own pieces (FwdPolicy::kFp8): the descales, P quantized into the A
+// operand of the FP8 P.V WGMMA, and V transposed in shared memory by the producer warpgroup (FP8
+// WGMMA reads both operands K-major, and V arrives keys-outermost).
+//
+// P's layout. A warpgroup's float32 S accumulator gives lane q of a quad, per 8 keys, the column
+// pair 2q, 2q + 1 of two rows; the e4m3 A operand wants, per 32 keys, 4 consecutive K indices 4q..4q+3
+// (and 16 + 4q..) of the same rows. Renaming registers instead of shuffling them across lanes, A's
+// K index 4q + i of each 16 holds key 2q + (i & 1) + 8 (i >> 1): the keys of P.V's K dimension are
+// permuted within every 16 (fp8_key), and V^T is written in that order.
+#pragma once
+
+#include "kernel/common/config.h"
+
+#include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/copy_sm90.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_conversion.h>
+
+
+namespace flash {
+
+using namespace cute;
+
+// q / k / v descales, float32 (batch, heads_kv) by strides (FA3's), null = 1: the scores are
+// (q_descale k_descale) Q.K^T, the output v_descale P.V.
+struct Fp8Args {
+  float const* q_descale;
+  float const* k_descale;
+  float const* v_descale;
+  int64_t q_batch_stride, q_head_stride, k_batch_stride, k_head_stride, v_batch_stride, v_head_stride;
+
+  CUTLASS_DEVICE static float at(float const* ptr, int64_t batch_stride, int64_t head_stride, int batch, int head) {
+    return ptr == nullptr ? 1.f : ptr[batch * batch_stride + head * head_stride];
+  }
+  CUTLASS_DEVICE float qk(int batch, int head_kv) const {
+    return at(q_descale, q_batch_stride, q_head_stride, batch, head_kv) *
+           at(k_descale, k_batch_stride, k_head_stride, batch, head_kv);
+  }
+  CUTLASS_DEVICE float v(int batch, int head_kv) const {
+    return at(v_descale, v_batch_stride, v_head_stride, batch, head_kv);
+  }
+};
+struct NoFp8 {};
+
+// The key that P.V's K index k holds (the permutation within each 16 above).
+CUTLASS_HOST_DEVICE constexpr int fp8_key(int k) {
+  return (k & ~15) + 2 * ((k & 15) >> 2) + (k & 1) + 8 * ((k >> 1) & 1);
+}
+
+// P's e4m3 A-operand fragment for a warpgroup's 64 rows by kBlockN keys: ((4, 2, 2), 1, N/32).
+template <int kBlockN>
+CUTLASS_HOST_DEVICE constexpr auto fp8_p_layout() {
+  return make_layout(make_shape(make_shape(_4{}, _2{}, _2{}), _1{}, Int<kBlockN / 32>{}));
+}
+
+// One warpgroup's S accumulator ((2, 2, N/8), 1, 1), float32, into P's e4m3 A operand
+// ((4, 2, 2), 1, N/32): per 32 keys and row half, the two column pairs of 8-key groups 2j and 2j + 1
+// make 4 bytes (cvt.rn.satfinite: p <= 2^kMaxOffset stays well inside e4m3's 448).
+template <typename TensorS, typename TensorP>
+CUTLASS_DEVICE void quantize_p(TensorS const& acc, TensorP& p) {
+  constexpr int kNumel = decltype(size(acc))::value;
+  static_assert(kNumel == decltype(size(p))::value && kNumel % 16 == 0, "32-key blocks of a 64-row warpgroup");
+  cutlass::NumericArrayConverter<cutlass::float_e4m3_t, float, 4> convert;
+  uint32_t* const out = reinterpret_cast<uint32_t*>(p.data());
+  CUTLASS_PRAGMA_UNROLL
+  for (int word = 0; word < kNumel / 4; ++word) {  // word = 4 kb + 2 half + row_half
+    int const row_half = word & 1, group = 2 * (word >> 1);  // 8-key groups `group`, `group` + 1
+    cutlass::Array<float, 4> in;
+    in[0] = acc(4 * group + 2 * row_half);
+    in[1] = acc(4 * group + 2 * row_half + 1);
+    in[2] = acc(4 * (group + 1) + 2 * row_half);
+    in[3] = acc(4 * (group + 1) + 2 * row_half + 1);
+    cutlass::Array<cutlass::float_e4m3_t, 4> const q = convert(in);
+    out[word] = reinterpret_cast<uint32_t const&>(q);
+  }
+}
+
+// A landed V stage (N, dv) into V^T (dv, N) by the producer warpgroup, in units of 16 keys by 32
+// columns per warp: ldmatrix.trans (b16) gives lane (q, c) = (lane % 4, lane / 4), per 8 keys and 16
+// bytes, the bytes of keys 2q, 2q + 1 at columns 2c, 2c + 1; two byte permutes make the words of
+// V^T rows 2c and 2c + 1 holding keys 2q, 2q + 1, 8 + 2q, 9 + 2q (K indices 4q..4q + 3, fp8_key),
+// and stmatrix writes them, the even and odd rows as separate 8 x 16-byte matrices.
+template <int kBlockN, int kHeadDimV, typename LayoutV, typename LayoutVt, typename Element>
+CUTLASS_DEVICE void transpose_v(Element const* sv, Element* svt, int tid) {
+  static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0);
+  constexpr int kUnits = (kBlockN / 16) * (kHeadDimV / 32);
+  static_assert(kUnits % 4 == 0, "units spread evenly over the producer's 4 warps");
+  LayoutV const layout_v{};    // (N, dv) offsets of one stage
+  LayoutVt const layout_vt{};  // (dv, N)
+  int const warp = tid / 32, lane = tid % 32;
+  int const matrix = lane / 8, row = lane % 8;
+  int const load_key = 8 * (matrix & 1) + row, load_col = 16 * (matrix >> 1);       // ldmatrix's row
+  int const store_row = 16 * (matrix >> 1) + 2 * row + (matrix & 1);               // stmatrix's row
+  uint8_t const* src = reinterpret_cast<uint8_t const*>(sv);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(svt);
+#pragma unroll(kHeadDimV <= 128 ? 2 : 1)  // units in flight, as the producer's registers allow (kernel.h)
+  for (int unit = warp; unit < kUnits; unit += 4) {
+    int const k0 = 16 * (unit % (kBlockN / 16)), col0 = 32 * (unit / (kBlockN / 16));
+    uint32_t r[4];
+    SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(src + layout_v(k0 + load_key, col0 + load_col)),
+                            r[0], r[1], r[2], r[3]);
+    SM90_U32x4_STSM_N::copy(__byte_perm(r[0], r[1], 0x6420), __byte_perm(r[0], r[1], 0x7531),
+                            __byte_perm(r[2], r[3], 0x6420), __byte_perm(r[2], r[3], 0x7531),
+                            *reinterpret_cast<uint128_t*>(dst + layout_vt(col0 + store_row, k0)));
+  }
+}
+
+}  // namespace flash

@@ -1,0 +1,90 @@
+// The FP8 forward's producer (FwdPolicy::kFp8): FwdMainloop::load_fp8, the TMA loads plus V's
+// transpose in shared memory (fp8.h) by the producer warpgroup.
+#pragma once
+
+#include "kernel/common/config.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "kernel/fwd/fp8.h"
+#include "kernel/fwd/mainloop.h"
+
+namespace flash {
+
+using namespace cute;
+
+// load() of FP8 kernels, by every thread of the producer warpgroup: one thread issues the TMA loads;
+// all transpose each V stage once it lands, one V block behind the TMA (so its latency hides behind
+// the next loads), and hand V^T to the consumers through pipeline_vt.
+template <typename Policy>
+template <typename Params, typename Seq, typename PipelineVt>
+CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq const& seq, SharedStorage& smem,
+                                                  Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineVt& pipeline_vt,
+                                                  PipelineState& state_k, PipelineState& state_v,
+                                                  Fp8States& states_vt, FwdTile const& t,
+                                                  BlockRange<kBlockM, kBlockN, kLocal> const& range,
+                                                  int q_empty_phase, int q_slot) const {
+  int const tid = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
+  bool const leader = tid == 0;
+  int const head_kv = t.head / params.q_heads_per_kv_head;
+  Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, batch_coord(t.batch)), seq.offset_q(params));
+  Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(t.batch)), seq.offset_k(params));
+  Tensor mV = rows_of(params.tma_v.get_tma_tensor(shape_v(params))(_, _, head_kv, batch_coord(t.batch)), seq.offset_k(params));
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
+  auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+  auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+  using LayoutV1 = decltype(take<0, 2>(SmemLayoutV{}));
+  using LayoutVt1 = decltype(take<0, 2>(typename Layouts::SmemLayoutVtK{}));
+  constexpr int kStageV = kBlockN * kHeadDimV;  // elements (bytes) per stage of either buffer
+  auto transpose = [&] {
+    pipeline_v.consumer_wait(states_vt.read);
+    pipeline_vt.producer_acquire(states_vt.write);
+    transpose_v<kBlockN, kHeadDimV, LayoutV1, LayoutVt1>(smem.v.data() + states_vt.read.index() * kStageV,
+                                                         smem.vt.data.data() + states_vt.write.index() * kStageV, tid);
+    cutlass::arch::fence_view_async_shared();  // V^T, written by the generic proxy, read by WGMMA
+    pipeline_vt.producer_commit(states_vt.write);
+    pipeline_v.consumer_release(states_vt.read);  // every thread's arrival: this thread read its share
+    ++states_vt.read;
+    ++states_vt.write;
+  };
+  auto load_k = [&](int n) {
+    if (leader) {
+      pipeline_k.producer_acquire(state_k);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
+    }
+    ++state_k;
+  };
+  auto load_v = [&](int n) {
+    if (leader) {
+      pipeline_v.producer_acquire(state_v);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
+    }
+    ++state_v;
+  };
+  // FA3's order: V(n) and K(n) issued together, then V(n + 1) transposed. K(n)'s stage frees when
+  // S(n + 2) is done, a block before the consumers need V(n + 1)^T (with S(n), for P(n + 1).V(n + 1)).
+  int n = range.n_block_max - 1;
+  load_v(n);
+  load_k(n);
+  if (leader) {
+    if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
+    smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
+    copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+  }
+  for (--n; n >= range.n_block_min; --n) {
+    load_v(n);
+    load_k(n);
+    transpose();  // V(n + 1)
+  }
+  transpose();  // the tile's last V
+}
+
+}  // namespace flash

@@ -1,0 +1,183 @@
+"""FP8 (e4m3) attention: FlashAttention-3's FP8 forward.
+
+q, k and v in ``torch.float8_e4m3fn`` with optional float32 descales ``(batch, nheads_kv)`` (None = 1,
+FA3's per-(batch, KV head) scales, e.g. a per-layer scale expanded): the scores are
+``softmax_scale * q_descale * k_descale * q kᵀ``, the output ``v_descale * softmax(scores) v`` in
+bfloat16 (FA3's convention) and the LSE float32. The kernels (``FwdPolicy::kFp8``,
+``csrc/kernel/fwd/fp8.h``) quantize P to e4m3 with FA3's offset (P in [0, 256]) and transpose V on
+chip; head dims that are multiples of 16 up to 256 run on the hdim 64 / 128 / 256 kernels.
+
+``flash_attn_func`` and ``flash_attn_varlen_func`` hand calls with FP8 inputs to :func:`dense` and
+:func:`varlen`: causal, windows, GQA and a learnable sink as everywhere else. Refused with a clear
+error before any launch: inputs mixing FP8 with other dtypes, descales of the wrong shape / dtype /
+device, softcap, qv, dv != d, split-KV, attention_chunk, paged caches, and anything needing a
+gradient (FA3 has no FP8 backward either).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _build_info, manifest, op_autograd, sinks, support
+
+DTYPE = torch.float8_e4m3fn
+HEAD_DIMS = (64, 128, 256)  # the FP8 kernels' (manifest direction "fp8")
+HEAD_DIM_MULTIPLE = 16  # 16-byte rows for TMA
+
+
+def _refuse(message: str, error=ValueError):
+    raise error(f"flash_attn_hopper: {message}")
+
+
+def is_fp8(*tensors) -> bool:
+    """Whether any of the tensors is FP8 (such a call is this module's, or refused here)."""
+    return any(isinstance(t, torch.Tensor) and t.dtype == DTYPE for t in tensors)
+
+
+def kernel_head_dim(head_dim: int) -> int | None:
+    """The FP8 kernels' head dim for q's, or None."""
+    if head_dim <= 0 or head_dim % HEAD_DIM_MULTIPLE:
+        return None
+    return next((d for d in HEAD_DIMS if head_dim <= d), None)
+
+
+def check(q, k, v, descales, *, varlen: bool, batch: int | None = None, softcap=0.0, qv=None, num_splits=1,
+          attention_chunk=0, page_table=None) -> None:
+    """Clear errors, before any launch, for what the FP8 kernels do not take."""
+    dims = 3 if varlen else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            _refuse(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+        if t.dtype != DTYPE:
+            _refuse(f"FP8 attention needs q, k and v all in {DTYPE}; got q {q.dtype}, k {k.dtype}, v {v.dtype} "
+                    "(cast all three, with their descales, or none)", TypeError)
+        if t.dim() != dims:
+            _refuse(f"{name} must be a {dims}-D tensor, got shape {tuple(t.shape)}")
+    for asked, refused in (("softcap", softcap != 0), ("qv", qv is not None), ("num_splits > 1", num_splits > 1),
+                           ("attention_chunk", attention_chunk != 0), ("a paged KV cache", page_table is not None)):
+        if refused:
+            _refuse(f"FP8 inputs with {asked} have no kernels in this version; pass bf16/fp16 inputs for it",
+                    RuntimeError)
+    d, dv = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != d or dv != d:
+        _refuse(f"FP8 attention needs one head dim for q, k and v; got {d}, {k.shape[-1]}, {dv}")
+    if kernel_head_dim(d) is None:
+        _refuse(f"FP8 attention takes head dims that are multiples of {HEAD_DIM_MULTIPLE} up to {HEAD_DIMS[-1]}, "
+                f"got {d}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        _refuse("FP8 attention is forward only (as FlashAttention-3's): call it on inputs that do not require "
+                "grad, or under torch.no_grad()", RuntimeError)
+    heads_kv = k.shape[-2]
+    batch = q.shape[0] if batch is None else batch
+    for name, t in descales.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (batch, heads_kv):
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            _refuse(f"{name} must be a float32 tensor of shape (batch, nheads_kv) = ({batch}, {heads_kv}), got {got}")
+        if t.device != q.device:
+            _refuse(f"{name} must be on q's device ({q.device}), got {t.device}")
+
+
+def _check_compiled(head_dim: int) -> None:
+    """The FP8 kernels (FLASH_ATTN_HOPPER_DTYPES including fp8) in the recorded build."""
+    compiled = _build_info.COMPILED
+    hdim = kernel_head_dim(head_dim)
+    if compiled is None or manifest.Instantiation("fp8", hdim, "fp8") in compiled:
+        return
+    _refuse(f"this build has no FP8 forward kernels for head dim {head_dim} (the hdim-{hdim} ones); rebuild with "
+            f"{manifest.ENV_DTYPES} including fp8 and {manifest.ENV_HDIMS} including {hdim}: "
+            f"{manifest.rebuild_hint([hdim], ['fp8'])}", RuntimeError)
+
+
+def _op(name: str):
+    if not hasattr(torch.ops.flash_attn_hopper, name):
+        _refuse(f"this build has no {name} op (built before FP8 kernels existed); rebuild with "
+                f"`{manifest.BUILD_COMMAND}`", RuntimeError)
+    return getattr(torch.ops.flash_attn_hopper, name)
+
+
+def _sink(learnable_sink, heads_q: int, q):
+    if learnable_sink is None:
+        return None
+    sinks.check_sink(learnable_sink, heads_q, q)
+    return learnable_sink.float().contiguous()
+
+
+def _descales(q_descale, k_descale, v_descale) -> dict:
+    return {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+
+
+def _scale_and_window(q, k, v, softmax_scale, causal, window_size, seqlen_q: int, seqlen_k: int):
+    """The scale (default headdim^-0.5), then FA3's window rules: (scale, causal, left, right), -1 =
+    unbounded. Shapes, strides and sizes are the op's to check (before it allocates anything)."""
+    refusal = support.scale_refusal(softmax_scale) or support.device_refusal(q, k, v)
+    if refusal is not None:
+        raise refusal.exception()
+    left, right = support.fa3_window(window_size, bool(causal), seqlen_q, seqlen_k)
+    scale = q.shape[-1] ** (-0.5) if softmax_scale is None else float(softmax_scale)
+    return scale, bool(causal) or (left, right) == (-1, 0), left, right
+
+
+def dense(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink,
+          return_attn_probs, **unsupported):
+    """flash_attn_func with FP8 inputs."""
+    check(q, k, v, _descales(q_descale, k_descale, v_descale), varlen=False, **unsupported)
+    _check_compiled(q.shape[-1])
+    scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, q.shape[1], k.shape[1])
+    out, lse = _op("fwd_fp8")(q, k, v, q_descale, k_descale, v_descale, scale, causal, left, right,
+                              sink=_sink(learnable_sink, q.shape[2], q))
+    return (out, lse) if return_attn_probs else out
+
+
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q_descale,
+           k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_attn_probs,
+           **unsupported):
+    """flash_attn_varlen_func with FP8 inputs (descales per sequence and KV head)."""
+    if not isinstance(cu_seqlens_q, torch.Tensor) or not isinstance(cu_seqlens_k, torch.Tensor):
+        _refuse("cu_seqlens_q and cu_seqlens_k must be int32 tensors (batch + 1,)", TypeError)
+    check(q, k, v, _descales(q_descale, k_descale, v_descale), varlen=True, batch=cu_seqlens_q.shape[0] - 1,
+          **unsupported)
+    _check_compiled(q.shape[-1])
+    scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, int(max_seqlen_q),
+                                                   int(max_seqlen_k))
+    out, lse = _op("varlen_fwd_fp8")(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q),
+                                     int(max_seqlen_k), q_descale, k_descale, v_descale, scale, causal, left, right,
+                                     sink=_sink(learnable_sink, q.shape[1], q))
+    return (out, lse) if return_attn_probs else out
+
+
+# torch.compile / export: shapes without running the kernels.
+def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_size_left=-1,
+                  window_size_right=-1, top_left=False, sink=None):
+    batch, seqlen_q, heads, d = q.shape
+    return (q.new_empty((batch, seqlen_q, heads, d), dtype=torch.bfloat16),
+            q.new_empty((batch, heads, seqlen_q), dtype=torch.float32))
+
+
+def _varlen_fwd_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                         q_descale, k_descale, v_descale, softmax_scale, causal, window_size_left=-1,
+                         window_size_right=-1, top_left=False, sink=None):
+    total_q, heads, d = q.shape
+    return (q.new_empty((total_q, heads, d), dtype=torch.bfloat16),
+            q.new_empty((heads, total_q), dtype=torch.float32))
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError("flash_attn_hopper: FP8 attention has no backward (as FlashAttention-3)")
+
+
+def register(lib) -> None:
+    """Fake kernels of the FP8 ops (torch.compile / export) and an autograd formula that refuses the
+    backward, where the build has the ops."""
+    for name, fake in (("fwd_fp8", _fwd_fp8_fake), ("varlen_fwd_fp8", _varlen_fwd_fp8_fake)):
+        if hasattr(torch.ops.flash_attn_hopper, name):
+            torch.library.register_fake(f"flash_attn_hopper::{name}", fake, lib=lib)
+            op_autograd.register_autograd(f"flash_attn_hopper::{name}", _no_backward,
+                                          setup_context=lambda ctx, inputs, output: None, lib=lib)
+
+
+from . import ops as _ops  # noqa: E402  (after the definitions: ops imports nothing of this module)
+
+if _ops._PY_LIBRARY is not None:
+    register(_ops._PY_LIBRARY)

@@ -1,0 +1,96 @@
+"""The FP8 forward's Python layer without a GPU: the build knob, the routing of float8_e4m3fn
+inputs, and the refusals that come before any launch (tests/test_fp8_gpu.py runs the kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flash_attn_hopper import flash_attn_func, flash_attn_varlen_func, fp8, manifest
+
+FP8 = torch.float8_e4m3fn
+
+
+def qkv(head_dim=128, batch=2, seqlen=64, heads=4, heads_kv=2, dtype=FP8):
+    q = torch.randn(batch, seqlen, heads, head_dim).to(dtype)
+    k = torch.randn(batch, seqlen, heads_kv, head_dim).to(dtype)
+    return q, k, k.clone()
+
+
+def test_the_dtype_knob_selects_the_fp8_kernels():
+    sel = manifest.selection_from_env({manifest.ENV_DTYPES: "bf16,fp8", manifest.ENV_HDIMS: "128,192"})
+    files = {i.filename for i in sel.instantiations()}
+    assert "flash_fp8_hdim128_fp8_sm90.cu" in files  # the FP8 direction takes hdims 64 / 128 / 256 only
+    assert not any("fp8" in f and "192" in f for f in files)
+    assert not any(i.dtype == "fp8" and i.direction != "fp8" for i in sel.instantiations())
+    assert not any(i.direction == "fp8" for i in manifest.selection_from_env({manifest.ENV_DTYPES: "bf16"}).instantiations())
+    assert manifest.parse_dtypes("e4m3") == ("fp8",)
+    assert "fp8" in manifest.parse_dtypes(None)  # a default build has them
+    assert manifest.Instantiation("fp8", 64, "fp8").cutlass_type == "cutlass::float_e4m3_t"
+
+
+@pytest.mark.parametrize("head_dim, kernel", [(16, 64), (64, 64), (80, 128), (128, 128), (176, 256), (256, 256),
+                                              (72, None), (264, None), (0, None)])
+def test_head_dims_run_on_the_next_fp8_kernel(head_dim, kernel):
+    assert fp8.kernel_head_dim(head_dim) == kernel
+
+
+def test_mixed_dtypes_are_refused():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="q, k and v all in torch.float8_e4m3fn.*v torch.bfloat16"):
+        flash_attn_func(q, k, v.to(torch.bfloat16))
+    with pytest.raises(TypeError, match="all in torch.float8_e4m3fn"):
+        flash_attn_func(q.to(torch.float16), k, v)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(softcap=10.0), RuntimeError, "FP8 inputs with softcap"),
+    (dict(num_splits=4), RuntimeError, "num_splits > 1"),
+    (dict(attention_chunk=64), RuntimeError, "attention_chunk"),
+    (dict(q_descale=torch.ones(2, 4)), ValueError, r"q_descale must be a float32 tensor of shape \(batch, nheads_kv\) = \(2, 2\)"),
+    (dict(v_descale=torch.ones(2, 2, dtype=torch.float16)), ValueError, "v_descale must be a float32"),
+    (dict(k_descale=1.0), ValueError, "k_descale must be a float32 tensor.*got float"),
+    (dict(sm_margin=2), RuntimeError, "sm_margin=2"),
+])
+def test_what_the_fp8_kernels_do_not_take_is_refused(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        flash_attn_func(*qkv(), **kwargs)
+
+
+def test_head_dims_and_value_dims_the_fp8_kernels_do_not_take():
+    with pytest.raises(ValueError, match="multiples of 16 up to 256, got 72"):
+        flash_attn_func(*qkv(head_dim=72))
+    q, k, _ = qkv()
+    with pytest.raises(ValueError, match="one head dim for q, k and v"):
+        flash_attn_func(q, k, torch.randn(2, 64, 2, 64).to(FP8))
+
+
+def test_fp8_has_no_backward():
+    q, k, v = (t.float().requires_grad_() for t in qkv())
+    q8 = q.to(FP8)  # a cast of a leaf that requires grad: q8 requires grad too
+    assert q8.requires_grad
+    with pytest.raises(RuntimeError, match="forward only"):
+        flash_attn_func(q8, k.detach().to(FP8), v.detach().to(FP8))
+
+
+def test_varlen_fp8_checks_descales_per_sequence():
+    q, k, v = (t.reshape(-1, *t.shape[2:]) for t in qkv())
+    cu = torch.tensor([0, 50, 128], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"\(batch, nheads_kv\) = \(2, 2\)"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 78, 78, q_descale=torch.ones(3, 2))
+    with pytest.raises(RuntimeError, match="a paged KV cache"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 78, 78, page_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+def test_a_valid_fp8_call_on_cpu_stops_at_the_device_check(monkeypatch):
+    monkeypatch.setattr(fp8, "_check_compiled", lambda head_dim: None)
+    with pytest.raises(ValueError, match="are on cpu"):
+        flash_attn_func(*qkv(), q_descale=torch.ones(2, 2), causal=True)
+
+
+def test_fp8_with_a_kv_cache_is_refused_by_name():
+    from flash_attn_hopper import flash_attn_with_kvcache
+
+    q, k, v = qkv()
+    with pytest.raises(RuntimeError, match="FP8 .* with a KV cache has no kernels"):
+        flash_attn_with_kvcache(q, k, v, cache_seqlens=torch.tensor([64, 64], dtype=torch.int32))

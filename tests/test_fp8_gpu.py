@@ -1,0 +1,242 @@
+"""FP8 (e4m3) forward on the GPU against a float32 reference of the de-quantized inputs, by
+FlashAttention-3's FP8 rule: the error is at most 3x that of PyTorch's own FP8 maths (Q.K^T and P.V
+through torch._scaled_mm, so with the tensor cores' FP8 accumulation, P rounded to e4m3, the output
+to bf16) plus rounding noise. On outlier-heavy inputs the tensor cores' accumulation dominates:
+FA3's FP8 forward errs exactly as much (measured, docs/decisions/080).
+
+Every case draws fresh inputs and poisons the memory the outputs land in: odd sizes, seqlen_q !=
+seqlen_k, GQA / MQA, head dims between the kernels' (80 -> 128, 176 -> 256), descales of every
+(batch, KV head) and none, outlier channels (a few 100x larger, quantized with per-(batch, KV head)
+scales as serving engines do), causal, windows, sinks, strided inputs, varlen with empty sequences.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flash_attn_hopper import flash_attn_func, flash_attn_varlen_func, manifest
+
+from flash_attn_hopper import _build_info
+from helpers.inputs import poison_allocations
+
+pytestmark = pytest.mark.gpu
+
+FP8 = torch.float8_e4m3fn
+
+
+def skip_unless_fp8(head_dim: int) -> None:
+    compiled = _build_info.COMPILED
+    hdim = next(d for d in (64, 128, 256) if head_dim <= d)
+    if compiled is not None and manifest.Instantiation("fp8", hdim, "fp8") not in compiled:
+        pytest.skip(f"this build has no FP8 kernels for hdim {hdim} ({manifest.ENV_DTYPES} without fp8)")
+
+
+def quantize(x, heads_kv, gen, descale: bool):
+    """x (b, s, h, d) float32 -> (e4m3 tensor, descale (b, heads_kv) or None): scales from each
+    (batch, KV head)'s absolute max, as engines quantize a layer's K/V cache."""
+    if not descale:
+        return x.clamp(-448, 448).to(FP8), None  # e4m3fn has no infinity: out-of-range casts give NaN
+    b, s, h, d = x.shape
+    amax = x.abs().reshape(b, s, heads_kv, h // heads_kv, d).amax(dim=(1, 3, 4)).clamp_min(1e-6)
+    scale = amax / 448.0  # (b, heads_kv)
+    per_head = scale.repeat_interleave(h // heads_kv, dim=1)[:, None, :, None]
+    return (x / per_head).to(FP8), scale.float().contiguous()
+
+
+def draw(shape, gen, outliers: bool):
+    x = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
+    if outliers:  # a few channels 100x larger
+        x[..., :: max(1, shape[-1] // 4)] *= 100.0
+    return x
+
+
+def dequant(t, descale):
+    """(b, s, h, d) e4m3 with a (b, heads_kv) descale -> float32 (each of t's heads takes its KV head's)."""
+    x = t.float()
+    if descale is None:
+        return x
+    return x * descale.repeat_interleave(t.shape[2] // descale.shape[1], dim=1)[:, None, :, None]
+
+
+def _pad16(x):
+    """A 2-D e4m3 matrix zero-padded to multiples of 16 (torch._scaled_mm's alignment)."""
+    out = torch.zeros(-(-x.shape[0] // 16) * 16, -(-x.shape[1] // 16) * 16, dtype=x.dtype, device=x.device)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out
+
+
+def _fp8_mm(a, b_t):
+    """a (m, k) @ b_t (n, k)^T of e4m3 matrices on the tensor cores, float32 (m, n): torch._scaled_mm
+    with fast accumulation, which keeps the whole sum in the tensor cores' accumulator as the
+    kernels' chained WGMMAs do."""
+    one = torch.ones((), device=a.device)
+    return torch._scaled_mm(_pad16(a), _pad16(b_t).t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
+                            use_fast_accum=True)[: a.shape[0], : b_t.shape[0]]
+
+
+def _mask(s, sq, sk, causal, window):
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(sq, device=s.device)[:, None] + sk - sq
+    j = torch.arange(sk, device=s.device)[None, :]
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=s.device)
+    if left >= 0:
+        visible &= j >= i - left
+    if right >= 0:
+        visible &= j <= i + right
+    return s.masked_fill(~visible, -math.inf)
+
+
+def _softmax(s, sink):
+    """(p without the sink's column, lse), rows without keys 0 / -inf."""
+    b, hq, sq, _ = s.shape
+    if sink is not None:
+        s = torch.cat([s, sink.float()[None, :, None, None].expand(b, hq, sq, 1)], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None].clamp_min(-1e30)).nan_to_num(0.0)
+    return (p[..., :-1] if sink is not None else p), lse
+
+
+def reference(q8, k8, v8, descales, *, scale, causal=False, window=(-1, -1), sink=None):
+    """Float32 attention of the de-quantized inputs: (out, lse)."""
+    q, k, v = (dequant(t, d) for t, d in zip((q8, k8, v8), descales))
+    hq = q.shape[2]
+    k, v = (t.repeat_interleave(hq // t.shape[2], dim=2) for t in (k, v))
+    s = _mask(torch.einsum("bqhd,bkhd->bhqk", q, k) * scale, q.shape[1], k.shape[1], causal, window)
+    p, lse = _softmax(s, sink)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def emulated(q8, k8, v8, descales, *, scale, causal=False, window=(-1, -1), sink=None):
+    """PyTorch's FP8 maths for the same attention: Q.K^T and P.V on the tensor cores in e4m3
+    (torch._scaled_mm), descales in float32, P rounded to e4m3 as 256 * exp(s - rowmax) (FA3's
+    offset), the output to bf16: (out, lse)."""
+    b, sq, hq, d = q8.shape
+    sk, hk = k8.shape[1], k8.shape[2]
+    ones = torch.ones(b, hk, device=q8.device)
+    qd, kd, vd = (ones if t is None else t for t in descales)
+    s = torch.empty(b, hq, sq, sk, device=q8.device)
+    for i in range(b):
+        for h in range(hq):
+            g = h // (hq // hk)
+            s[i, h] = _fp8_mm(q8[i, :, h], k8[i, :, g]) * (qd[i, g] * kd[i, g] * scale)
+    s = _mask(s, sq, sk, causal, window)
+    _, lse = _softmax(s, sink)
+    row_max = s.amax(dim=-1, keepdim=True)
+    p8 = (torch.exp(s - row_max.clamp_min(-1e30)).nan_to_num(0.0) * 256).to(FP8)
+    norm = (torch.exp(row_max - lse[..., None]) / 256).nan_to_num(0.0)  # 1 / (256 * the row's sum), 0 if empty
+    out = torch.empty(b, sq, hq, d, device=q8.device)
+    for i in range(b):
+        for h in range(hq):
+            g = h // (hq // hk)
+            out[i, :, h] = _fp8_mm(p8[i, h], v8[i, :, g].t().contiguous()) * norm[i, h] * vd[i, g]
+    return out.to(torch.bfloat16).float(), lse
+
+
+def check_close(out, lse, q8, k8, v8, descales, *, scale, **kw):
+    """FA3's FP8 rule: out within 3x PyTorch's FP8 maths' error of the float32 reference (plus
+    rounding noise), the LSE within 3x its LSE error plus 2e-3."""
+    ref, ref_lse = reference(q8, k8, v8, descales, scale=scale, **kw)
+    pt, pt_lse = emulated(q8, k8, v8, descales, scale=scale, **kw)
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+    noise = 2 * (ref + 0.3 - 0.3 - ref).abs().max().item() + 1e-5
+    err, pt_err = (out.float() - ref).abs().max().item(), (pt - ref).abs().max().item()
+    assert err <= 3 * pt_err + noise, f"out: max error {err:.3e} > 3 x PyTorch FP8's {pt_err:.3e} + {noise:.1e}"
+    finite = ref_lse.isfinite()
+    assert torch.equal(lse.isfinite(), finite)
+    if finite.any():
+        lse_err = (lse[finite] - ref_lse[finite]).abs().max().item()
+        pt_lse_err = (pt_lse[finite] - ref_lse[finite]).abs().max().item()
+        assert lse_err <= 3 * pt_lse_err + 2e-3, f"lse: max error {lse_err:.3e} > 3 x PyTorch FP8's {pt_lse_err:.3e}"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 80, 176])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("descale", [True, False], ids=["descale", "none"])
+@pytest.mark.parametrize("outliers", [False, True], ids=["randn", "outliers"])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, heads_q, heads_kv",
+                         [(2, 128, 128, 4, 4), (2, 113, 1029, 6, 2), (1, 1, 517, 8, 1), (3, 333, 190, 4, 1)])
+def test_fp8_dense(head_dim, causal, descale, outliers, batch, seqlen_q, seqlen_k, heads_q, heads_kv):
+    skip_unless_fp8(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(hash((head_dim, causal, descale, outliers, seqlen_q)) % 2**31)
+    q8, qd = quantize(draw((batch, seqlen_q, heads_q, head_dim), gen, outliers), heads_kv, gen, descale)
+    k8, kd = quantize(draw((batch, seqlen_k, heads_kv, head_dim), gen, outliers), heads_kv, gen, descale)
+    v8, vd = quantize(draw((batch, seqlen_k, heads_kv, head_dim), gen, outliers), heads_kv, gen, descale)
+    poison_allocations(((batch, seqlen_q, heads_q, head_dim), torch.bfloat16),
+                       ((batch, heads_q, seqlen_q), torch.float32))
+    scale = head_dim ** -0.5 * (0.1 if outliers else 1.0)
+    out, lse = flash_attn_func(q8, k8, v8, softmax_scale=scale, causal=causal, q_descale=qd, k_descale=kd,
+                               v_descale=vd, return_attn_probs=True)
+    check_close(out, lse, q8, k8, v8, (qd, kd, vd), scale=scale, causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp8_window_sink_strides(head_dim):
+    """A sliding window, a learnable sink, q and v read through strides, expanded descales."""
+    skip_unless_fp8(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    batch, sq, sk, hq, hk = 2, 300, 457, 8, 2
+    wide = draw((batch, sq, hq, head_dim + 32), gen, False).to(FP8)
+    q8 = wide[..., 16 : 16 + head_dim]
+    k8 = draw((batch, sk, hk, head_dim), gen, False).to(FP8)
+    v8 = draw((batch, hk, sk, head_dim), gen, False).to(FP8).transpose(1, 2)
+    assert not q8.is_contiguous() and not v8.is_contiguous()
+    qd = torch.full((1, 1), 0.7, device="cuda").expand(batch, hk)  # a per-layer scale, expanded
+    kd = torch.rand((batch, hk), generator=gen, device="cuda") + 0.5
+    sink = torch.randn(hq, generator=gen, device="cuda")
+    window = (61, 17)
+    out, lse = flash_attn_func(q8, k8, v8, window_size=window, q_descale=qd, k_descale=kd, learnable_sink=sink,
+                               return_attn_probs=True)
+    check_close(out, lse, q8, k8, v8, (qd, kd, None), scale=head_dim ** -0.5, window=window, sink=sink)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_varlen(head_dim, causal):
+    """Sequences of lengths 0, 1 and odd sizes, descales per sequence and KV head; each sequence
+    against the dense reference."""
+    skip_unless_fp8(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + causal)
+    lens_q, lens_k, hq, hk = [0, 1, 190, 77, 300], [5, 1, 260, 0, 300], 6, 3
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q8 = draw((sum(lens_q), hq, head_dim), gen, False).to(FP8)
+    k8 = draw((sum(lens_k), hk, head_dim), gen, False).to(FP8)
+    v8 = draw((sum(lens_k), hk, head_dim), gen, False).to(FP8)
+    qd, kd, vd = (torch.rand((len(lens_q), hk), generator=gen, device="cuda") + 0.5 for _ in range(3))
+    poison_allocations(((sum(lens_q), hq, head_dim), torch.bfloat16), ((hq, sum(lens_q)), torch.float32))
+    out, lse = flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                      q_descale=qd, k_descale=kd, v_descale=vd, return_attn_probs=True)
+    assert out.shape == (sum(lens_q), hq, head_dim) and lse.shape == (hq, sum(lens_q))
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        if lq == 0:
+            continue
+        rows = slice(int(cu_q[b]), int(cu_q[b]) + lq)
+        keys = slice(int(cu_k[b]), int(cu_k[b]) + lk)
+        if lk == 0:
+            assert (out[rows] == 0).all() and torch.isneginf(lse[:, rows]).all()
+            continue
+        one = lambda t, d: (t[None], None if d is None else d[b : b + 1])  # noqa: E731
+        (qb, qdb), (kb, kdb), (vb, vdb) = one(q8[rows], qd), one(k8[keys], kd), one(v8[keys], vd)
+        check_close(out[rows][None], lse[:, rows][None], qb, kb, vb, (qdb, kdb, vdb), scale=head_dim ** -0.5,
+                    causal=causal)
+
+
+def test_fp8_refusals_on_the_gpu():
+    """Mixed dtypes, descales of the wrong shape, and gradients: clear errors, nothing launched."""
+    skip_unless_fp8(128)
+    q = torch.randn(1, 64, 2, 128, device="cuda").to(FP8)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        flash_attn_func(q, q, q.to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"\(batch, nheads_kv\) = \(1, 2\)"):
+        flash_attn_func(q, q, q, q_descale=torch.ones(2, 1, device="cuda"))
+    with pytest.raises(ValueError, match="applies to FP8"):
+        flash_attn_func(*(torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
+                        k_descale=torch.ones(1, 2, device="cuda"))
+    with pytest.raises(RuntimeError, match="softcap"):
+        flash_attn_func(q, q, q, softcap=5.0)
+    torch.cuda.synchronize()
