@@ -534,11 +534,11 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   // FP8 (e4m3) q, k, v with float32 descales (batch, nheads_kv) (None = 1), out bf16; forward only.
   m.def("fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, "
         "float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, bool top_left=False, "
-        "Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
+        "float softcap=0.0, Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
   m.def("varlen_fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, Tensor? q_descale, Tensor? k_descale, "
         "Tensor? v_descale, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
-        "bool top_left=False, Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
+        "bool top_left=False, float softcap=0.0, Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).

@@ -8,10 +8,12 @@ bfloat16 (FA3's convention) and the LSE float32. The kernels (``FwdPolicy::kFp8`
 chip; head dims that are multiples of 16 up to 256 run on the hdim 64 / 128 / 256 kernels.
 
 ``flash_attn_func`` and ``flash_attn_varlen_func`` hand calls with FP8 inputs to :func:`dense` and
-:func:`varlen`: causal, windows, GQA and a learnable sink as everywhere else. Refused with a clear
-error before any launch: inputs mixing FP8 with other dtypes, descales of the wrong shape / dtype /
-device, softcap, qv, dv != d, split-KV, attention_chunk, paged caches, and anything needing a
-gradient (FA3 has no FP8 backward either).
+:func:`varlen`: causal, windows, GQA, softcap, a learnable sink and ``attention_chunk`` (on the
+varlen kernels over the chunk segments, each taking its sequence's descales) as everywhere else;
+``num_splits`` and ``pack_gqa`` are performance hints the FP8 kernels do not take (they run unsplit,
+unpacked: the same result). Forward only, as FA3's: the forward runs on inputs that require grad, the
+backward raises. Refused with a clear error before any launch: inputs mixing FP8 with other dtypes,
+descales of the wrong shape / dtype / device, qv, dv != d and KV caches (paged or not).
 """
 
 from __future__ import annotations
@@ -41,8 +43,7 @@ def kernel_head_dim(head_dim: int) -> int | None:
     return next((d for d in HEAD_DIMS if head_dim <= d), None)
 
 
-def check(q, k, v, descales, *, varlen: bool, batch: int | None = None, softcap=0.0, qv=None, num_splits=1,
-          attention_chunk=0, page_table=None) -> None:
+def check(q, k, v, descales, *, varlen: bool, batch: int | None = None, qv=None, page_table=None) -> None:
     """Clear errors, before any launch, for what the FP8 kernels do not take."""
     dims = 3 if varlen else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -53,8 +54,7 @@ def check(q, k, v, descales, *, varlen: bool, batch: int | None = None, softcap=
                     "(cast all three, with their descales, or none)", TypeError)
         if t.dim() != dims:
             _refuse(f"{name} must be a {dims}-D tensor, got shape {tuple(t.shape)}")
-    for asked, refused in (("softcap", softcap != 0), ("qv", qv is not None), ("num_splits > 1", num_splits > 1),
-                           ("attention_chunk", attention_chunk != 0), ("a paged KV cache", page_table is not None)):
+    for asked, refused in (("qv", qv is not None), ("a paged KV cache", page_table is not None)):
         if refused:
             _refuse(f"FP8 inputs with {asked} have no kernels in this version; pass bf16/fp16 inputs for it",
                     RuntimeError)
@@ -64,9 +64,6 @@ def check(q, k, v, descales, *, varlen: bool, batch: int | None = None, softcap=
     if kernel_head_dim(d) is None:
         _refuse(f"FP8 attention takes head dims that are multiples of {HEAD_DIM_MULTIPLE} up to {HEAD_DIMS[-1]}, "
                 f"got {d}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        _refuse("FP8 attention is forward only (as FlashAttention-3's): call it on inputs that do not require "
-                "grad, or under torch.no_grad()", RuntimeError)
     heads_kv = k.shape[-2]
     batch = q.shape[0] if batch is None else batch
     for name, t in descales.items():
@@ -108,10 +105,15 @@ def _descales(q_descale, k_descale, v_descale) -> dict:
     return {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
 
 
-def _scale_and_window(q, k, v, softmax_scale, causal, window_size, seqlen_q: int, seqlen_k: int):
-    """The scale (default headdim^-0.5), then FA3's window rules: (scale, causal, left, right), -1 =
-    unbounded. Shapes, strides and sizes are the op's to check (before it allocates anything)."""
-    refusal = support.scale_refusal(softmax_scale) or support.device_refusal(q, k, v)
+def _scale_and_window(q, k, v, softmax_scale, causal, window_size, softcap, seqlen_q: int, seqlen_k: int):
+    """The scale (default headdim^-0.5), softcap, FA3's window rules, then the compiled set and the
+    device: (scale, causal, left, right), -1 = unbounded. Shapes, strides and sizes are the op's to
+    check (before it allocates anything)."""
+    refusal = support.scale_refusal(softmax_scale) or support.softcap_refusal(softcap, softmax_scale, q.shape[-1])
+    if refusal is not None:
+        raise refusal.exception()
+    _check_compiled(q.shape[-1])
+    refusal = support.device_refusal(q, k, v)
     if refusal is not None:
         raise refusal.exception()
     left, right = support.fa3_window(window_size, bool(causal), seqlen_q, seqlen_k)
@@ -119,37 +121,61 @@ def _scale_and_window(q, k, v, softmax_scale, causal, window_size, seqlen_q: int
     return scale, bool(causal) or (left, right) == (-1, 0), left, right
 
 
+def _per_segment(descales: dict, segments: int) -> dict:
+    """attention_chunk: each sequence's descales for each of its `segments` chunk segments."""
+    return {n: None if t is None else t.repeat_interleave(segments, dim=0) for n, t in descales.items()}
+
+
 def dense(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink,
-          return_attn_probs, **unsupported):
+          return_attn_probs, softcap=0.0, attention_chunk=0, qv=None):
     """flash_attn_func with FP8 inputs."""
-    check(q, k, v, _descales(q_descale, k_descale, v_descale), varlen=False, **unsupported)
-    _check_compiled(q.shape[-1])
-    scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, q.shape[1], k.shape[1])
+    descales = _descales(q_descale, k_descale, v_descale)
+    check(q, k, v, descales, varlen=False, qv=qv)
+    if attention_chunk:
+        from .interface import _chunk_segments, _chunked  # interface imports this module
+
+        support.check_attention_chunk(attention_chunk)
+        batch = q.shape[0]
+        segments = (len(_chunk_segments(batch, q.shape[1], k.shape[1], attention_chunk)[0]) - 1) // max(batch, 1)
+        return _chunked(q, k, v, attention_chunk, return_attn_probs, softmax_scale=softmax_scale, causal=causal,
+                        window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
+                        **_per_segment(descales, segments))
+    scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, softcap, q.shape[1],
+                                                   k.shape[1])
     out, lse = _op("fwd_fp8")(q, k, v, q_descale, k_descale, v_descale, scale, causal, left, right,
-                              sink=_sink(learnable_sink, q.shape[2], q))
+                              softcap=float(softcap), sink=_sink(learnable_sink, q.shape[2], q))
     return (out, lse) if return_attn_probs else out
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q_descale,
            k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_attn_probs,
-           **unsupported):
+           softcap=0.0, attention_chunk=0, qv=None, page_table=None):
     """flash_attn_varlen_func with FP8 inputs (descales per sequence and KV head)."""
     if not isinstance(cu_seqlens_q, torch.Tensor) or not isinstance(cu_seqlens_k, torch.Tensor):
         _refuse("cu_seqlens_q and cu_seqlens_k must be int32 tensors (batch + 1,)", TypeError)
-    check(q, k, v, _descales(q_descale, k_descale, v_descale), varlen=True, batch=cu_seqlens_q.shape[0] - 1,
-          **unsupported)
-    _check_compiled(q.shape[-1])
-    scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, int(max_seqlen_q),
-                                                   int(max_seqlen_k))
+    descales = _descales(q_descale, k_descale, v_descale)
+    check(q, k, v, descales, varlen=True, batch=cu_seqlens_q.shape[0] - 1, qv=qv, page_table=page_table)
+    if attention_chunk:
+        from . import chunked
+        from .interface import flash_attn_varlen_func  # interface imports this module
+
+        support.check_attention_chunk(attention_chunk)
+        segments = -(-int(max_seqlen_q) // attention_chunk) + 2  # chunked.segments' per sequence
+        return chunked.varlen(flash_attn_varlen_func, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              seqused_q, seqused_k, attention_chunk, softmax_scale=softmax_scale, causal=causal,
+                              window_size=window_size, softcap=softcap, return_attn_probs=return_attn_probs,
+                              learnable_sink=learnable_sink, **_per_segment(descales, segments))
+    scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, softcap,
+                                                   int(max_seqlen_q), int(max_seqlen_k))
     out, lse = _op("varlen_fwd_fp8")(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q),
                                      int(max_seqlen_k), q_descale, k_descale, v_descale, scale, causal, left, right,
-                                     sink=_sink(learnable_sink, q.shape[1], q))
+                                     softcap=float(softcap), sink=_sink(learnable_sink, q.shape[1], q))
     return (out, lse) if return_attn_probs else out
 
 
 # torch.compile / export: shapes without running the kernels.
 def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_size_left=-1,
-                  window_size_right=-1, top_left=False, sink=None):
+                  window_size_right=-1, top_left=False, softcap=0.0, sink=None):
     batch, seqlen_q, heads, d = q.shape
     return (q.new_empty((batch, seqlen_q, heads, d), dtype=torch.bfloat16),
             q.new_empty((batch, heads, seqlen_q), dtype=torch.float32))
@@ -157,7 +183,7 @@ def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causa
 
 def _varlen_fwd_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                          q_descale, k_descale, v_descale, softmax_scale, causal, window_size_left=-1,
-                         window_size_right=-1, top_left=False, sink=None):
+                         window_size_right=-1, top_left=False, softcap=0.0, sink=None):
     total_q, heads, d = q.shape
     return (q.new_empty((total_q, heads, d), dtype=torch.bfloat16),
             q.new_empty((heads, total_q), dtype=torch.float32))

@@ -44,9 +44,8 @@ def test_mixed_dtypes_are_refused():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(softcap=10.0), RuntimeError, "FP8 inputs with softcap"),
-    (dict(num_splits=4), RuntimeError, "num_splits > 1"),
-    (dict(attention_chunk=64), RuntimeError, "attention_chunk"),
+    (dict(qv=torch.randn(2, 64, 4, 128).to(FP8)), RuntimeError, "FP8 inputs with qv"),
+    (dict(softcap=-1.0), ValueError, "softcap"),
     (dict(q_descale=torch.ones(2, 4)), ValueError, r"q_descale must be a float32 tensor of shape \(batch, nheads_kv\) = \(2, 2\)"),
     (dict(v_descale=torch.ones(2, 2, dtype=torch.float16)), ValueError, "v_descale must be a float32"),
     (dict(k_descale=1.0), ValueError, "k_descale must be a float32 tensor.*got float"),
@@ -65,12 +64,16 @@ def test_head_dims_and_value_dims_the_fp8_kernels_do_not_take():
         flash_attn_func(q, k, torch.randn(2, 64, 2, 64).to(FP8))
 
 
-def test_fp8_has_no_backward():
+def test_hints_and_gradients_pass_the_fp8_checks(monkeypatch):
+    """num_splits / pack_gqa (hints the FP8 kernels do not take), softcap, attention_chunk and inputs
+    that require grad (FA3's tests pass such; the backward raises) reach the device check."""
+    monkeypatch.setattr(fp8, "_check_compiled", lambda head_dim: None)
     q, k, v = (t.float().requires_grad_() for t in qkv())
     q8 = q.to(FP8)  # a cast of a leaf that requires grad: q8 requires grad too
     assert q8.requires_grad
-    with pytest.raises(RuntimeError, match="forward only"):
-        flash_attn_func(q8, k.detach().to(FP8), v.detach().to(FP8))
+    for kwargs in (dict(num_splits=3, pack_gqa=True), dict(softcap=15.0), dict()):
+        with pytest.raises(ValueError, match="are on cpu"):
+            flash_attn_func(q8, k.detach().to(FP8), v.detach().to(FP8), **kwargs)
 
 
 def test_varlen_fp8_checks_descales_per_sequence():

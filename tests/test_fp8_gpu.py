@@ -77,7 +77,8 @@ def _fp8_mm(a, b_t):
                             use_fast_accum=True)[: a.shape[0], : b_t.shape[0]]
 
 
-def _mask(s, sq, sk, causal, window):
+def _mask(s, sq, sk, causal, window, chunk=0):
+    """Bottom-right causal / window / attention_chunk (FA3's: only the keys of the query's chunk)."""
     left, right = window
     if causal:
         right = 0
@@ -88,7 +89,13 @@ def _mask(s, sq, sk, causal, window):
         visible &= j >= i - left
     if right >= 0:
         visible &= j <= i + right
+    if chunk:
+        visible &= torch.div(j, chunk, rounding_mode="floor") == torch.div(i, chunk, rounding_mode="floor")
     return s.masked_fill(~visible, -math.inf)
+
+
+def _cap(s, softcap):
+    return softcap * torch.tanh(s / softcap) if softcap else s
 
 
 def _softmax(s, sink):
@@ -101,17 +108,18 @@ def _softmax(s, sink):
     return (p[..., :-1] if sink is not None else p), lse
 
 
-def reference(q8, k8, v8, descales, *, scale, causal=False, window=(-1, -1), sink=None):
+def reference(q8, k8, v8, descales, *, scale, causal=False, window=(-1, -1), sink=None, softcap=0.0, chunk=0):
     """Float32 attention of the de-quantized inputs: (out, lse)."""
     q, k, v = (dequant(t, d) for t, d in zip((q8, k8, v8), descales))
     hq = q.shape[2]
     k, v = (t.repeat_interleave(hq // t.shape[2], dim=2) for t in (k, v))
-    s = _mask(torch.einsum("bqhd,bkhd->bhqk", q, k) * scale, q.shape[1], k.shape[1], causal, window)
+    s = _cap(torch.einsum("bqhd,bkhd->bhqk", q, k) * scale, softcap)
+    s = _mask(s, q.shape[1], k.shape[1], causal, window, chunk)
     p, lse = _softmax(s, sink)
     return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
 
 
-def emulated(q8, k8, v8, descales, *, scale, causal=False, window=(-1, -1), sink=None):
+def emulated(q8, k8, v8, descales, *, scale, causal=False, window=(-1, -1), sink=None, softcap=0.0, chunk=0):
     """PyTorch's FP8 maths for the same attention: Q.K^T and P.V on the tensor cores in e4m3
     (torch._scaled_mm), descales in float32, P rounded to e4m3 as 256 * exp(s - rowmax) (FA3's
     offset), the output to bf16: (out, lse)."""
@@ -124,7 +132,7 @@ def emulated(q8, k8, v8, descales, *, scale, causal=False, window=(-1, -1), sink
         for h in range(hq):
             g = h // (hq // hk)
             s[i, h] = _fp8_mm(q8[i, :, h], k8[i, :, g]) * (qd[i, g] * kd[i, g] * scale)
-    s = _mask(s, sq, sk, causal, window)
+    s = _mask(_cap(s, softcap), sq, sk, causal, window, chunk)
     _, lse = _softmax(s, sink)
     row_max = s.amax(dim=-1, keepdim=True)
     p8 = (torch.exp(s - row_max.clamp_min(-1e30)).nan_to_num(0.0) * 256).to(FP8)
@@ -237,6 +245,49 @@ def test_fp8_refusals_on_the_gpu():
     with pytest.raises(ValueError, match="applies to FP8"):
         flash_attn_func(*(torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
                         k_descale=torch.ones(1, 2, device="cuda"))
-    with pytest.raises(RuntimeError, match="softcap"):
-        flash_attn_func(q, q, q, softcap=5.0)
+    with pytest.raises(RuntimeError, match="FP8 .* with a KV cache"):
+        from flash_attn_hopper import flash_attn_with_kvcache
+        flash_attn_with_kvcache(q, q, q, cache_seqlens=torch.tensor([64], dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_softcap_chunk_and_hints(head_dim, causal):
+    """softcap (the descales inside the cap), attention_chunk (the varlen kernels over the chunk
+    segments, descales per segment), num_splits / pack_gqa (hints the FP8 kernels do not take)."""
+    skip_unless_fp8(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim * 2 + causal)
+    batch, sq, sk, hq, hk = 2, 201, 333, 6, 2
+    q8, qd = quantize(draw((batch, sq, hq, head_dim), gen, False) * 4, hk, gen, True)
+    k8, kd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
+    v8, vd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
+    scale = head_dim ** -0.5
+    for kwargs, ref_kwargs in ((dict(softcap=15.0), dict(softcap=15.0)),
+                               (dict(attention_chunk=97), dict(chunk=97)),
+                               (dict(attention_chunk=64, softcap=5.0), dict(chunk=64, softcap=5.0)),
+                               (dict(num_splits=3, pack_gqa=True), dict())):
+        out, lse = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_attn_probs=True, **kwargs)
+        check_close(out, lse, q8, k8, v8, (qd, kd, vd), scale=scale, causal=causal, **ref_kwargs)
+    # varlen with attention_chunk: descales per sequence, expanded per chunk segment
+    cu_q = torch.tensor([0, 77, sq], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 150, sk], dtype=torch.int32, device="cuda")
+    qv_, kv_, vv_ = (t[0] for t in (q8, k8, v8))  # one batch entry split into two sequences
+    ds = [torch.rand((2, hk), generator=gen, device="cuda") + 0.5 for _ in range(3)]
+    out, lse = flash_attn_varlen_func(qv_, kv_, vv_, cu_q, cu_k, 124, 183, causal=causal, attention_chunk=50,
+                                      q_descale=ds[0], k_descale=ds[1], v_descale=ds[2], return_attn_probs=True)
+    for b in range(2):
+        rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        check_close(out[rows][None], lse[:, rows][None], qv_[rows][None], kv_[keys][None], vv_[keys][None],
+                    tuple(d[b : b + 1] for d in ds), scale=scale, causal=causal, chunk=50)
+
+
+def test_fp8_runs_forward_on_inputs_that_require_grad_and_refuses_the_backward():
+    """FA3's tests pass FP8 inputs that require grad: the forward runs, the backward raises."""
+    skip_unless_fp8(128)
+    q, k, v = (torch.randn(1, 96, 2, 128, device="cuda").to(FP8).requires_grad_() for _ in range(3))
+    out = flash_attn_func(q, k, v)
+    assert out.dtype == torch.bfloat16 and out.requires_grad
+    with pytest.raises(RuntimeError, match="FP8 attention has no backward"):
+        out.float().sum().backward()

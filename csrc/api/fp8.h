@@ -1,7 +1,8 @@
 // The FP8 forward ops (fwd_fp8, varlen_fwd_fp8) on the FP8 kernels (launch/fp8_launch.cuh): q, k, v
 // float8_e4m3fn with optional float32 descales (batch, nheads_kv) as FA3 takes them, out bf16, the
-// LSE float32. Forward only, as FA3; no softcap, splits, paged caches, qv or dv != d (the Python
-// layer, flash_attn_hopper/fp8.py, refuses those first). Included by flash_api.cpp.
+// LSE float32; causal / window / softcap / sink. Forward only, as FA3; no splits, paged caches, qv or
+// dv != d (the Python layer, flash_attn_hopper/fp8.py, runs them unsplit or refuses them first).
+// Included by flash_api.cpp.
 #pragma once
 
 namespace {
@@ -60,9 +61,9 @@ std::tuple<Tensor, Tensor> mha_fwd_fp8(Tensor const& q, Tensor const& k, Tensor 
                                        std::optional<Tensor> const& q_descale, std::optional<Tensor> const& k_descale,
                                        std::optional<Tensor> const& v_descale, double softmax_scale, bool causal,
                                        int64_t window_size_left, int64_t window_size_right, bool top_left,
-                                       std::optional<Tensor> const& sink) {
+                                       double softcap, std::optional<Tensor> const& sink) {
   Problem const pb = check_problem(q, k, v, /*value_head_dim=*/false, /*qv=*/false, /*fp8=*/true);
-  check_scale(softmax_scale, 0.0);
+  check_scale(softmax_scale, softcap);
   FwdFn const fwd = fp8_kernels(pb);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   flash::FwdParams params{};
@@ -78,7 +79,7 @@ std::tuple<Tensor, Tensor> mha_fwd_fp8(Tensor const& q, Tensor const& k, Tensor 
     return {out, lse};
   }
   Tensor const qt = tma_ready(q), kt = tma_ready(k), vt = tma_ready(v);
-  fill_common(params, pb, qt, kt, vt, softmax_scale, 0.0,
+  fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_outputs(params, out, lse, sink_ptr);
   fwd(params, current_stream(pb.device));
@@ -93,11 +94,11 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd_fp8(Tensor const& q, Tensor const& k, 
                                               std::optional<Tensor> const& k_descale,
                                               std::optional<Tensor> const& v_descale, double softmax_scale,
                                               bool causal, int64_t window_size_left, int64_t window_size_right,
-                                              bool top_left, std::optional<Tensor> const& sink) {
+                                              bool top_left, double softcap, std::optional<Tensor> const& sink) {
   auto const [vl, q4, k4, v4, pb] =
       check_varlen_call(/*value_head_dim=*/false, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                         max_seqlen_q, max_seqlen_k, /*qv=*/false, /*fp8=*/true);
-  check_scale(softmax_scale, 0.0);
+  check_scale(softmax_scale, softcap);
   FwdFn const fwd = fp8_kernels(pb);
   float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
   flash::FwdParams params{};
@@ -116,7 +117,7 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd_fp8(Tensor const& q, Tensor const& k, 
   }
   if (gaps) { fill_empty_lse(lse, sink, {pb.heads_q, 1}); }
   Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
-  fill_common(params, pb, qt, kt, vt, softmax_scale, 0.0,
+  fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
   set_outputs(params, unsqueeze0(out), lse, sink_ptr);

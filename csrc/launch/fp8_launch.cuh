@@ -10,17 +10,18 @@
 namespace flash {
 
 // Entry point, explicitly instantiated per head dim (Element: cutlass::float_e4m3_t) by the
-// generated files. Dense or varlen, any mask; no softcap, splits, paged caches, qv or dv != d (the
+// generated files. Dense or varlen, any mask, softcap; no splits, paged caches, qv or dv != d (the
 // binding refuses those before launching).
 template <int kHeadDim, typename Element>
 void run_flash_fwd_fp8(FwdParams& p, cudaStream_t stream) {
   static_assert(cutlass::sizeof_bits<Element>::value == 8, "the FP8 kernels take e4m3 inputs");
-  if (p.qv_ptr != nullptr || p.page_table != nullptr || p.num_splits > 1 || p.softcap > 0 ||
+  if (p.qv_ptr != nullptr || p.page_table != nullptr || p.num_splits > 1 ||
       (p.head_dim_v > 0 && p.head_dim_v != p.head_dim)) {
-    throw std::runtime_error("flash_attn_hopper: the FP8 kernels take no qv, paged cache, splits, softcap or dv != d");
+    throw std::runtime_error("flash_attn_hopper: the FP8 kernels take no qv, paged cache, splits or dv != d");
   }
-  dispatch_mask_varlen(p, [&](auto local, auto varlen, auto) {
-    launch_fwd<FwdKernel<FwdFp8PolicyFor<kHeadDim, decltype(local)::value, decltype(varlen)::value>>>(p, stream);
+  dispatch_mask_varlen(p, [&](auto local, auto varlen, auto softcap) {
+    launch_fwd<FwdKernel<FwdFp8PolicyFor<kHeadDim, decltype(local)::value, decltype(varlen)::value,
+                                         decltype(softcap)::value>>>(p, stream);
   });
 }
 

@@ -128,6 +128,11 @@ struct FwdMainloop {
   CUTLASS_DEVICE static float qk_descale(Params const& params, int batch, int head_kv) {
     if constexpr (kFp8) { return params.fp8.qk(batch, head_kv); } else { return 1.f; }
   }
+  // softcap's factor inside the tanh (softcap.h), with (kFp8) the scores' descale.
+  template <typename Params>
+  CUTLASS_DEVICE static float softcap_prescale(Params const& params, float descale_qk) {
+    if constexpr (kFp8) { return params.softcap_prescale * descale_qk; } else { return params.softcap_prescale; }
+  }
   // P for P.V from the softmax's float32 S: its 16-bit copy, or (kFp8) e4m3 in the permuted order.
   template <typename TensorS, typename TensorP>
   CUTLASS_DEVICE static void make_p(TensorS const& s, TensorP& p) {
@@ -310,8 +315,12 @@ struct FwdMainloop {
     Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
     constexpr int kRows = decltype(size<0>(tSrS_rc))::value;
 
+    // kFp8: q_descale * k_descale scales the raw scores: inside the cap with softcap (whose
+    // softmax scale and LSE factor are the cap's), else the softmax's scale and the LSE's factor.
     float const descale_qk = qk_descale(params, batch, head / params.q_heads_per_kv_head);
-    OnlineSoftmax<kRows, kFp8 ? 8 : 0> softmax(kFp8 ? params.softmax_scale_log2 * descale_qk : params.softmax_scale_log2);
+    constexpr bool kDescaleScores = kFp8 && !kSoftcap;
+    OnlineSoftmax<kRows, kFp8 ? 8 : 0> softmax(kDescaleScores ? params.softmax_scale_log2 * descale_qk
+                                                              : params.softmax_scale_log2);
     Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
     int const row0 = m_block * kBlockM;
     auto mask = [&](int n) {
@@ -344,7 +353,7 @@ struct FwdMainloop {
       scheduler_arrive(wg);
       warpgroup_wait<0>();
       release_k(n);
-      if constexpr (kSoftcap) { apply_softcap(tSrS, params.softcap_prescale); }
+      if constexpr (kSoftcap) { apply_softcap(tSrS, softcap_prescale(params, descale_qk)); }
       if constexpr (kHalfSoftmax) {
         // This warpgroup's last row sees no key past the first half of block n (BlockRange's
         // bound, for this warpgroup's rows).
@@ -414,7 +423,7 @@ struct FwdMainloop {
         warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
         // S(n) as the softmax takes it: capped (kSoftcap), then masked.
         auto mask_block = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
-          if constexpr (kSoftcap) { apply_softcap(tSrS, params.softcap_prescale); }
+          if constexpr (kSoftcap) { apply_softcap(tSrS, softcap_prescale(params, descale_qk)); }
           if constexpr (std::is_same_v<decltype(masked), MaskIfNeeded>) {
             mask(n);
           } else if constexpr (decltype(masked)::value) {
@@ -473,7 +482,7 @@ struct FwdMainloop {
       warpgroup_wait<0>();
       pipeline_v.consumer_release(state_v);
       ++state_v;  // persistent mode: the next tile's first V is the next stage
-      softmax.finalize(tOrO_rc, kFp8 ? params.lse_scale * descale_qk : params.lse_scale, lse,
+      softmax.finalize(tOrO_rc, kDescaleScores ? params.lse_scale * descale_qk : params.lse_scale, lse,
                        params.sink != nullptr ? params.sink[head] : -INFINITY);
       if constexpr (kFp8) {
         float const descale_v = params.fp8.v(batch, head / params.q_heads_per_kv_head);
