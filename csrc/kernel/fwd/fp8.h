@@ -80,29 +80,41 @@ CUTLASS_DEVICE void quantize_p(TensorS const& acc, TensorP& p) {
 // columns per warp: ldmatrix.trans (b16) gives lane (q, c) = (lane % 4, lane / 4), per 8 keys and 16
 // bytes, the bytes of keys 2q, 2q + 1 at columns 2c, 2c + 1; two byte permutes make the words of
 // V^T rows 2c and 2c + 1 holding keys 2q, 2q + 1, 8 + 2q, 9 + 2q (K indices 4q..4q + 3, fp8_key),
-// and stmatrix writes them, the even and odd rows as separate 8 x 16-byte matrices.
+// and stmatrix writes them, the even and odd rows as separate 8 x 16-byte matrices. A warp keeps its
+// columns and walks the keys, so its loads step by a constant (16 rows of V's swizzled layout).
 template <int kBlockN, int kHeadDimV, typename LayoutV, typename LayoutVt, typename Element>
 CUTLASS_DEVICE void transpose_v(Element const* sv, Element* svt, int tid) {
-  static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0);
-  constexpr int kUnits = (kBlockN / 16) * (kHeadDimV / 32);
-  static_assert(kUnits % 4 == 0, "units spread evenly over the producer's 4 warps");
+  constexpr int kKeyGroups = kBlockN / 16, kColGroups = kHeadDimV / 32;
+  // Column groups per warp (dv >= 128), or warps per column group (dv 64), each a share of the keys.
+  constexpr int kWarpsPerCol = kColGroups >= 4 ? 1 : 4 / kColGroups;
+  constexpr int kColsPerWarp = kColGroups >= 4 ? kColGroups / 4 : 1;
+  constexpr int kKeysPerWarp = kKeyGroups / kWarpsPerCol;
+  static_assert(kColGroups % 4 == 0 || 4 % kColGroups == 0);
+  static_assert(kKeyGroups % kWarpsPerCol == 0, "key groups spread evenly over a column's warps");
   LayoutV const layout_v{};    // (N, dv) offsets of one stage
   LayoutVt const layout_vt{};  // (dv, N)
+  constexpr int kRowStep = LayoutV{}(16, 0) - LayoutV{}(0, 0);  // 16 rows further
+  static_assert(LayoutV{}(23, 48) - LayoutV{}(7, 48) == kRowStep && LayoutV{}(21, 16) - LayoutV{}(5, 16) == kRowStep,
+                "the swizzle repeats every 16 rows");
   int const warp = tid / 32, lane = tid % 32;
   int const matrix = lane / 8, row = lane % 8;
-  int const load_key = 8 * (matrix & 1) + row, load_col = 16 * (matrix >> 1);       // ldmatrix's row
-  int const store_row = 16 * (matrix >> 1) + 2 * row + (matrix & 1);               // stmatrix's row
+  int const load_key = 8 * (matrix & 1) + row, load_col = 16 * (matrix >> 1);   // ldmatrix's row
+  int const store_row = 16 * (matrix >> 1) + 2 * row + (matrix & 1);           // stmatrix's row
+  int const key_first = 16 * kKeysPerWarp * (warp / (4 / kWarpsPerCol) % kWarpsPerCol);
   uint8_t const* src = reinterpret_cast<uint8_t const*>(sv);
   uint8_t* dst = reinterpret_cast<uint8_t*>(svt);
-#pragma unroll(kHeadDimV <= 128 ? 2 : 1)  // units in flight, as the producer's registers allow (kernel.h)
-  for (int unit = warp; unit < kUnits; unit += 4) {
-    int const k0 = 16 * (unit % (kBlockN / 16)), col0 = 32 * (unit / (kBlockN / 16));
-    uint32_t r[4];
-    SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(src + layout_v(k0 + load_key, col0 + load_col)),
-                            r[0], r[1], r[2], r[3]);
-    SM90_U32x4_STSM_N::copy(__byte_perm(r[0], r[1], 0x6420), __byte_perm(r[0], r[1], 0x7531),
-                            __byte_perm(r[2], r[3], 0x6420), __byte_perm(r[2], r[3], 0x7531),
-                            *reinterpret_cast<uint128_t*>(dst + layout_vt(col0 + store_row, k0)));
+#pragma unroll 1  // dv 256's two column groups one after the other: the producer has 24 registers there
+  for (int c = 0; c < kColsPerWarp; ++c) {
+    int const col0 = 32 * (kWarpsPerCol == 1 ? warp + 4 * c : warp % kColGroups);
+    uint8_t const* load = src + layout_v(key_first + load_key, col0 + load_col);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kKeysPerWarp; ++j) {
+      uint32_t r[4];
+      SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(load + j * kRowStep), r[0], r[1], r[2], r[3]);
+      SM90_U32x4_STSM_N::copy(__byte_perm(r[0], r[1], 0x6420), __byte_perm(r[0], r[1], 0x7531),
+                              __byte_perm(r[2], r[3], 0x6420), __byte_perm(r[2], r[3], 0x7531),
+                              *reinterpret_cast<uint128_t*>(dst + layout_vt(col0 + store_row, key_first + 16 * j)));
+    }
   }
 }
 
