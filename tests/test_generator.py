@@ -294,7 +294,7 @@ def test_cli_rejects_a_bad_knob_with_the_fix(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-_CUTLASS_TO_DTYPE = {info.cutlass_type: name for name, info in manifest.DTYPES.items()}
+_CUTLASS_TO_DTYPE = {info.cutlass_type: name for name, info in manifest.BUILD_DTYPES.items()}
 
 
 def _registry_entries(path: Path) -> set[tuple[str, int, str]]:
@@ -319,7 +319,7 @@ def test_build_record_matches_generated_files_and_manifest():
     assert compiled, "a build with no kernels at all"
     for direction, hdim, dtype in compiled:
         assert direction in manifest.AVAILABLE_DIRECTIONS
-        assert hdim in manifest.HEAD_DIMS and dtype in manifest.DTYPES
+        assert hdim in manifest.HEAD_DIMS and dtype in manifest.BUILD_DTYPES
     selection = info["selection"]
     expected = manifest.Selection(tuple(selection["hdims"]), tuple(selection["dtypes"]), tuple(selection["directions"]))
     assert compiled == {(i.direction, i.hdim, i.dtype) for i in expected.instantiations()}
