@@ -24,6 +24,47 @@ def sdpa_flash_refusal(query, key, value, dropout_p=0.0, is_causal=False, return
     return _forward_refusal(query, key, value, "bhsd", is_causal, (None, None), scale)
 
 
+def _quantized_refusal(query, key, value) -> str | None:
+    """The ``.quantized`` overloads (FP8 with descales): ours for float8_e4m3fn inputs on a build with
+    the FP8 ops; other dtypes keep torch's kernel. What the FP8 kernels do not take then raises
+    fp8.py's clear error rather than falling back (torch's own kernel has no FP8 either)."""
+    from . import fp8
+
+    if not all(isinstance(t, torch.Tensor) and t.dtype == fp8.DTYPE for t in (query, key, value)):
+        return "inputs are not all float8_e4m3fn"
+    if not (ops.extension_loaded() and hasattr(torch.ops.flash_attn_hopper, "fwd_fp8")):
+        return "this build has no FP8 forward op"
+    return None
+
+
+def sdpa_flash_quantized_refusal(query, key, value, q_descale=None, k_descale=None, v_descale=None, dropout_p=0.0,
+                                 is_causal=False, return_debug_mask=False, *, scale=None):
+    """Why ``aten::_scaled_dot_product_flash_attention.quantized`` falls back (None: our FP8 kernel runs)."""
+    if dropout_p != 0.0:
+        return f"dropout_p={dropout_p}"
+    if return_debug_mask:
+        return "return_debug_mask=True"
+    return _quantized_refusal(query, key, value)
+
+
+def flash_attention_forward_quantized_refusal(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                              is_causal, return_debug_mask, q_descale=None, k_descale=None,
+                                              v_descale=None, *, scale=None, window_size_left=None,
+                                              window_size_right=None, seqused_k=None, alibi_slopes=None, **newer):
+    """Why ``aten::_flash_attention_forward.quantized`` falls back (None: our FP8 kernel runs)."""
+    if (cum_seq_q is None) != (cum_seq_k is None):
+        return "only one of cum_seq_q and cum_seq_k is given"
+    if seqused_k is not None and cum_seq_q is None:
+        return "seqused_k is given without cum_seq_q / cum_seq_k"
+    if dropout_p != 0.0:
+        return f"dropout_p={dropout_p}"
+    if return_debug_mask:
+        return "return_debug_mask=True"
+    if alibi_slopes is not None:
+        return "alibi_slopes is given"
+    return _unknown_arguments(newer) or _quantized_refusal(query, key, value)
+
+
 def flash_attention_forward_refusal(
     query,
     key,

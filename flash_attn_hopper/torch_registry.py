@@ -60,8 +60,10 @@ import torch
 from . import _build_info, manifest, ops, support
 from .registry_refusals import (
     flash_attention_backward_refusal,
+    flash_attention_forward_quantized_refusal,
     flash_attention_forward_refusal,
     sdpa_flash_backward_refusal,
+    sdpa_flash_quantized_refusal,
     sdpa_flash_refusal,
 )
 
@@ -79,7 +81,16 @@ _FORWARD_OPS = (
     "_scaled_dot_product_flash_attention",
     "_flash_attention_forward",
     "_flash_attention_forward_no_dropout_inplace",  # writes into a given `out`; in 2.14, not in 2.11
+    "_scaled_dot_product_flash_attention.quantized",  # FP8 with descales (fp8.py)
+    "_flash_attention_forward.quantized",
 )
+
+
+def has_aten_op(name: str) -> bool:
+    """Whether this torch has ``aten::name`` ("op" or "op.overload")."""
+    op, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, op, None)
+    return packet is not None and (not overload or overload in packet.overloads())
 
 # aten ops whose CUDA kernel activation also overrides when this build has the backward kernels.
 _BACKWARD_OPS = (
@@ -210,12 +221,13 @@ def _run_varlen_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_
 
 
 def _with_strides_of(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``result`` laid out as ``torch.empty_like(like)`` is (what aten's meta kernels promise).
+    """``result`` laid out as ``torch.empty_like(like)`` is (what aten's meta kernels promise), in
+    result's dtype (FP8 inputs give bf16).
 
     No copy when the layouts already agree, e.g. for BHSD inputs that are
     transposed views of (batch, seqlen, heads, head_dim) memory, as most models make them.
     """
-    target = torch.empty_like(like)
+    target = torch.empty_like(like, dtype=result.dtype)
     if target.stride() == result.stride():
         return result
     target.copy_(result)
@@ -322,6 +334,48 @@ def _flash_attention_backward(
     return tuple(_with_strides_of(g, like) for g, like in zip(grads, (query, key, value)))
 
 
+def _run_fp8_forward(q, k, v, descales, cum_seq_q, cum_seq_k, seqused_k, max_q, max_k, scale, is_causal,
+                     window_left, window_right):
+    """fwd_fp8 / varlen_fwd_fp8 (fp8.py's checks first) with FlashAttention-2's conventions, as
+    _run_forward / _run_varlen_forward: out bf16, lse +inf where ours is -inf."""
+    from . import fp8
+
+    names = ("q_descale", "k_descale", "v_descale")
+    varlen = cum_seq_q is not None
+    fp8.check(q, k, v, dict(zip(names, descales)), varlen=varlen, batch=cum_seq_q.numel() - 1 if varlen else None)
+    softmax_scale = _softmax_scale(q, scale)
+    seqlen_q, seqlen_k = (max_q, max_k) if varlen else (q.size(1), k.size(1))
+    left, right = support.fa2_window(window_left, window_right, is_causal, seqlen_k)
+    if varlen:
+        out, lse = torch.ops.flash_attn_hopper.varlen_fwd_fp8(q, k, v, cum_seq_q, cum_seq_k, None, seqused_k, max_q,
+                                                              max_k, *descales, softmax_scale, bool(is_causal), left,
+                                                              right)
+    else:
+        out, lse = torch.ops.flash_attn_hopper.fwd_fp8(q, k, v, *descales, softmax_scale, bool(is_causal), left, right)
+    if varlen or _has_blind_rows(right, seqlen_q, seqlen_k):
+        lse = lse.masked_fill(lse == float("-inf"), float("inf"))
+    return out, lse
+
+
+def _sdpa_flash_forward_quantized(query, key, value, q_descale=None, k_descale=None, v_descale=None, dropout_p=0.0,
+                                  is_causal=False, return_debug_mask=False, *, scale=None):
+    out, lse = _run_fp8_forward(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                (q_descale, k_descale, v_descale), None, None, None, 0, 0, scale, is_causal, None, None)
+    rng_state, unused, debug_mask = _aux_outputs(query)
+    output = _with_strides_of(out.transpose(1, 2), query)
+    return output, lse, None, None, query.size(2), key.size(2), rng_state, unused, debug_mask
+
+
+def _flash_attention_forward_quantized(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                                       return_debug_mask, q_descale=None, k_descale=None, v_descale=None, *,
+                                       scale=None, window_size_left=None, window_size_right=None, seqused_k=None,
+                                       **_):
+    out, lse = _run_fp8_forward(query, key, value, (q_descale, k_descale, v_descale), cum_seq_q, cum_seq_k,
+                                seqused_k, max_q, max_k, scale, is_causal, window_size_left, window_size_right)
+    rng_state, unused, debug_mask = _aux_outputs(query)
+    return _with_strides_of(out, query), lse, rng_state, unused, debug_mask
+
+
 def _inplace_refusal(out, *args, **kwargs):
     reason = flash_attention_forward_refusal(*args, **kwargs)
     if reason is None and (out.shape != args[0].shape or out.dtype != args[0].dtype):
@@ -336,6 +390,8 @@ _OVERRIDES = {
     "_flash_attention_forward_no_dropout_inplace": (_inplace_refusal, _flash_attention_forward_inplace),
     "_scaled_dot_product_flash_attention_backward": (sdpa_flash_backward_refusal, _sdpa_flash_backward),
     "_flash_attention_backward": (flash_attention_backward_refusal, _flash_attention_backward),
+    "_scaled_dot_product_flash_attention.quantized": (sdpa_flash_quantized_refusal, _sdpa_flash_forward_quantized),
+    "_flash_attention_forward.quantized": (flash_attention_forward_quantized_refusal, _flash_attention_forward_quantized),
 }
 
 
@@ -352,7 +408,7 @@ def _override(op_name: str, original):
             return original.call_boxed(keyset, *args, **kwargs)
         return implementation(*args, **kwargs)
 
-    kernel.__name__ = f"flash_attn_hopper_{op_name.lstrip('_')}"
+    kernel.__name__ = f"flash_attn_hopper_{op_name.lstrip('_').replace('.', '_')}"
     return kernel
 
 
@@ -425,7 +481,7 @@ def register_fn() -> Activation:
         raise RuntimeError(f"flash_attn_hopper cannot be activated as a flash-attention implementation: {reason}")
     backward_refusal = backward_override_refusal()
     candidates = _FORWARD_OPS + (_BACKWARD_OPS if backward_refusal is None else ())
-    names = [name for name in candidates if hasattr(torch.ops.aten, name)]
+    names = [name for name in candidates if has_aten_op(name)]
     # The kernels to fall back to are the ones registered now, before ours replace them.
     originals = {name: torch.library.get_kernel(f"aten::{name}", "CUDA") for name in names}
     library = torch.library.Library("aten", "IMPL", "CUDA")

@@ -291,3 +291,38 @@ def test_fp8_runs_forward_on_inputs_that_require_grad_and_refuses_the_backward()
     assert out.dtype == torch.bfloat16 and out.requires_grad
     with pytest.raises(RuntimeError, match="FP8 attention has no backward"):
         out.float().sum().backward()
+
+
+def test_fp8_behind_torchs_quantized_flash_ops():
+    """torch's registry: activated, aten's `.quantized` flash overloads (torch's FP8 SDPA) run the FP8
+    kernels; the results are flash_attn_func's bit for bit (BHSD and BSHD, dense and varlen)."""
+    skip_unless_fp8(128)
+    from torch.nn import attention
+
+    from flash_attn_hopper import torch_registry
+
+    if not torch_registry.has_aten_op("_scaled_dot_product_flash_attention.quantized"):
+        pytest.skip(f"torch {torch.__version__} has no .quantized flash overloads")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    b, s, hq, hk, d = 2, 300, 8, 2, 128
+    q, k, v = (draw((b, s, h, d), gen, False).to(FP8) for h in (hq, hk, hk))
+    qd, kd, vd = (torch.rand((b, hk), generator=gen, device="cuda") + 0.5 for _ in range(3))
+    want = flash_attn_func(q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
+    attention.activate_flash_attention_impl(torch_registry.IMPL_NAME)
+    try:
+        out = torch.ops.aten._scaled_dot_product_flash_attention.quantized(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), qd, kd, vd, 0.0, True, False)[0]
+        assert out.dtype == torch.bfloat16 and torch.equal(out.transpose(1, 2), want)
+        out = torch.ops.aten._flash_attention_forward.quantized(q, k, v, None, None, s, s, 0.0, True, False, qd, kd,
+                                                                 vd)[0]
+        assert torch.equal(out, want)
+        cu = torch.tensor([0, s, 2 * s], dtype=torch.int32, device="cuda")
+        out = torch.ops.aten._flash_attention_forward.quantized(
+            q.reshape(-1, hq, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d), cu, cu, s, s, 0.0, True, False, qd, kd,
+            vd)[0]
+        assert torch.equal(out.view(b, s, hq, d), want)
+        with pytest.raises((ValueError, RuntimeError), match="descale"):  # ours, not torch's missing FA3
+            torch.ops.aten._flash_attention_forward.quantized(q, k, v, None, None, s, s, 0.0, True, False,
+                                                              qd[:1], kd, vd)
+    finally:
+        attention.restore_flash_attention_impl()

@@ -28,7 +28,7 @@ from helpers.inputs import cpu_inputs, qkv
 from op_emulator import emulate_fwd, emulated_bwd_op, emulated_op
 
 BF16 = torch.bfloat16
-FORWARD_OPS = [name for name in torch_registry._FORWARD_OPS if hasattr(torch.ops.aten, name)]
+FORWARD_OPS = [name for name in torch_registry._FORWARD_OPS if torch_registry.has_aten_op(name)]
 BACKWARD_OPS = [name for name in torch_registry._BACKWARD_OPS if hasattr(torch.ops.aten, name)]
 
 
