@@ -12,7 +12,9 @@ New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_
 ``cu_seqlens_k_new``. A paged cache (``page_table``; paged.py) is read in place the same way, the
 new tokens written to their pages; ``cache_batch_idx`` then picks page-table rows, and
 ``cache_leftpad`` moves each sequence's first key as in a contiguous cache. Not in this version
-(refused, naming the argument): FP8 caches and descales, ``sm_margin``. ``qv`` (MLA decode) runs on the qv
+(refused, naming the argument): FP8 paged caches, descales with 16-bit inputs, ``sm_margin``. FP8 q and
+contiguous caches (float8_e4m3fn, with FA3's (batch, nheads_k) descales) run on the FP8 kernels
+(fp8.py), appends and rotary included (rotated in float32, stored as e4m3). ``qv`` (MLA decode) runs on the qv
 kernels over a contiguous or a paged cache (qv.py). No backward, as in
 FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (chunked.py).
 
@@ -191,15 +193,15 @@ def flash_attn_with_kvcache(
     Returns:
         out like q, and softmax_lse when return_softmax_lse.
     """
-    if fp8.is_fp8(q, k_cache, v_cache, k, v):
-        raise RuntimeError("flash_attn_hopper: FP8 (float8_e4m3fn) with a KV cache has no kernels in this version "
-                           "(flash_attn_func / flash_attn_varlen_func take FP8 inputs); pass a bf16/fp16 cache")
-    _refuse_extras(
-        q_descale=(q_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
-        k_descale=(k_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
-        v_descale=(v_descale, None, "Pass fp16/bf16 inputs and no descale tensors."),
-        sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."),
-    )
+    is_fp8 = fp8.is_fp8(q, k_cache, v_cache, k, v)  # FP8 (fp8.py): a contiguous cache, descales per sequence
+    if is_fp8 and page_table is not None:
+        raise RuntimeError("flash_attn_hopper: FP8 (float8_e4m3fn) with a paged KV cache has no kernels in this "
+                           "version (a contiguous FP8 cache runs); pass a bf16/fp16 paged cache")
+    for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if value is not None and not is_fp8:
+            raise ValueError(f"flash_attn_hopper: {name} applies to FP8 (float8_e4m3fn) inputs only; pass q and the "
+                             "caches in torch.float8_e4m3fn with it, or no descale tensors")
+    _refuse_extras(sm_margin=(sm_margin, 0, "The kernels use every SM; pass sm_margin=0."))
     support.check_attention_chunk(attention_chunk)
     packgqa.check_pack_gqa(pack_gqa)
     from .interface import flash_attn_varlen_func  # the varlen path (interface imports this module's siblings)
@@ -313,7 +315,10 @@ def flash_attn_with_kvcache(
             q_pos = rotary_from.long().unsqueeze(1) + (torch.arange(seqlen_q, device=device) if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, seqlen_q), rotary_interleaved)
     if k is not None:
-        _append((k_cache, v_cache), (k_rows, v_rows), new_seq, new_idx, new_first, seqlens, entry, page_table)
+        # FP8 rows move as bytes (torch.where has no float8 kernel).
+        as_bytes = (lambda t: t.view(torch.uint8)) if is_fp8 else (lambda t: t)
+        _append((as_bytes(k_cache), as_bytes(v_cache)), (as_bytes(k_rows), as_bytes(v_rows)), new_seq, new_idx,
+                new_first, seqlens, entry, page_table)
         seqlens = torch.clamp(seqlens + new_counts, max=seqlen_cache)
 
     # Sequence b's valid keys are seqused_k[b] from cu_k[b]: rows of the cache as one packed tensor,
@@ -341,6 +346,9 @@ def flash_attn_with_kvcache(
         cu_q, cu_k, used_k, _ = chunked.segments(cu_q[:-1], q_lens, cu_k[:-1], k_len, attention_chunk, seqlen_q,
                                                  q_rows.shape[0], total_k)
         max_k = min(attention_chunk, seqlen_cache)
+        if is_fp8:  # each chunk segment takes its sequence's descales
+            q_descale, k_descale, v_descale = (None if t is None else t.repeat_interleave(
+                -(-seqlen_q // attention_chunk) + 2, dim=0) for t in (q_descale, k_descale, v_descale))
         if page_table is not None:  # each chunk segment reads its sequence's row of pages
             page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
     qv_rows = None if qv is None else _query_rows(qv, cu_seqlens_q, batch, seqlen_q)[0]
@@ -356,10 +364,11 @@ def flash_attn_with_kvcache(
         return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
     k_rows = k_cache.view(batch_cache * seqlen_cache, heads_k, d)
     v_rows = v_cache.view(batch_cache * seqlen_cache, heads_k, dv)
-    result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py)
+    result = flash_attn_varlen_func(  # PackGQA happens there (packgqa.py); FP8 goes to fp8.py
         q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, max_k, seqused_k=used_k, qv=qv_rows,
         softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         num_splits=num_splits, pack_gqa=pack_gqa, return_attn_probs=return_softmax_lse, learnable_sink=learnable_sink,
+        **({"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale} if is_fp8 else {}),
     )
     return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
 

@@ -91,9 +91,16 @@ def test_a_valid_fp8_call_on_cpu_stops_at_the_device_check(monkeypatch):
         flash_attn_func(*qkv(), q_descale=torch.ones(2, 2), causal=True)
 
 
-def test_fp8_with_a_kv_cache_is_refused_by_name():
+def test_fp8_kv_caches_paged_refused_contiguous_taken(monkeypatch):
     from flash_attn_hopper import flash_attn_with_kvcache
 
     q, k, v = qkv()
-    with pytest.raises(RuntimeError, match="FP8 .* with a KV cache has no kernels"):
-        flash_attn_with_kvcache(q, k, v, cache_seqlens=torch.tensor([64, 64], dtype=torch.int32))
+    lens = torch.tensor([64, 64], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="FP8 .* with a paged KV cache has no kernels"):
+        flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=torch.zeros(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="q_descale applies to FP8|Pass FP8"):
+        flash_attn_with_kvcache(*(t.to(torch.bfloat16) for t in (q, k, v)), cache_seqlens=lens,
+                                q_descale=torch.ones(2, 2))
+    monkeypatch.setattr(fp8, "_check_compiled", lambda head_dim: None)
+    with pytest.raises(ValueError, match="are on cpu"):  # a contiguous FP8 cache with descales reaches the device check
+        flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, k_descale=torch.ones(2, 2), causal=True)

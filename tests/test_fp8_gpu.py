@@ -245,9 +245,10 @@ def test_fp8_refusals_on_the_gpu():
     with pytest.raises(ValueError, match="applies to FP8"):
         flash_attn_func(*(torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
                         k_descale=torch.ones(1, 2, device="cuda"))
-    with pytest.raises(RuntimeError, match="FP8 .* with a KV cache"):
+    with pytest.raises(RuntimeError, match="FP8 .* with a paged KV cache"):
         from flash_attn_hopper import flash_attn_with_kvcache
-        flash_attn_with_kvcache(q, q, q, cache_seqlens=torch.tensor([64], dtype=torch.int32, device="cuda"))
+        flash_attn_with_kvcache(q, q, q, cache_seqlens=torch.tensor([64], dtype=torch.int32, device="cuda"),
+                                page_table=torch.zeros(1, 1, dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
 
 
@@ -326,3 +327,28 @@ def test_fp8_behind_torchs_quantized_flash_ops():
                                                               qd[:1], kd, vd)
     finally:
         attention.restore_flash_attention_impl()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp8_contiguous_kv_cache_with_appends(head_dim):
+    """flash_attn_with_kvcache over an FP8 cache: new keys appended in place (bytes), descales per
+    sequence and KV head, causal decode-like queries; each sequence against the reference."""
+    skip_unless_fp8(head_dim)
+    from flash_attn_hopper import flash_attn_with_kvcache
+
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + 7)
+    b, cache, new, hq, hk = 3, 300, 5, 8, 2
+    k_cache, v_cache = (draw((b, cache, hk, head_dim), gen, False).to(FP8) for _ in range(2))
+    k_new, v_new = (draw((b, new, hk, head_dim), gen, False).to(FP8) for _ in range(2))
+    q = draw((b, new, hq, head_dim), gen, False).to(FP8)
+    lens = torch.tensor([0, 100, 250], dtype=torch.int32, device="cuda")
+    ds = [torch.rand((b, hk), generator=gen, device="cuda") + 0.5 for _ in range(3)]
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lens, causal=True,
+                                       q_descale=ds[0], k_descale=ds[1], v_descale=ds[2], return_softmax_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, new, hq, head_dim)
+    for i in range(b):
+        end = int(lens[i]) + new
+        assert torch.equal(k_cache[i, end - new : end].view(torch.uint8), k_new[i].view(torch.uint8))
+        assert torch.equal(v_cache[i, end - new : end].view(torch.uint8), v_new[i].view(torch.uint8))
+        check_close(out[i : i + 1], lse[i : i + 1], q[i : i + 1], k_cache[i : i + 1, :end], v_cache[i : i + 1, :end],
+                    tuple(d[i : i + 1] for d in ds), scale=head_dim ** -0.5, causal=True)
