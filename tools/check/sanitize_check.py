@@ -11,6 +11,8 @@ larger segment):
         python3 tools/check/sanitize_check.py [--hdims 64,128,256] [--dtype bf16] [--quick]
 
 Exits 1 if a result is wrong; compute-sanitizer's own exit code (9 above) reports its errors.
+`--fp8` runs the FP8 forward's paths instead (dense, varlen with empty and one-row sequences,
+window + sink + softcap + attention_chunk, a contiguous KV cache with appends; outputs must be finite).
 `--probe` instead launches one Triton kernel whose name contains "flash" and which stores one
 element past its tensor's end: under memcheck with the same filter it must be reported (exit 9),
 which shows that the filter instruments kernels by that name and that memcheck sees a
@@ -55,6 +57,37 @@ def probe():
     print("probe launched", flush=True)
 
 
+def fp8_cases(hdims) -> bool:
+    import flash_attn_hopper as fa
+
+    f8 = torch.float8_e4m3fn
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen).to(f8)
+
+    outs = []
+    for d in hdims:
+        q, k, v = r(2, 77, 4, d), r(2, 131, 2, d), r(2, 131, 2, d)
+        ds = torch.rand(2, 2, device="cuda", generator=gen) + 0.5
+        for causal in (False, True):
+            outs.append(fa.flash_attn_func(q, k, v, causal=causal, q_descale=ds, k_descale=ds, v_descale=ds))
+        outs.append(fa.flash_attn_func(q, k, v, window_size=(20, 5), softcap=10.0, attention_chunk=33,
+                                       learnable_sink=torch.randn(4, device="cuda", generator=gen)))
+        lq, lk = [0, 1, 70, 3], [4, 0, 90, 1]
+        cq, ck = (torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for x in (lq, lk))
+        outs.append(fa.flash_attn_varlen_func(r(sum(lq), 4, d), r(sum(lk), 2, d), r(sum(lk), 2, d), cq, ck, max(lq),
+                                              max(lk), causal=True))
+        outs.append(fa.flash_attn_with_kvcache(
+            r(2, 3, 4, d), r(2, 140, 2, d), r(2, 140, 2, d), k=r(2, 3, 2, d), v=r(2, 3, 2, d),
+            cache_seqlens=torch.tensor([0, 120], dtype=torch.int32, device="cuda"), causal=True))
+    torch.cuda.synchronize()
+    ok = all(bool(o.float().isfinite().all()) for o in outs)
+    print(f"fp8: {len(outs)} calls, outputs {'finite' if ok else 'NOT FINITE'}", flush=True)
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hdims", default="64,128,256")
@@ -62,10 +95,15 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the first case of each head dim, causal and not")
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--probe", action="store_true", help="only the planted overrun (see above)")
+    ap.add_argument("--fp8", action="store_true", help="the FP8 forward's paths instead (see above)")
     args = ap.parse_args()
     if args.probe:
         probe()
         return
+    if args.fp8:
+        ok = fp8_cases([int(x) for x in args.hdims.split(",")])
+        print("all ok" if ok else "SOME CASES FAILED", flush=True)
+        sys.exit(0 if ok else 1)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1":
         print("warning: PYTORCH_NO_CUDA_MEMORY_CACHING is not 1; memcheck cannot see overruns inside "
