@@ -20,8 +20,17 @@ void run_flash_fwd_fp8(FwdParams& p, cudaStream_t stream) {
     throw std::runtime_error("flash_attn_hopper: the FP8 kernels take no qv, paged cache, splits or dv != d");
   }
   dispatch_mask_varlen(p, [&](auto local, auto varlen, auto softcap) {
-    launch_fwd<FwdKernel<FwdFp8PolicyFor<kHeadDim, decltype(local)::value, decltype(varlen)::value,
-                                         decltype(softcap)::value>>>(p, stream);
+    constexpr bool kLocal = decltype(local)::value, kVarlen = decltype(varlen)::value;
+    constexpr bool kSoftcap = decltype(softcap)::value;
+    // The long-keys tile where it differs (policy.h fwd_fp8_tile; varlen: the longest sequence's keys),
+    // without a mask or softcap: those spill with it.
+    if constexpr (!kLocal && !kSoftcap && !same_tile(fwd_fp8_tile<kHeadDim, true>(), fwd_fp8_tile<kHeadDim, false>())) {
+      if (p.seqlen_k >= kFwdLongKeysFrom) {
+        launch_fwd<FwdKernel<FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, true>>>(p, stream);
+        return;
+      }
+    }
+    launch_fwd<FwdKernel<FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap>>>(p, stream);
   });
 }
 

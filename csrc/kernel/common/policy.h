@@ -245,20 +245,21 @@ using FwdQvPolicyFor =
 // The qv kernels' V head dim for v's head dim dv (0: none).
 inline int fwd_qv_head_dim_v(int dv) { return dv <= 64 ? 0 : dv <= 256 ? 256 : dv <= 512 ? 512 : 0; }
 
-// FP8 kernels: one CTA per tile, Q + stages * (K + V as it lands + V^T) <= 227 KB; 192 rows at hdim 64
-// [D:080]. FLASH_FWD_DEV_FP8_BLOCK_N (a tile sweep): keys per stage at hdim 128, a multiple of 32.
+// FP8 kernels: one CTA per tile, Q + stages * (K + V as it lands + V^T) <= 227 KB; 192 rows at hdim 64;
+// at hdim 128 without mask or softcap 224 keys per stage from kFwdLongKeysFrom keys (FA3's tile; shorter
+// keys pad less with 128; masks and softcap spill with it) [D:080]. FLASH_FWD_DEV_FP8_BLOCK_N (a tile sweep): keys per stage of the latter, a multiple of 32.
 #ifndef FLASH_FWD_DEV_FP8_BLOCK_N
-#define FLASH_FWD_DEV_FP8_BLOCK_N 128
+#define FLASH_FWD_DEV_FP8_BLOCK_N 224
 #endif
-template <int kHeadDim>
+template <int kHeadDim, bool kLongKeys = false>
 constexpr FwdTileShape fwd_fp8_tile() {
   return kHeadDim <= 64    ? FwdTileShape{192, 128, 2}
-         : kHeadDim <= 128 ? FwdTileShape{128, FLASH_FWD_DEV_FP8_BLOCK_N, 2}
+         : kHeadDim <= 128 ? FwdTileShape{128, kLongKeys ? FLASH_FWD_DEV_FP8_BLOCK_N : 128, 2}
                            : FwdTileShape{128, 128, 2};
 }
-template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap>
-using FwdFp8PolicyFor =
-    FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>, fwd_fp8_tile<kHeadDim>(), kVarlen, kSoftcap>;
+template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys = false>
+using FwdFp8PolicyFor = FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>, fwd_fp8_tile<kHeadDim, kLongKeys>(),
+                                  kVarlen, kSoftcap>;
 
 // Paged KV kernels take the split tile (decode and chunked prefill over a cache), split or not.
 template <int kHeadDim, typename Element, bool kLocal, bool kSoftcap, bool kSplit>
