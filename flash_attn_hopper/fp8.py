@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _build_info, manifest, op_autograd, sinks, support
+from . import _build_info, manifest, op_autograd, ops, sinks, support
 
 DTYPE = torch.float8_e4m3fn
 HEAD_DIMS = (64, 128, 256)  # the FP8 kernels' (manifest direction "fp8")
@@ -87,20 +87,6 @@ def _check_compiled(head_dim: int) -> None:
             f"{manifest.rebuild_hint([hdim], ['fp8'])}", RuntimeError)
 
 
-def _op(name: str):
-    if not hasattr(torch.ops.flash_attn_hopper, name):
-        _refuse(f"this build has no {name} op (built before FP8 kernels existed); rebuild with "
-                f"`{manifest.BUILD_COMMAND}`", RuntimeError)
-    return getattr(torch.ops.flash_attn_hopper, name)
-
-
-def _sink(learnable_sink, heads_q: int, q):
-    if learnable_sink is None:
-        return None
-    sinks.check_sink(learnable_sink, heads_q, q)
-    return learnable_sink.float().contiguous()
-
-
 def _descales(q_descale, k_descale, v_descale) -> dict:
     return {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
 
@@ -142,8 +128,9 @@ def dense(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, windo
                         **_per_segment(descales, segments))
     scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, softcap, q.shape[1],
                                                    k.shape[1])
-    out, lse = _op("fwd_fp8")(q, k, v, q_descale, k_descale, v_descale, scale, causal, left, right,
-                              softcap=float(softcap), sink=_sink(learnable_sink, q.shape[2], q))
+    op = ops.op_of_build("fwd_fp8", "FP8")
+    out, lse = op(q, k, v, q_descale, k_descale, v_descale, scale, causal, left, right, softcap=float(softcap),
+                  sink=sinks.kernel_sink(learnable_sink, q.shape[2], q))
     return (out, lse) if return_attn_probs else out
 
 
@@ -167,9 +154,10 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
                               learnable_sink=learnable_sink, **_per_segment(descales, segments))
     scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, softcap,
                                                    int(max_seqlen_q), int(max_seqlen_k))
-    out, lse = _op("varlen_fwd_fp8")(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q),
-                                     int(max_seqlen_k), q_descale, k_descale, v_descale, scale, causal, left, right,
-                                     softcap=float(softcap), sink=_sink(learnable_sink, q.shape[1], q))
+    op = ops.op_of_build("varlen_fwd_fp8", "FP8")
+    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
+                  q_descale, k_descale, v_descale, scale, causal, left, right, softcap=float(softcap),
+                  sink=sinks.kernel_sink(learnable_sink, q.shape[1], q))
     return (out, lse) if return_attn_probs else out
 
 

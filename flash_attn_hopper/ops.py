@@ -330,6 +330,14 @@ def _fwd_deterministic_bwd_impl(q, k, v, softmax_scale, causal, window_size_left
 # --------------------------------------------------------------------------
 
 
+def op_of_build(name: str, feature: str):
+    """torch.ops.flash_attn_hopper.<name>, or a clear error when the build predates the feature's kernels."""
+    if not hasattr(torch.ops.flash_attn_hopper, name):
+        raise RuntimeError(f"flash_attn_hopper: this build has no {name} op (built before {feature} kernels "
+                           f"existed); rebuild with `{manifest.BUILD_COMMAND}`")
+    return getattr(torch.ops.flash_attn_hopper, name)
+
+
 def has_varlen_fwd_op() -> bool:
     """Whether ``torch.ops.flash_attn_hopper.varlen_fwd`` exists (builds of this version define it)."""
     return hasattr(torch.ops.flash_attn_hopper, "varlen_fwd")

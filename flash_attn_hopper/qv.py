@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import manifest, offsets, op_autograd, packgqa, sinks, support, support_varlen
+from . import manifest, offsets, op_autograd, ops, packgqa, sinks, support, support_varlen
 
 MAX_HEAD_DIM = 64  # q / k
 MAX_HEAD_DIM_V = 512
@@ -62,20 +62,6 @@ def _check_compiled(q) -> None:
         raise refusal.exception()
 
 
-def _op(name: str):
-    if not hasattr(torch.ops.flash_attn_hopper, name):
-        _refuse(f"this build has no {name} op (built before qv kernels existed); rebuild with "
-                f"`{manifest.BUILD_COMMAND}`", RuntimeError)
-    return getattr(torch.ops.flash_attn_hopper, name)
-
-
-def _sink(learnable_sink, heads_q: int, q):
-    if learnable_sink is None:
-        return None
-    sinks.check_sink(learnable_sink, heads_q, q)
-    return learnable_sink.float().contiguous()
-
-
 def _scale(softmax_scale, d: int, dv: int) -> float:
     return (d + dv) ** (-0.5) if softmax_scale is None else float(softmax_scale)
 
@@ -106,13 +92,16 @@ def dense(q, k, v, qv, softmax_scale, causal, window_size, softcap, learnable_si
             return packgqa.pack_rows(t.reshape(batch * seqlen_q, heads, t.shape[-1]), heads_k).view(
                 batch, seqlen_q * group, heads_k, t.shape[-1])
 
-        out, lse = _op("fwd_qv")(rows(q), k, v, rows(qv), scale, False, -1, -1, softcap=float(softcap),
+        out, lse = ops.op_of_build("fwd_qv", "qv")(rows(q), k, v, rows(qv), scale, False, -1, -1,
+                                                   softcap=float(softcap),
                                  num_splits=num_splits)
         out = packgqa.unpack_rows(out.reshape(batch * seqlen_q * group, heads_k, dv), group)
         out = out.view(batch, seqlen_q, heads, dv)
         return (out, packgqa.unpack_lse(lse, group)) if return_attn_probs else out
-    out, lse = _op("fwd_qv")(q, k, v, qv, scale, answer.causal, left, right, softcap=float(softcap),
-                             sink=_sink(learnable_sink, q.shape[2], q), num_splits=num_splits)
+    out, lse = ops.op_of_build("fwd_qv", "qv")(q, k, v, qv, scale, answer.causal, left, right,
+                                               softcap=float(softcap),
+                                               sink=sinks.kernel_sink(learnable_sink, q.shape[2], q),
+                                               num_splits=num_splits)
     return (out, lse) if return_attn_probs else out
 
 
@@ -131,15 +120,16 @@ def varlen(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
     if _packs(pack_gqa, q, k, answer.max_seqlen_q, answer, (left, right), learnable_sink):
         heads_k, group = k.shape[1], q.shape[1] // k.shape[1]
-        out, lse = _op("varlen_fwd_qv")(
+        out, lse = ops.op_of_build("varlen_fwd_qv", "qv")(
             packgqa.pack_rows(q, heads_k), k, v, packgqa.pack_rows(qv, heads_k), offsets.scaled(cu_seqlens_q, group),
             cu_seqlens_k, None if seqused_q is None else seqused_q * group, seqused_k, answer.max_seqlen_q * group,
             answer.max_seqlen_k, scale, False, -1, -1, softcap=float(softcap), num_splits=num_splits)
         out = packgqa.unpack_rows(out, group)
         return (out, packgqa.unpack_lse(lse, group)) if return_attn_probs else out
-    out, lse = _op("varlen_fwd_qv")(
+    out, lse = ops.op_of_build("varlen_fwd_qv", "qv")(
         q, k, v, qv, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, answer.max_seqlen_q, answer.max_seqlen_k,
-        scale, answer.causal, left, right, softcap=float(softcap), sink=_sink(learnable_sink, q.shape[1], q),
+        scale, answer.causal, left, right, softcap=float(softcap),
+        sink=sinks.kernel_sink(learnable_sink, q.shape[1], q),
         num_splits=num_splits)
     return (out, lse) if return_attn_probs else out
 
@@ -178,7 +168,7 @@ def paged(q, k_cache, v_cache, qv, page_table, cu_seqlens_q, cu_seqlens_k, max_s
                 f"{manifest.MAX_SEQLEN_SUM}")
     max_k = min(answer.max_seqlen_k, capacity)
     left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
-    op = _op("paged_fwd_qv")
+    op = ops.op_of_build("paged_fwd_qv", "qv")
     if _packs(pack_gqa, q, k_cache, answer.max_seqlen_q, answer, (left, right), learnable_sink):
         heads_k, group = k_cache.shape[2], q.shape[1] // k_cache.shape[2]
         out, lse = op(packgqa.pack_rows(q, heads_k), k_cache, v_cache, packgqa.pack_rows(qv, heads_k), page_table,
@@ -188,7 +178,7 @@ def paged(q, k_cache, v_cache, qv, page_table, cu_seqlens_q, cu_seqlens_k, max_s
         return (out, packgqa.unpack_lse(lse, group)) if return_attn_probs else out
     out, lse = op(q, k_cache, v_cache, qv, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, answer.max_seqlen_q,
                   max_k, scale, answer.causal, left, right, softcap=float(softcap),
-                  sink=_sink(learnable_sink, q.shape[1], q), num_splits=num_splits)
+                  sink=sinks.kernel_sink(learnable_sink, q.shape[1], q), num_splits=num_splits)
     return (out, lse) if return_attn_probs else out
 
 

@@ -120,6 +120,14 @@ def register(lib) -> None:
     )
 
 
+def kernel_sink(sink, heads_q: int, q):
+    """A learnable_sink checked (check_sink) and as the kernels take it, float32 contiguous; None stays None."""
+    if sink is None:
+        return None
+    check_sink(sink, heads_q, q)
+    return sink.float().contiguous()
+
+
 def check_sink(sink, heads_q: int, q) -> None:
     """A clear error for a learnable_sink that is not a (nheads,) float32-or-q.dtype tensor on q's device."""
     if not isinstance(sink, torch.Tensor):

@@ -391,7 +391,8 @@ _OVERRIDES = {
     "_scaled_dot_product_flash_attention_backward": (sdpa_flash_backward_refusal, _sdpa_flash_backward),
     "_flash_attention_backward": (flash_attention_backward_refusal, _flash_attention_backward),
     "_scaled_dot_product_flash_attention.quantized": (sdpa_flash_quantized_refusal, _sdpa_flash_forward_quantized),
-    "_flash_attention_forward.quantized": (flash_attention_forward_quantized_refusal, _flash_attention_forward_quantized),
+    "_flash_attention_forward.quantized": (flash_attention_forward_quantized_refusal,
+                                           _flash_attention_forward_quantized),
 }
 
 

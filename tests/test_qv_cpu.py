@@ -104,7 +104,7 @@ def test_default_scale_is_fa3s(monkeypatch, everything_compiled):
             seen["scale"] = args[4]
             raise RuntimeError("stop")
 
-    monkeypatch.setattr(qv_calls, "_op", lambda name: Op())
+    monkeypatch.setattr(qv_calls.ops, "op_of_build", lambda name, feature: Op())
     monkeypatch.setattr(qv_calls.support, "check", lambda *a, **kw: _Answer())
     q, k, v, qv = dense(dv=448)
     with pytest.raises(RuntimeError, match="stop"):
