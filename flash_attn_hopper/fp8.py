@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _build_info, manifest, op_autograd, ops, sinks, support
+from . import _build_info, manifest, ops, sinks, support
 
 DTYPE = torch.float8_e4m3fn
 HEAD_DIMS = (64, 128, 256)  # the FP8 kernels' (manifest direction "fp8")
@@ -177,21 +177,6 @@ def _varlen_fwd_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused
             q.new_empty((heads, total_q), dtype=torch.float32))
 
 
-def _no_backward(ctx, *grads):
-    raise RuntimeError("flash_attn_hopper: FP8 attention has no backward (as FlashAttention-3)")
-
-
-def register(lib) -> None:
-    """Fake kernels of the FP8 ops (torch.compile / export) and an autograd formula that refuses the
-    backward, where the build has the ops."""
-    for name, fake in (("fwd_fp8", _fwd_fp8_fake), ("varlen_fwd_fp8", _varlen_fwd_fp8_fake)):
-        if hasattr(torch.ops.flash_attn_hopper, name):
-            torch.library.register_fake(f"flash_attn_hopper::{name}", fake, lib=lib)
-            op_autograd.register_autograd(f"flash_attn_hopper::{name}", _no_backward,
-                                          setup_context=lambda ctx, inputs, output: None, lib=lib)
-
-
-from . import ops as _ops  # noqa: E402  (after the definitions: ops imports nothing of this module)
-
-if _ops._PY_LIBRARY is not None:
-    register(_ops._PY_LIBRARY)
+if ops._PY_LIBRARY is not None:  # fake kernels; the backward raises
+    ops.register_forward_only(ops._PY_LIBRARY, {"fwd_fp8": _fwd_fp8_fake, "varlen_fwd_fp8": _varlen_fwd_fp8_fake},
+                              "flash_attn_hopper: FP8 attention has no backward (as FlashAttention-3)")

@@ -338,6 +338,21 @@ def op_of_build(name: str, feature: str):
     return getattr(torch.ops.flash_attn_hopper, name)
 
 
+def register_forward_only(lib, fakes: dict, message: str) -> None:
+    """Fake kernels ({op name: fake}) of forward-only ops, for torch.compile / export, and an autograd
+    formula that raises `message` on the backward (the forward runs on inputs that require grad, as
+    FA3's), for the ops this build has."""
+
+    def no_backward(ctx, *grads):
+        raise RuntimeError(message)
+
+    for name, fake in fakes.items():
+        if hasattr(torch.ops.flash_attn_hopper, name):
+            torch.library.register_fake(f"flash_attn_hopper::{name}", fake, lib=lib)
+            op_autograd.register_autograd(f"flash_attn_hopper::{name}", no_backward,
+                                          setup_context=lambda ctx, inputs, output: None, lib=lib)
+
+
 def has_varlen_fwd_op() -> bool:
     """Whether ``torch.ops.flash_attn_hopper.varlen_fwd`` exists (builds of this version define it)."""
     return hasattr(torch.ops.flash_attn_hopper, "varlen_fwd")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import manifest, offsets, op_autograd, ops, packgqa, sinks, support, support_varlen
+from . import manifest, offsets, ops, packgqa, sinks, support, support_varlen
 
 MAX_HEAD_DIM = 64  # q / k
 MAX_HEAD_DIM_V = 512
@@ -203,24 +203,9 @@ def _varlen_fwd_qv_fake(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, seqused_q, sequ
     return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
 
 
-def _no_backward(ctx, *grads):
-    raise RuntimeError("flash_attn_hopper: qv has no backward (as FlashAttention-3); the forward ran, gradients "
-                       "through it cannot be computed: run it under torch.no_grad() / torch.inference_mode()")
-
-
-def register(lib) -> None:
-    """Fake kernels of the qv ops (torch.compile / export trace them without a GPU) and an autograd
-    formula that refuses the backward (the forward runs on inputs that require grad, as FA3's),
-    where the build has the ops."""
-    for name, fake in (("fwd_qv", _fwd_qv_fake), ("varlen_fwd_qv", _varlen_fwd_qv_fake),
-                       ("paged_fwd_qv", _paged_fwd_qv_fake)):
-        if hasattr(torch.ops.flash_attn_hopper, name):
-            torch.library.register_fake(f"flash_attn_hopper::{name}", fake, lib=lib)
-            op_autograd.register_autograd(f"flash_attn_hopper::{name}", _no_backward,
-                                          setup_context=lambda ctx, inputs, output: None, lib=lib)
-
-
-from . import ops as _ops  # noqa: E402  (after the definitions: ops imports nothing of this module)
-
-if _ops._PY_LIBRARY is not None:
-    register(_ops._PY_LIBRARY)
+if ops._PY_LIBRARY is not None:  # fake kernels; the backward raises
+    ops.register_forward_only(
+        ops._PY_LIBRARY,
+        {"fwd_qv": _fwd_qv_fake, "varlen_fwd_qv": _varlen_fwd_qv_fake, "paged_fwd_qv": _paged_fwd_qv_fake},
+        "flash_attn_hopper: qv has no backward (as FlashAttention-3); the forward ran, gradients through it "
+        "cannot be computed: run it under torch.no_grad() / torch.inference_mode()")
