@@ -6,7 +6,7 @@
 // pair 2q, 2q + 1 of two rows; the e4m3 A operand wants, per 32 keys, 4 consecutive K indices 4q..4q+3
 // (and 16 + 4q..) of the same rows. Renaming registers instead of shuffling them across lanes, A's
 // K index 4q + i of each 16 holds key 2q + (i & 1) + 8 (i >> 1): the keys of P.V's K dimension are
-// permuted within every 16 (fp8_key), and V^T is written in that order.
+// permuted within every 16, and V^T is written in that order (transpose_v).
 #pragma once
 
 #include "kernel/common/config.h"
@@ -16,7 +16,6 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>
-
 
 namespace flash {
 
@@ -42,11 +41,6 @@ struct Fp8Args {
   }
 };
 struct NoFp8 {};
-
-// The key that P.V's K index k holds (the permutation within each 16 above).
-CUTLASS_HOST_DEVICE constexpr int fp8_key(int k) {
-  return (k & ~15) + 2 * ((k & 15) >> 2) + (k & 1) + 8 * ((k >> 1) & 1);
-}
 
 // P's e4m3 A-operand fragment for a warpgroup's 64 rows by kBlockN keys: ((4, 2, 2), 1, N/32).
 template <int kBlockN>
@@ -79,7 +73,7 @@ CUTLASS_DEVICE void quantize_p(TensorS const& acc, TensorP& p) {
 // A landed V stage (N, dv) into V^T (dv, N) by the producer warpgroup, in units of 16 keys by 32
 // columns per warp: ldmatrix.trans (b16) gives lane (q, c) = (lane % 4, lane / 4), per 8 keys and 16
 // bytes, the bytes of keys 2q, 2q + 1 at columns 2c, 2c + 1; two byte permutes make the words of
-// V^T rows 2c and 2c + 1 holding keys 2q, 2q + 1, 8 + 2q, 9 + 2q (K indices 4q..4q + 3, fp8_key),
+// V^T rows 2c and 2c + 1 holding keys 2q, 2q + 1, 8 + 2q, 9 + 2q (K indices 4q..4q + 3, as P's),
 // and stmatrix writes them, the even and odd rows as separate 8 x 16-byte matrices. A warp keeps its
 // columns and walks the keys, so its loads step by a constant (16 rows of V's swizzled layout).
 template <int kBlockN, int kHeadDimV, typename LayoutV, typename LayoutVt, typename Element>
