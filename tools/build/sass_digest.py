@@ -134,7 +134,7 @@ def main() -> int:
     p.add_argument("--out", help="folder for cubins, SASS and digest.json")
     p.add_argument("--hdims")
     p.add_argument("--dtypes")
-    p.add_argument("--direction", choices=["fwd", "bwd", "paged", "qv"])
+    p.add_argument("--direction", choices=list(gen.load_manifest().DIRECTIONS))
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = p.parse_args()
