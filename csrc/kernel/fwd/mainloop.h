@@ -165,22 +165,7 @@ struct FwdMainloop {
       load_paged(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, q_empty_phase, q_slot);
       return;
     }
-    int const m_block = t.m_block, head = t.head, batch = t.batch;
-    int const head_kv = head / params.q_heads_per_kv_head;
-    Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head, batch_coord(batch)), seq.offset_q(params));  // (sq, d)
-    Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));  // (sk, d)
-    Tensor mV = rows_of(params.tma_v.get_tma_tensor(shape_v(params))(_, _, head_kv, batch_coord(batch)), seq.offset_k(params));
-    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
-    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
-    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (N, DV, n)
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});  // (M, D)
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});   // (N, D, stages)
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});    // (N, DV, stages)
-
-    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-
+    auto [tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV] = tma_slices(params, seq, smem, t, q_slot);
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(state_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
@@ -199,6 +184,26 @@ struct FwdMainloop {
       smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
       copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
     });
+  }
+
+  // Tile t's TMA views, (global, shared) pairs: Q's (into Q buffer q_slot) and, per key block, K's and V's.
+  template <typename Params, typename Seq>
+  CUTLASS_DEVICE auto tma_slices(Params const& params, Seq const& seq, SharedStorage& smem, FwdTile const& t,
+                                 int q_slot) const {
+    int const head_kv = t.head / params.q_heads_per_kv_head;
+    Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, batch_coord(t.batch)), seq.offset_q(params));  // (sq, d)
+    Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(t.batch)), seq.offset_k(params));  // (sk, d)
+    Tensor mV = rows_of(params.tma_v.get_tma_tensor(shape_v(params))(_, _, head_kv, batch_coord(t.batch)), seq.offset_k(params));
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));  // (M, D)
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (N, DV, n)
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});  // (M, D)
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});   // (N, D, stages)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});    // (N, DV, stages)
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    return cute::make_tuple(tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV);
   }
 
   // The producer's order: K(n_max-1) (it may stream in while the previous tile still holds the Q

@@ -27,19 +27,7 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
                                                   int q_empty_phase, int q_slot) const {
   int const tid = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
   bool const leader = tid == 0;
-  int const head_kv = t.head / params.q_heads_per_kv_head;
-  Tensor mQ = rows_of(params.tma_q.get_tma_tensor(params.shape_q)(_, _, t.head, batch_coord(t.batch)), seq.offset_q(params));
-  Tensor mK = rows_of(params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_kv, batch_coord(t.batch)), seq.offset_k(params));
-  Tensor mV = rows_of(params.tma_v.get_tma_tensor(shape_v(params))(_, _, head_kv, batch_coord(t.batch)), seq.offset_k(params));
-  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
-  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q_data(q_slot)), SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
-  auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-  auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  auto [tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV] = tma_slices(params, seq, smem, t, q_slot);
 
   using LayoutV1 = decltype(take<0, 2>(SmemLayoutV{}));
   using LayoutVt1 = decltype(take<0, 2>(typename Layouts::SmemLayoutVtK{}));
