@@ -9,7 +9,8 @@ split-KV chosen), flash_attn_hopper-nosplit (flash_attn_func on (batch, 1, heads
 per head), sdpa-cudnn, sdpa-flash (enable_gqa), fa3 (flash_attn_with_kvcache when importable); on
 request flash_attn_hopper-sN (num_splits=N) and the paged cache: flash_attn_hopper-pagedP and
 fa3-pagedP (the same cache as pages of P rows in a random page table). --seqlen-q N > 1 times a causal
-chunk of N queries per sequence (prefill against the cache) instead of one.
+chunk of N queries per sequence (prefill against the cache) instead of one. --fp8: q and the cache in
+float8_e4m3fn with (batch, nheads_kv) descales (ours and FA3; the bytes read are then one per element).
 
     python benchmarks/benchmark_decode.py --rounds 3            # results/decode-<date>.{csv,md}
     python benchmarks/benchmark_decode.py --batches 8 --caches 32768 --hdims 128
@@ -42,6 +43,19 @@ def kv_bytes(batch: int, cache: int, heads_kv: int, hdim: int, elem: int = 2) ->
     return 2 * batch * cache * heads_kv * hdim * elem
 
 
+_DESCALES: dict = {}
+
+
+def _descales(q, k) -> dict:
+    """FP8 calls' descales, (batch, nheads_kv) per tensor (made once per shape), else none."""
+    if q.dtype != torch.float8_e4m3fn:
+        return {}
+    key = (q.shape[0], k.shape[-2], q.device)
+    if key not in _DESCALES:
+        _DESCALES[key] = torch.full(key[:2], 0.5, device=q.device)
+    return {"q_descale": _DESCALES[key], "k_descale": _DESCALES[key], "v_descale": _DESCALES[key]}
+
+
 def _ours(split: bool = True, num_splits: int = 0):
     """flash_attn_with_kvcache (split-KV chosen, its default, or at most num_splits), or
     flash_attn_func without splits."""
@@ -52,8 +66,8 @@ def _ours(split: bool = True, num_splits: int = 0):
         raise ba.ProviderUnavailable(reason)
     if split:
         return lambda q, k, v: flash_attn_hopper.flash_attn_with_kvcache(q, k, v, num_splits=num_splits,
-                                                                         causal=q.shape[1] > 1)
-    return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=q.shape[1] > 1)
+                                                                         causal=q.shape[1] > 1, **_descales(q, k))
+    return lambda q, k, v: flash_attn_hopper.flash_attn_func(q, k, v, causal=q.shape[1] > 1, **_descales(q, k))
 
 
 def _sdpa(backend_name: str):
@@ -75,7 +89,7 @@ def _sdpa(backend_name: str):
 
 def _fa3():
     fa3_kvcache = ba.fa3_function("flash_attn_with_kvcache")
-    return lambda q, k, v: fa3_kvcache(q, k, v, causal=q.shape[1] > 1)
+    return lambda q, k, v: fa3_kvcache(q, k, v, causal=q.shape[1] > 1, **_descales(q, k))
 
 
 def _paged(fn, page_size: int):
@@ -91,7 +105,7 @@ def _paged(fn, page_size: int):
             pages = torch.randperm(batch * cache // page_size, device=k.device, generator=gen)
             tables[key] = pages.view(batch, -1).to(torch.int32)
         k_pages, v_pages = (t.view(-1, page_size, hk, d) for t in (k, v))
-        return fn(q, k_pages, v_pages, page_table=tables[key], causal=q.shape[1] > 1)
+        return fn(q, k_pages, v_pages, page_table=tables[key], causal=q.shape[1] > 1, **_descales(q, k))
 
     return run
 
@@ -135,6 +149,8 @@ def measure(provider, run, batch, cache, gqa, hdim, args) -> Row:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(batch, args.seqlen_q, hq, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(batch, cache, hk, hdim, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    if args.fp8:
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
     try:
         with torch.no_grad():
             if args.graph:
@@ -151,7 +167,7 @@ def measure(provider, run, batch, cache, gqa, hdim, args) -> Row:
                 del graph
             else:
                 ms = ba.time_ms(lambda: run(q, k, v), args.warmup, args.rep)
-        row.gbps = kv_bytes(batch, cache, hk, hdim) / ms / 1e6
+        row.gbps = kv_bytes(batch, cache, hk, hdim, k.element_size()) / ms / 1e6
     except Exception as err:  # a failing provider records NaN and the run goes on
         print(f"    {provider} b{batch} cache {cache} {gqa} hdim {hdim} failed: {ba._first_line(err)}", flush=True)
     del q, k, v
@@ -159,13 +175,14 @@ def measure(provider, run, batch, cache, gqa, hdim, args) -> Row:
     return row
 
 
-def markdown(rows: list[Row], env: dict, graph: bool = False, seqlen_q: int = 1) -> str:
+def markdown(rows: list[Row], env: dict, graph: bool = False, seqlen_q: int = 1, fp8: bool = False) -> str:
     providers = list(dict.fromkeys(r.provider for r in rows))
     table = {(r.provider, r.batch, r.cache, r.gqa, r.hdim): r.gbps for r in rows}
     keys = list(dict.fromkeys((r.batch, r.cache, r.gqa, r.hdim) for r in rows))
     out = [f"# Decode (K/V bytes read per second), {env['date']}", "",
            f"GPU {env['gpu']}, torch {env['torch']}, flash_attn_hopper {env['flash_attn_hopper']}. GB/s; "
            + ("one query token per sequence; " if seqlen_q == 1 else f"{seqlen_q} causal queries per sequence; ")
+           + ("q and K/V float8_e4m3fn with descales; " if fp8 else "")
            + "median of the rounds, providers rotated; "
            + ("each call captured in a CUDA graph and replayed (GPU work only)." if graph
               else "eager calls (host work per call included)."), "",
@@ -200,6 +217,7 @@ def main(argv=None) -> int:
     ba.common_args(p)
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays of each call (no host work)")
     p.add_argument("--seqlen-q", type=int, default=1, help="queries per sequence (> 1: a causal prefill chunk)")
+    p.add_argument("--fp8", action="store_true", help="q and the cache in float8_e4m3fn, with descales")
     p.add_argument("--out", type=Path, default=None, help="file stem (default results/decode-<date>)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -226,7 +244,7 @@ def main(argv=None) -> int:
             print(f"b{batch:<3d} cache {cache:<7d} {gqa:5s} hdim {hdim:3d} {n:18s} {rows[-1].gbps:8.0f} GB/s", flush=True)
     records = [[r.provider, r.batch, r.cache, r.gqa, r.hdim, f"{r.gbps:.1f}"] for r in rows]
     rounds.write_results("decode", ["provider", "batch", "cache", "gqa", "hdim", "gbps"], records,
-                         markdown(rows, ba.environment(), args.graph, args.seqlen_q), args.out)
+                         markdown(rows, ba.environment(), args.graph, args.seqlen_q, args.fp8), args.out)
     return 0
 
 

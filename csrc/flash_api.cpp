@@ -278,8 +278,8 @@ std::tuple<Tensor, Tensor> mha_varlen_fwd_qv(Tensor const& q, Tensor const& k, T
                              num_splits, 1, qv);
 }
 
-#include "api/paged.h"  // paged_fwd (after fill_empty_lse)
 #include "api/fp8.h"    // fwd_fp8, varlen_fwd_fp8 (after set_outputs, fill_empty_lse)
+#include "api/paged.h"  // paged_fwd, paged_fwd_qv, paged_fwd_fp8 (after fp8.h)
 
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 using BwdFn = void (*)(flash::BwdParams&, cudaStream_t);
@@ -539,6 +539,12 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, Tensor? q_descale, Tensor? k_descale, "
         "Tensor? v_descale, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
         "bool top_left=False, float softcap=0.0, Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
+  // paged_fwd with FP8 q and caches (unsplit, unpacked).
+  m.def("paged_fwd_fp8(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, Tensor? q_descale, "
+        "Tensor? k_descale, Tensor? v_descale, float softmax_scale, bool causal, int window_size_left=-1, "
+        "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None) "
+        "-> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).
@@ -569,6 +575,7 @@ FLASH_ATTN_HOPPER_LIBRARY_IMPL(FLASH_ATTN_HOPPER_OP_NAMESPACE, CUDA, m) {
   m.impl("paged_fwd_qv", TORCH_BOX(&mha_paged_fwd_qv));
   m.impl("fwd_fp8", TORCH_BOX(&mha_fwd_fp8));
   m.impl("varlen_fwd_fp8", TORCH_BOX(&mha_varlen_fwd_fp8));
+  m.impl("paged_fwd_fp8", TORCH_BOX(&mha_paged_fwd_fp8));
 #if FLASH_ATTN_HOPPER_BUILD_BWD
   m.impl("bwd", TORCH_BOX(&mha_bwd));
   m.impl("varlen_bwd", TORCH_BOX(&mha_varlen_bwd));

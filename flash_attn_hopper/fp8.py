@@ -11,16 +11,18 @@ chip; head dims that are multiples of 16 up to 256 run on the hdim 64 / 128 / 25
 :func:`varlen`: causal, windows, GQA, softcap, a learnable sink and ``attention_chunk`` (on the
 varlen kernels over the chunk segments, each taking its sequence's descales) as everywhere else;
 ``num_splits`` and ``pack_gqa`` are performance hints the FP8 kernels do not take (they run unsplit,
-unpacked: the same result). Forward only, as FA3's: the forward runs on inputs that require grad, the
-backward raises. Refused with a clear error before any launch: inputs mixing FP8 with other dtypes,
-descales of the wrong shape / dtype / device, qv, dv != d and KV caches (paged or not).
+unpacked: the same result). A paged FP8 cache (``page_table``, paged.py's layout) is read in place by
+kernels whose producer gathers its rows and transposes V (:func:`paged`). Forward only, as FA3's: the
+forward runs on inputs that require grad, the backward raises. Refused with a clear error before any
+launch: inputs mixing FP8 with other dtypes, descales of the wrong shape / dtype / device, qv and dv != d.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _build_info, manifest, ops, sinks, support
+from . import _build_info, manifest, offsets, ops, sinks, support
+from . import paged as paged_cache
 
 DTYPE = torch.float8_e4m3fn
 HEAD_DIMS = (64, 128, 256)  # the FP8 kernels' (manifest direction "fp8")
@@ -43,21 +45,20 @@ def kernel_head_dim(head_dim: int) -> int | None:
     return next((d for d in HEAD_DIMS if head_dim <= d), None)
 
 
-def check(q, k, v, descales, *, varlen: bool, batch: int | None = None, qv=None, page_table=None) -> None:
-    """Clear errors, before any launch, for what the FP8 kernels do not take."""
-    dims = 3 if varlen else 4
+def check(q, k, v, descales, *, varlen: bool, batch: int | None = None, qv=None, paged: bool = False) -> None:
+    """Clear errors, before any launch, for what the FP8 kernels do not take (paged: k and v are
+    (num_pages, page_size, nheads_kv, d) caches)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             _refuse(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
         if t.dtype != DTYPE:
             _refuse(f"FP8 attention needs q, k and v all in {DTYPE}; got q {q.dtype}, k {k.dtype}, v {v.dtype} "
                     "(cast all three, with their descales, or none)", TypeError)
+        dims = 4 if not varlen or (paged and name != "q") else 3
         if t.dim() != dims:
             _refuse(f"{name} must be a {dims}-D tensor, got shape {tuple(t.shape)}")
-    for asked, refused in (("qv", qv is not None), ("a paged KV cache", page_table is not None)):
-        if refused:
-            _refuse(f"FP8 inputs with {asked} have no kernels in this version; pass bf16/fp16 inputs for it",
-                    RuntimeError)
+    if qv is not None:
+        _refuse("FP8 inputs with qv have no kernels in this version; pass bf16/fp16 inputs for it", RuntimeError)
     d, dv = q.shape[-1], v.shape[-1]
     if k.shape[-1] != d or dv != d:
         _refuse(f"FP8 attention needs one head dim for q, k and v; got {d}, {k.shape[-1]}, {dv}")
@@ -138,10 +139,19 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
            k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_attn_probs,
            softcap=0.0, attention_chunk=0, qv=None, page_table=None):
     """flash_attn_varlen_func with FP8 inputs (descales per sequence and KV head)."""
+    if page_table is not None:
+        if attention_chunk:
+            _refuse("flash_attn_varlen_func takes attention_chunk or page_table, not both: flash_attn_with_kvcache "
+                    "runs chunked attention over a paged cache")
+        if seqused_q is not None:
+            _refuse("seqused_q is not taken with a page table: pass cu_seqlens_q of the used queries")
+        return paged(q, k, v, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                     q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink,
+                     return_attn_probs, softcap=softcap, qv=qv)
     if not isinstance(cu_seqlens_q, torch.Tensor) or not isinstance(cu_seqlens_k, torch.Tensor):
         _refuse("cu_seqlens_q and cu_seqlens_k must be int32 tensors (batch + 1,)", TypeError)
     descales = _descales(q_descale, k_descale, v_descale)
-    check(q, k, v, descales, varlen=True, batch=cu_seqlens_q.shape[0] - 1, qv=qv, page_table=page_table)
+    check(q, k, v, descales, varlen=True, batch=cu_seqlens_q.shape[0] - 1, qv=qv)
     if attention_chunk:
         from . import chunked
         from .interface import flash_attn_varlen_func  # interface imports this module
@@ -156,6 +166,32 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
                                                    int(max_seqlen_q), int(max_seqlen_k))
     op = ops.op_of_build("varlen_fwd_fp8", "FP8")
     out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
+                  q_descale, k_descale, v_descale, scale, causal, left, right, softcap=float(softcap),
+                  sink=sinks.kernel_sink(learnable_sink, q.shape[1], q))
+    return (out, lse) if return_attn_probs else out
+
+
+def paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+          q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_attn_probs,
+          softcap=0.0, qv=None):
+    """A paged FP8 cache (paged.py's layout and rules; seqused_k required, cu_seqlens_k None = keys from
+    position 0): flash_attn_varlen_func / flash_attn_with_kvcache with a page table and FP8 inputs."""
+    if not isinstance(cu_seqlens_q, torch.Tensor):
+        _refuse("cu_seqlens_q must be an int32 tensor of batch + 1 offsets", TypeError)
+    descales = _descales(q_descale, k_descale, v_descale)
+    check(q, k_cache, v_cache, descales, varlen=True, batch=cu_seqlens_q.shape[0] - 1, qv=qv, paged=True)
+    refusal = paged_cache.cache_refusal(k_cache, v_cache, page_table, q)
+    if refusal is not None:
+        raise refusal.exception()
+    if seqused_k is None:
+        _refuse("with a page table, seqused_k (int32 (batch,): each sequence's number of keys) is required")
+    if cu_seqlens_k is None:
+        cu_seqlens_k = offsets.constant("full", cu_seqlens_q.shape[0], 0, q.device)
+    max_k = min(int(max_seqlen_k), page_table.shape[1] * k_cache.shape[1])  # a page-table row's capacity
+    scale, causal, left, right = _scale_and_window(q, k_cache, v_cache, softmax_scale, causal, window_size, softcap,
+                                                   int(max_seqlen_q), max_k)
+    op = ops.op_of_build("paged_fwd_fp8", "paged FP8")
+    out, lse = op(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), max_k,
                   q_descale, k_descale, v_descale, scale, causal, left, right, softcap=float(softcap),
                   sink=sinks.kernel_sink(learnable_sink, q.shape[1], q))
     return (out, lse) if return_attn_probs else out
@@ -177,6 +213,14 @@ def _varlen_fwd_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused
             q.new_empty((heads, total_q), dtype=torch.float32))
 
 
+def _paged_fwd_fp8_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                        max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale, causal, window_size_left=-1,
+                        window_size_right=-1, top_left=False, softcap=0.0, sink=None):
+    return _varlen_fwd_fp8_fake(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, None, seqused_k, max_seqlen_q,
+                                max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale, causal)
+
+
 if ops._PY_LIBRARY is not None:  # fake kernels; the backward raises
-    ops.register_forward_only(ops._PY_LIBRARY, {"fwd_fp8": _fwd_fp8_fake, "varlen_fwd_fp8": _varlen_fwd_fp8_fake},
+    ops.register_forward_only(ops._PY_LIBRARY, {"fwd_fp8": _fwd_fp8_fake, "varlen_fwd_fp8": _varlen_fwd_fp8_fake,
+                                                "paged_fwd_fp8": _paged_fwd_fp8_fake},
                               "flash_attn_hopper: FP8 attention has no backward (as FlashAttention-3)")

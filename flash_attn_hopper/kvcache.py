@@ -12,8 +12,8 @@ New keys come as (batch, seqlen_new, nheads_k, d), or packed (total_new, nheads_
 ``cu_seqlens_k_new``. A paged cache (``page_table``; paged.py) is read in place the same way, the
 new tokens written to their pages; ``cache_batch_idx`` then picks page-table rows, and
 ``cache_leftpad`` moves each sequence's first key as in a contiguous cache. Not in this version
-(refused, naming the argument): FP8 paged caches, descales with 16-bit inputs, ``sm_margin``. FP8 q and
-contiguous caches (float8_e4m3fn, with FA3's (batch, nheads_k) descales) run on the FP8 kernels
+(refused, naming the argument): descales with 16-bit inputs, ``sm_margin``. FP8 q and caches
+(float8_e4m3fn, contiguous or paged, with FA3's (batch, nheads_k) descales) run on the FP8 kernels
 (fp8.py), appends and rotary included (rotated in float32, stored as e4m3). ``qv`` (MLA decode) runs on the qv
 kernels over a contiguous or a paged cache (qv.py). No backward, as in
 FlashAttention-3. ``attention_chunk`` runs as chunk segments of each sequence (chunked.py).
@@ -193,10 +193,7 @@ def flash_attn_with_kvcache(
     Returns:
         out like q, and softmax_lse when return_softmax_lse.
     """
-    is_fp8 = fp8.is_fp8(q, k_cache, v_cache, k, v)  # FP8 (fp8.py): a contiguous cache, descales per sequence
-    if is_fp8 and page_table is not None:
-        raise RuntimeError("flash_attn_hopper: FP8 (float8_e4m3fn) with a paged KV cache has no kernels in this "
-                           "version (a contiguous FP8 cache runs); pass a bf16/fp16 paged cache")
+    is_fp8 = fp8.is_fp8(q, k_cache, v_cache, k, v)  # FP8 (fp8.py): descales per sequence
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if value is not None and not is_fp8:
             raise ValueError(f"flash_attn_hopper: {name} applies to FP8 (float8_e4m3fn) inputs only; pass q and the "
@@ -352,6 +349,11 @@ def flash_attn_with_kvcache(
         if page_table is not None:  # each chunk segment reads its sequence's row of pages
             page_table = page_table.repeat_interleave(-(-seqlen_q // attention_chunk) + 2, dim=0)
     qv_rows = None if qv is None else _query_rows(qv, cu_seqlens_q, batch, seqlen_q)[0]
+    if page_table is not None and is_fp8:
+        result = fp8.paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, used_k, q_descale,
+                           k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_softmax_lse,
+                           softcap=softcap, qv=qv_rows)
+        return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
     if page_table is not None and qv is not None:
         result = qv_calls.paged(q_rows, k_cache, v_cache, qv_rows, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,
                                 softmax_scale, causal, window_size, softcap, learnable_sink, return_softmax_lse,

@@ -81,8 +81,16 @@ def test_varlen_fp8_checks_descales_per_sequence():
     cu = torch.tensor([0, 50, 128], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"\(batch, nheads_kv\) = \(2, 2\)"):
         flash_attn_varlen_func(q, k, v, cu, cu, 78, 78, q_descale=torch.ones(3, 2))
-    with pytest.raises(RuntimeError, match="a paged KV cache"):
-        flash_attn_varlen_func(q, k, v, cu, cu, 78, 78, page_table=torch.zeros(2, 1, dtype=torch.int32))
+    pages = torch.randn(6, 16, 2, 128).to(FP8)
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="k must be a 4-D tensor"):  # a page table takes (pages, rows, heads, d)
+        flash_attn_varlen_func(q, k, v, cu, None, 78, 64, seqused_k=torch.tensor([3, 64], dtype=torch.int32),
+                               page_table=table)
+    with pytest.raises(ValueError, match="seqused_k"):
+        flash_attn_varlen_func(q, pages, pages, cu, None, 78, 64, page_table=table)
+    with pytest.raises(ValueError, match=r"k_descale must be .* \(2, 2\)"):
+        flash_attn_varlen_func(q, pages, pages, cu, None, 78, 64, seqused_k=torch.tensor([3, 64], dtype=torch.int32),
+                               page_table=table, k_descale=torch.ones(1, 2))
 
 
 def test_a_valid_fp8_call_on_cpu_stops_at_the_device_check(monkeypatch):
@@ -91,16 +99,18 @@ def test_a_valid_fp8_call_on_cpu_stops_at_the_device_check(monkeypatch):
         flash_attn_func(*qkv(), q_descale=torch.ones(2, 2), causal=True)
 
 
-def test_fp8_kv_caches_paged_refused_contiguous_taken(monkeypatch):
+def test_fp8_kv_caches_paged_and_contiguous_reach_the_device_check(monkeypatch):
     from flash_attn_hopper import flash_attn_with_kvcache
 
     q, k, v = qkv()
     lens = torch.tensor([64, 64], dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="FP8 .* with a paged KV cache has no kernels"):
-        flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, page_table=torch.zeros(2, 1, dtype=torch.int32))
     with pytest.raises(ValueError, match="q_descale applies to FP8|Pass FP8"):
         flash_attn_with_kvcache(*(t.to(torch.bfloat16) for t in (q, k, v)), cache_seqlens=lens,
                                 q_descale=torch.ones(2, 2))
     monkeypatch.setattr(fp8, "_check_compiled", lambda head_dim: None)
     with pytest.raises(ValueError, match="are on cpu"):  # a contiguous FP8 cache with descales reaches the device check
         flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, k_descale=torch.ones(2, 2), causal=True)
+    pages = torch.randn(6, 16, 2, 128).to(FP8)
+    with pytest.raises(ValueError, match="are on cpu"):  # so does a paged one
+        flash_attn_with_kvcache(q, pages, pages, cache_seqlens=lens, page_table=torch.zeros(2, 4, dtype=torch.int32),
+                                v_descale=torch.ones(2, 2), causal=True)

@@ -245,10 +245,14 @@ def test_fp8_refusals_on_the_gpu():
     with pytest.raises(ValueError, match="applies to FP8"):
         flash_attn_func(*(torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
                         k_descale=torch.ones(1, 2, device="cuda"))
-    with pytest.raises(RuntimeError, match="FP8 .* with a paged KV cache"):
-        from flash_attn_hopper import flash_attn_with_kvcache
-        flash_attn_with_kvcache(q, q, q, cache_seqlens=torch.tensor([64], dtype=torch.int32, device="cuda"),
-                                page_table=torch.zeros(1, 1, dtype=torch.int32, device="cuda"))
+    pages = torch.zeros(4, 16, 2, 128, device="cuda").to(FP8)
+    with pytest.raises(ValueError, match="one head dim"):  # dv != d over a paged FP8 cache
+        flash_attn_varlen_func(q[0], pages, pages[..., :64], torch.tensor([0, 64], dtype=torch.int32, device="cuda"),
+                               None, 64, 64, seqused_k=torch.tensor([40], dtype=torch.int32, device="cuda"),
+                               page_table=torch.zeros(1, 4, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="seqused_k"):
+        flash_attn_varlen_func(q[0], pages, pages, torch.tensor([0, 64], dtype=torch.int32, device="cuda"), None, 64,
+                               64, page_table=torch.zeros(1, 4, dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
 
 
@@ -352,3 +356,89 @@ def test_fp8_contiguous_kv_cache_with_appends(head_dim):
         assert torch.equal(v_cache[i, end - new : end].view(torch.uint8), v_new[i].view(torch.uint8))
         check_close(out[i : i + 1], lse[i : i + 1], q[i : i + 1], k_cache[i : i + 1, :end], v_cache[i : i + 1, :end],
                     tuple(d[i : i + 1] for d in ds), scale=head_dim ** -0.5, causal=True)
+
+
+def paged_copy(k, v, page_size, gen):
+    """(b, s, hk, d) caches -> (k_pages, v_pages, page_table): each sequence's rows in pages of
+    page_size, the pages shuffled among spare ones; unused pages and rows past s hold NaN bytes, so a
+    kernel reading them (instead of zero-filling past a sequence's keys) shows."""
+    b, s, hk, d = k.shape
+    per = -(-s // page_size)
+    num = b * per + 5
+    order = torch.randperm(num, generator=torch.Generator().manual_seed(page_size))[: b * per]
+    table = order.view(b, per).to(torch.int32).cuda()
+    pages = []
+    for t in (k, v):
+        padded = torch.full((b, per * page_size, hk, d), 0x7F, dtype=torch.uint8, device="cuda")  # e4m3fn NaN
+        padded[:, :s] = t.view(torch.uint8)
+        store = torch.full((num, page_size, hk, d), 0x7F, dtype=torch.uint8, device="cuda")
+        store[order.cuda()] = padded.view(b * per, page_size, hk, d)
+        pages.append(store.view(FP8))
+    return pages[0], pages[1], table
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 80])
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_paged_varlen(head_dim, page_size, causal):
+    """vLLM's call: flash_attn_varlen_func over a paged FP8 cache (page_table, seqused_k, no
+    cu_seqlens_k), descales per sequence and KV head, queries of 1 to many rows (0 keys, 1 key and
+    keys past a block); each sequence against the reference of its contiguous keys."""
+    skip_unless_fp8(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim * 7 + page_size + causal)
+    lens_q, lens_k, hq, hk, cache = [1, 3, 1, 130, 0, 64], [0, 1, 700, 333, 20, 129], 8, 2, 704
+    k8, v8 = (draw((len(lens_k), cache, hk, head_dim), gen, False).to(FP8) for _ in range(2))
+    k_pages, v_pages, table = paged_copy(k8, v8, page_size, gen)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    q8 = draw((sum(lens_q), hq, head_dim), gen, False).to(FP8)
+    qd, kd, vd = (torch.rand((len(lens_q), hk), generator=gen, device="cuda") + 0.5 for _ in range(3))
+    poison_allocations(((sum(lens_q), hq, head_dim), torch.bfloat16), ((hq, sum(lens_q)), torch.float32))
+    out, lse = flash_attn_varlen_func(q8, k_pages, v_pages, cu_q, None, max(lens_q), cache, seqused_k=used,
+                                      page_table=table, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                      return_attn_probs=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (sum(lens_q), hq, head_dim)
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        rows = slice(int(cu_q[b]), int(cu_q[b]) + lq)
+        if lq == 0:
+            continue
+        if lk == 0:
+            assert (out[rows] == 0).all() and torch.isneginf(lse[:, rows]).all()
+            continue
+        check_close(out[rows][None], lse[:, rows][None], q8[rows][None], k8[b : b + 1, :lk], v8[b : b + 1, :lk],
+                    (qd[b : b + 1], kd[b : b + 1], vd[b : b + 1]), scale=head_dim ** -0.5, causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp8_paged_kv_cache_appends_window_softcap_sink(head_dim):
+    """flash_attn_with_kvcache over a paged FP8 cache: new keys appended to their pages (bytes), then
+    a window, softcap or a learnable sink (decode-like queries, GQA 4:1, descales per sequence)."""
+    skip_unless_fp8(head_dim)
+    from flash_attn_hopper import flash_attn_with_kvcache
+
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + 11)
+    b, cache, new, hq, hk, page_size = 3, 320, 4, 8, 2, 16
+    k8, v8 = (draw((b, cache, hk, head_dim), gen, False).to(FP8) for _ in range(2))
+    k_new, v_new = (draw((b, new, hk, head_dim), gen, False).to(FP8) for _ in range(2))
+    q = draw((b, new, hq, head_dim), gen, False).to(FP8)
+    lens = torch.tensor([0, 101, 300], dtype=torch.int32, device="cuda")
+    ds = [torch.rand((b, hk), generator=gen, device="cuda") + 0.5 for _ in range(3)]
+    sink = torch.randn(hq, generator=gen, device="cuda")
+    for extra in ({"window_size": (37, 0)}, {"softcap": 15.0}, {"learnable_sink": sink}):
+        k_pages, v_pages, table = paged_copy(k8, v8, page_size, gen)
+        out, lse = flash_attn_with_kvcache(q, k_pages, v_pages, k=k_new, v=v_new, cache_seqlens=lens, causal=True,
+                                           page_table=table, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2],
+                                           return_softmax_lse=True, **extra)
+        assert out.dtype == torch.bfloat16 and out.shape == (b, new, hq, head_dim)
+        kw = {"window": extra.get("window_size", (-1, 0)), "softcap": extra.get("softcap", 0.0),
+              "sink": extra.get("learnable_sink")}
+        for i in range(b):
+            end = int(lens[i]) + new
+            keys = torch.arange(end, device="cuda")
+            rows = lambda pages: pages.view(torch.uint8)[table[i].long()[keys // page_size],  # noqa: E731
+                                                         keys % page_size].view(FP8)
+            kb, vb = rows(k_pages)[None], rows(v_pages)[None]
+            assert torch.equal(kb[0, -new:].view(torch.uint8), k_new[i].view(torch.uint8))
+            assert torch.equal(vb[0, -new:].view(torch.uint8), v_new[i].view(torch.uint8))
+            check_close(out[i : i + 1], lse[i : i + 1], q[i : i + 1], kb, vb, tuple(d[i : i + 1] for d in ds),
+                        scale=head_dim ** -0.5, **kw)

@@ -1,8 +1,8 @@
 // The FP8 forward ops (fwd_fp8, varlen_fwd_fp8) on the FP8 kernels (launch/fp8_launch.cuh): q, k, v
 // float8_e4m3fn with optional float32 descales (batch, nheads_kv) as FA3 takes them, out bf16, the
-// LSE float32; causal / window / softcap / sink. Forward only, as FA3; no splits, paged caches, qv or
-// dv != d (the Python layer, flash_attn_hopper/fp8.py, runs them unsplit or refuses them first).
-// Included by flash_api.cpp.
+// LSE float32; causal / window / softcap / sink. Forward only, as FA3; no splits, qv or dv != d (the
+// Python layer, flash_attn_hopper/fp8.py, runs them unsplit or refuses them first); paged caches are
+// api/paged.h's paged_fwd_fp8. Included by flash_api.cpp.
 #pragma once
 
 namespace {
@@ -45,6 +45,13 @@ void set_descale(std::optional<Tensor> const& t, char const* name, Problem const
   batch_stride = t->stride(0);
   head_stride = t->stride(1);
 }
+
+// The three descales of an FP8 call (the paged op passes them through mha_paged_fwd_impl).
+struct Fp8Descales {
+  std::optional<Tensor> const& q;
+  std::optional<Tensor> const& k;
+  std::optional<Tensor> const& v;
+};
 
 void set_descales(flash::FwdParams& params, Problem const& pb, int64_t batch, Tensor const& q,
                   std::optional<Tensor> const& q_descale, std::optional<Tensor> const& k_descale,

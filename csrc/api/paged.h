@@ -1,5 +1,5 @@
-// The paged-KV forward op (flash_attn_with_kvcache / flash_attn_varlen_func with a page table).
-// Included by flash_api.cpp after api/checks.h and api/split.h.
+// The paged-KV forward ops (flash_attn_with_kvcache / flash_attn_varlen_func with a page table):
+// 16-bit, qv and FP8 caches. Included by flash_api.cpp after api/checks.h, api/split.h and api/fp8.h.
 #pragma once
 
 namespace {
@@ -19,13 +19,15 @@ FwdFn find_paged(int head_dim_rounded, bool is_bf16) {
 // logical positions from cu_seqlens_k[b] of its pages (FwdParams). Contents of the index tensors
 // are never read here: the kernels clamp them. Returns out like q and the LSE (heads, total_q).
 // qv (the paged_fwd_qv op): FA3's extra query on the qv kernels; v_cache then has v's head dim.
+// fp8 (the paged_fwd_fp8 op): e4m3 q and caches with their descales, out bf16, unsplit and unpacked.
 std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_cache, Tensor const& v_cache,
                                               Tensor const& page_table, Tensor const& cu_seqlens_q,
                                               Tensor const& cu_seqlens_k, Tensor const& seqused_k,
                                               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                                               bool causal, int64_t window_size_left, int64_t window_size_right,
                                               bool top_left, double softcap, std::optional<Tensor> const& sink,
-                                              int64_t num_splits, int64_t pack_gqa, std::optional<Tensor> const& qv) {
+                                              int64_t num_splits, int64_t pack_gqa, std::optional<Tensor> const& qv,
+                                              Fp8Descales const* fp8 = nullptr) {
   FLASH_CHECK(q.dim() == 3, "flash_attn_hopper: with a page table q must be 3-D (total_q, nheads, headdim)");
   bool const same_rows = k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.size(0) == v_cache.size(0) &&
                          k_cache.size(1) == v_cache.size(1) && k_cache.size(2) == v_cache.size(2);
@@ -52,7 +54,7 @@ std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_c
   Tensor k_pages = k_cache, v_pages = v_cache;  // handles: narrow takes a non-const one
   Tensor const k4 = torch::stable::narrow(k_pages, 0, 0, 1), v4 = torch::stable::narrow(v_pages, 0, 0, 1);
   Tensor const q4 = unsqueeze0(q);
-  Problem pb = check_problem(q4, k4, v4, /*value_head_dim=*/qv.has_value(), qv.has_value());
+  Problem pb = check_problem(q4, k4, v4, /*value_head_dim=*/qv.has_value(), qv.has_value(), fp8 != nullptr);
   Varlen vl = check_varlen(q, torch::stable::select(k_pages, 0, 0), cu_seqlens_q, cu_seqlens_k, std::nullopt,
                            seqused_k, max_seqlen_q, max_seqlen_k);
   FLASH_CHECK(page_table.size(0) == vl.batch, "flash_attn_hopper: page_table must have one row per sequence (",
@@ -69,12 +71,16 @@ std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_c
   torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
   check_qv(qv, q, {vl.total_q, pb.heads_q, pb.head_dim_v});
   FLASH_CHECK(!qv || pack_gqa == 1, "flash_attn_hopper: qv runs without pack_gqa");
-  FwdFn const fwd = qv ? find_fwd_for(pb.head_dim_rounded, pb.is_bf16, true) : find_paged(pb.head_dim_rounded, pb.is_bf16);
+  FwdFn const fwd = fp8  ? fp8_kernels(pb)
+                     : qv ? find_fwd_for(pb.head_dim_rounded, pb.is_bf16, true)
+                          : find_paged(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled(qv ? "qv forward" : "paged-KV forward", pb, q.scalar_type()));
+  FLASH_CHECK(!fp8 || (num_splits == 1 && pack_gqa == 1), "flash_attn_hopper: the FP8 paged kernels run unsplit "
+              "and unpacked (num_splits = 1, pack_gqa = 1)");
 
   check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, false, sink.has_value());
   int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
-  Tensor out = empty_like_dev(q, {rows, heads, pb.head_dim_v});
+  Tensor out = empty_like_dev(q, {rows, heads, pb.head_dim_v}, fp8 ? std::optional(ScalarType::BFloat16) : std::nullopt);
   Tensor lse = empty_like_dev(q, {heads, rows}, kFloat);
   if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
   if (vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
@@ -85,6 +91,7 @@ std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_c
 
   Tensor const qt = tma_ready(q4);
   flash::FwdParams params{};
+  if (fp8) { set_descales(params, pb, vl.batch, q, fp8->q, fp8->k, fp8->v); }
   fill_common(params, pb, qt, k4, v4, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, std::nullopt, seqused_k, top_left);
@@ -121,6 +128,21 @@ std::tuple<Tensor, Tensor> mha_paged_fwd_qv(Tensor const& q, Tensor const& k_cac
   return mha_paged_fwd_impl(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                             max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, top_left,
                             softcap, sink, num_splits, 1, qv);
+}
+
+std::tuple<Tensor, Tensor> mha_paged_fwd_fp8(Tensor const& q, Tensor const& k_cache, Tensor const& v_cache,
+                                             Tensor const& page_table, Tensor const& cu_seqlens_q,
+                                             Tensor const& cu_seqlens_k, Tensor const& seqused_k,
+                                             int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                             std::optional<Tensor> const& q_descale,
+                                             std::optional<Tensor> const& k_descale,
+                                             std::optional<Tensor> const& v_descale, double softmax_scale,
+                                             bool causal, int64_t window_size_left, int64_t window_size_right,
+                                             bool top_left, double softcap, std::optional<Tensor> const& sink) {
+  Fp8Descales const fp8{q_descale, k_descale, v_descale};
+  return mha_paged_fwd_impl(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                            max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, top_left,
+                            softcap, sink, 1, 1, std::nullopt, &fp8);
 }
 
 }  // namespace

@@ -12,7 +12,8 @@ larger segment):
 
 Exits 1 if a result is wrong; compute-sanitizer's own exit code (9 above) reports its errors.
 `--fp8` runs the FP8 forward's paths instead (dense, varlen with empty and one-row sequences,
-window + sink + softcap + attention_chunk, a contiguous KV cache with appends; outputs must be finite).
+window + sink + softcap + attention_chunk, a contiguous KV cache with appends, a paged cache whose
+table points outside it; outputs must be finite).
 `--probe` instead launches one Triton kernel whose name contains "flash" and which stores one
 element past its tensor's end: under memcheck with the same filter it must be reported (exit 9),
 which shows that the filter instruments kernels by that name and that memcheck sees a
@@ -82,6 +83,14 @@ def fp8_cases(hdims) -> bool:
         outs.append(fa.flash_attn_with_kvcache(
             r(2, 3, 4, d), r(2, 140, 2, d), r(2, 140, 2, d), k=r(2, 3, 2, d), v=r(2, 3, 2, d),
             cache_seqlens=torch.tensor([0, 120], dtype=torch.int32, device="cuda"), causal=True))
+        # A paged cache (page 16) whose table holds pages past the cache and negative ones, lengths
+        # past the table's capacity: clamped in the kernel.
+        pages = r(6, 16, 2, d)
+        table = torch.tensor([[0, 5, 9, -3], [2, 1, 4, 3]], dtype=torch.int32, device="cuda")
+        outs.append(fa.flash_attn_varlen_func(
+            r(4, 4, d), pages, pages, torch.tensor([0, 1, 4], dtype=torch.int32, device="cuda"), None, 3, 64,
+            seqused_k=torch.tensor([70, 33], dtype=torch.int32, device="cuda"), page_table=table, causal=True,
+            k_descale=ds))
     torch.cuda.synchronize()
     ok = all(bool(o.float().isfinite().all()) for o in outs)
     print(f"fp8: {len(outs)} calls, outputs {'finite' if ok else 'NOT FINITE'}", flush=True)

@@ -9,14 +9,16 @@
 
 #include "kernel/fwd/fp8.h"
 #include "kernel/fwd/mainloop.h"
+#include "kernel/fwd/paged_kv.h"
 
 namespace flash {
 
 using namespace cute;
 
-// load() of FP8 kernels, by every thread of the producer warpgroup: one thread issues the TMA loads;
-// all transpose each V stage once it lands, one V block behind the TMA (so its latency hides behind
-// the next loads), and hand V^T to the consumers through pipeline_vt.
+// load() of FP8 kernels, by every thread of the producer warpgroup: one thread issues the TMA loads
+// (paged caches: all gather K/V rows with cp.async); all transpose each V stage once it lands, one V
+// block behind its load (so its latency hides behind the next loads), and hand V^T to the consumers
+// through pipeline_vt.
 template <typename Policy>
 template <typename Params, typename Seq, typename PipelineVt>
 CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq const& seq, SharedStorage& smem,
@@ -28,6 +30,16 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
   int const tid = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
   bool const leader = tid == 0;
   auto [tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV] = tma_slices(params, seq, smem, t, q_slot);
+  // kPaged: K/V gathered by all threads (paged_kv.h), each arriving when its copies land.
+  auto paged = [&] {
+    if constexpr (Policy::kPaged) {
+      return PagedKVLoader<Element, kBlockN, kHeadDim>(params.paged, t.batch, seq.offset_k(params),
+                                                      seq.seqlen_k(params), tid);
+    } else {
+      return NoPagedKV{};
+    }
+  }();
+  int const head_kv = t.head / params.q_heads_per_kv_head;
 
   using LayoutV1 = decltype(take<0, 2>(SmemLayoutV{}));
   using LayoutVt1 = decltype(take<0, 2>(typename Layouts::SmemLayoutVtK{}));
@@ -44,14 +56,22 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
     ++states_vt.write;
   };
   auto load_k = [&](int n) {
-    if (leader) {
+    if constexpr (Policy::kPaged) {
+      pipeline_k.producer_acquire(state_k);
+      paged.template load<true>(n, head_kv, make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{})(_, _, state_k.index()));
+      pipeline_k.producer_commit(state_k, cutlass::arch::cpasync_barrier_arrive);
+    } else if (leader) {
       pipeline_k.producer_acquire(state_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
     }
     ++state_k;
   };
   auto load_v = [&](int n) {
-    if (leader) {
+    if constexpr (Policy::kPaged) {
+      pipeline_v.producer_acquire(state_v);
+      paged.template load<false>(n, head_kv, make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{})(_, _, state_v.index()));
+      pipeline_v.producer_commit(state_v, cutlass::arch::cpasync_barrier_arrive);
+    } else if (leader) {
       pipeline_v.producer_acquire(state_v);
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
     }
