@@ -139,7 +139,7 @@ void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Proble
     SplitRun const run(params, q, splits, /*varlen=*/true, 1, vl.total_q, pb.heads_q, pb.head_dim_v, out,
                        out.stride(0), out.stride(1), 0, int(pack_gqa));
     fwd(params, stream);
-    run.finish(pb.is_bf16, stream);
+    run.finish(out.scalar_type() == ScalarType::BFloat16, stream);  // FP8 calls' out is bf16
   } else if (tile_counter) {
     run_fwd(fwd, params, pb.head_dim_rounded, q, pb.device);
   } else {
@@ -538,13 +538,13 @@ FLASH_ATTN_HOPPER_LIBRARY(FLASH_ATTN_HOPPER_OP_NAMESPACE, m) {
   m.def("varlen_fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
         "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, Tensor? q_descale, Tensor? k_descale, "
         "Tensor? v_descale, float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
-        "bool top_left=False, float softcap=0.0, Tensor? sink=None) -> (Tensor out, Tensor softmax_lse)");
-  // paged_fwd with FP8 q and caches (unsplit, unpacked).
+        "bool top_left=False, float softcap=0.0, Tensor? sink=None, int num_splits=1, int pack_gqa=1) "
+        "-> (Tensor out, Tensor softmax_lse)");
   m.def("paged_fwd_fp8(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cu_seqlens_q, "
         "Tensor cu_seqlens_k, Tensor seqused_k, int max_seqlen_q, int max_seqlen_k, Tensor? q_descale, "
         "Tensor? k_descale, Tensor? v_descale, float softmax_scale, bool causal, int window_size_left=-1, "
-        "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None) "
-        "-> (Tensor out, Tensor softmax_lse)");
+        "int window_size_right=-1, bool top_left=False, float softcap=0.0, Tensor? sink=None, int num_splits=1, "
+        "int pack_gqa=1) -> (Tensor out, Tensor softmax_lse)");
   // The split-KV combine (flash_attn_combine): out_partial (num_splits, batch, seqlen, nheads, d) and
   // lse_partial (num_splits, batch, seqlen, nheads), float32 -> out (batch, seqlen, nheads, d), lse
   // (batch, seqlen, nheads).

@@ -10,9 +10,10 @@ chip; head dims that are multiples of 16 up to 256 run on the hdim 64 / 128 / 25
 ``flash_attn_func`` and ``flash_attn_varlen_func`` hand calls with FP8 inputs to :func:`dense` and
 :func:`varlen`: causal, windows, GQA, softcap, a learnable sink and ``attention_chunk`` (on the
 varlen kernels over the chunk segments, each taking its sequence's descales) as everywhere else;
-``num_splits`` and ``pack_gqa`` are performance hints the FP8 kernels do not take (they run unsplit,
-unpacked: the same result). A paged FP8 cache (``page_table``, paged.py's layout) is read in place by
-kernels whose producer gathers its rows and transposes V (:func:`paged`). Forward only, as FA3's: the
+Varlen calls and KV caches (contiguous or paged: ``page_table``, paged.py's layout, read in place by
+kernels whose producer gathers the rows and transposes V) split the keys (``num_splits``, 0 = choose)
+and pack the query heads of a KV head into rows (``pack_gqa``, packgqa.py) as the 16-bit ones do;
+dense calls run unsplit and unpacked (the same result). Forward only, as FA3's: the
 forward runs on inputs that require grad, the backward raises. Refused with a clear error before any
 launch: inputs mixing FP8 with other dtypes, descales of the wrong shape / dtype / device, qv and dv != d.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _build_info, manifest, offsets, ops, sinks, support
+from . import _build_info, manifest, offsets, ops, packgqa, sinks, support
 from . import paged as paged_cache
 
 DTYPE = torch.float8_e4m3fn
@@ -135,9 +136,29 @@ def dense(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, windo
     return (out, lse) if return_attn_probs else out
 
 
+def _split_and_packed(call, q, heads_k: int, cu_seqlens_q, max_seqlen_q: int, causal: bool, left: int, right: int,
+                      softcap, learnable_sink, seqused_q, num_splits, pack_gqa, return_lse: bool):
+    """call(q, cu_seqlens_q, max_seqlen_q, causal, left, right, **kwargs) -> (out, lse) with the split
+    plan and, where packgqa.packs says it is exact, q's heads of a KV head packed as its rows
+    (unpacked by the op's combine at decode, else here): as paged.varlen_paged does for 16-bit caches."""
+    group = q.shape[1] // heads_k
+    batch = cu_seqlens_q.shape[0] - 1
+    if (seqused_q is None and learnable_sink is None
+            and packgqa.packs(pack_gqa, group, max_seqlen_q, causal, (left, right))):
+        in_op = packgqa.unpacks_in_op(max_seqlen_q, batch, softcap, None)
+        rows = packgqa.pack_rows(q.view(torch.uint8), heads_k).view(DTYPE)  # moved as bytes
+        out, lse = call(rows, offsets.scaled(cu_seqlens_q, group), max_seqlen_q * group, False, -1, -1,
+                        **ops.optional_args(0, num_splits, group if in_op else 1))
+        if not in_op:
+            out = packgqa.unpack_rows(out, group)
+            lse = packgqa.unpack_lse(lse, group) if return_lse else None
+        return out, lse
+    return call(q, cu_seqlens_q, max_seqlen_q, causal, left, right, **ops.optional_args(0, num_splits))
+
+
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q_descale,
            k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_attn_probs,
-           softcap=0.0, attention_chunk=0, qv=None, page_table=None):
+           softcap=0.0, attention_chunk=0, qv=None, page_table=None, num_splits=1, pack_gqa=None):
     """flash_attn_varlen_func with FP8 inputs (descales per sequence and KV head)."""
     if page_table is not None:
         if attention_chunk:
@@ -147,7 +168,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
             _refuse("seqused_q is not taken with a page table: pass cu_seqlens_q of the used queries")
         return paged(q, k, v, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                      q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink,
-                     return_attn_probs, softcap=softcap, qv=qv)
+                     return_attn_probs, softcap=softcap, qv=qv, num_splits=num_splits, pack_gqa=pack_gqa)
     if not isinstance(cu_seqlens_q, torch.Tensor) or not isinstance(cu_seqlens_k, torch.Tensor):
         _refuse("cu_seqlens_q and cu_seqlens_k must be int32 tensors (batch + 1,)", TypeError)
     descales = _descales(q_descale, k_descale, v_descale)
@@ -165,15 +186,19 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
     scale, causal, left, right = _scale_and_window(q, k, v, softmax_scale, causal, window_size, softcap,
                                                    int(max_seqlen_q), int(max_seqlen_k))
     op = ops.op_of_build("varlen_fwd_fp8", "FP8")
-    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
-                  q_descale, k_descale, v_descale, scale, causal, left, right, softcap=float(softcap),
-                  sink=sinks.kernel_sink(learnable_sink, q.shape[1], q))
+    sink = sinks.kernel_sink(learnable_sink, q.shape[1], q)
+    out, lse = _split_and_packed(
+        lambda rows, cu_q, max_q, causal, left, right, **kw: op(
+            rows, k, v, cu_q, cu_seqlens_k, seqused_q, seqused_k, max_q, int(max_seqlen_k), q_descale, k_descale,
+            v_descale, scale, causal, left, right, softcap=float(softcap), sink=sink, **kw),
+        q, k.shape[1], cu_seqlens_q, int(max_seqlen_q), causal, left, right, softcap, learnable_sink, seqused_q,
+        num_splits, pack_gqa, return_attn_probs)
     return (out, lse) if return_attn_probs else out
 
 
 def paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
           q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_attn_probs,
-          softcap=0.0, qv=None):
+          softcap=0.0, qv=None, num_splits=1, pack_gqa=None):
     """A paged FP8 cache (paged.py's layout and rules; seqused_k required, cu_seqlens_k None = keys from
     position 0): flash_attn_varlen_func / flash_attn_with_kvcache with a page table and FP8 inputs."""
     if not isinstance(cu_seqlens_q, torch.Tensor):
@@ -191,9 +216,13 @@ def paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, max_seqle
     scale, causal, left, right = _scale_and_window(q, k_cache, v_cache, softmax_scale, causal, window_size, softcap,
                                                    int(max_seqlen_q), max_k)
     op = ops.op_of_build("paged_fwd_fp8", "paged FP8")
-    out, lse = op(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), max_k,
-                  q_descale, k_descale, v_descale, scale, causal, left, right, softcap=float(softcap),
-                  sink=sinks.kernel_sink(learnable_sink, q.shape[1], q))
+    sink = sinks.kernel_sink(learnable_sink, q.shape[1], q)
+    out, lse = _split_and_packed(
+        lambda rows, cu_q, max_q, causal, left, right, **kw: op(
+            rows, k_cache, v_cache, page_table, cu_q, cu_seqlens_k, seqused_k, max_q, max_k, q_descale, k_descale,
+            v_descale, scale, causal, left, right, softcap=float(softcap), sink=sink, **kw),
+        q, k_cache.shape[2], cu_seqlens_q, int(max_seqlen_q), causal, left, right, softcap, learnable_sink, None,
+        num_splits, pack_gqa, return_attn_probs)
     return (out, lse) if return_attn_probs else out
 
 
@@ -207,17 +236,17 @@ def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causa
 
 def _varlen_fwd_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                          q_descale, k_descale, v_descale, softmax_scale, causal, window_size_left=-1,
-                         window_size_right=-1, top_left=False, softcap=0.0, sink=None):
-    total_q, heads, d = q.shape
-    return (q.new_empty((total_q, heads, d), dtype=torch.bfloat16),
-            q.new_empty((heads, total_q), dtype=torch.float32))
+                         window_size_right=-1, top_left=False, softcap=0.0, sink=None, num_splits=1, pack_gqa=1):
+    out_shape, lse_shape = ops.packed_output_shapes(q, q.shape[-1], pack_gqa)
+    return q.new_empty(out_shape, dtype=torch.bfloat16), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _paged_fwd_fp8_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                         max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale, causal, window_size_left=-1,
-                        window_size_right=-1, top_left=False, softcap=0.0, sink=None):
+                        window_size_right=-1, top_left=False, softcap=0.0, sink=None, num_splits=1, pack_gqa=1):
     return _varlen_fwd_fp8_fake(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, None, seqused_k, max_seqlen_q,
-                                max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale, causal)
+                                max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale, causal,
+                                pack_gqa=pack_gqa)
 
 
 if ops._PY_LIBRARY is not None:  # fake kernels; the backward raises

@@ -249,7 +249,7 @@ def flash_attn_func(
     """
     if fp8.is_fp8(q, k, v):
         _check_unsupported_extras(None, None, None, 0, sm_margin)
-        support.check_num_splits(num_splits)  # num_splits / pack_gqa: hints the FP8 kernels do not take
+        support.check_num_splits(num_splits)  # num_splits / pack_gqa: hints dense FP8 calls do not take
         packgqa.check_pack_gqa(pack_gqa)
         return fp8.dense(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink,
                          return_attn_probs, softcap=softcap, attention_chunk=attention_chunk, qv=qv)
@@ -465,12 +465,12 @@ def flash_attn_varlen_func(
     """
     if fp8.is_fp8(q, k, v):
         _check_unsupported_extras(None, None, None, 0, sm_margin)
-        support.check_num_splits(num_splits)  # num_splits / pack_gqa: hints the FP8 kernels do not take
+        support.check_num_splits(num_splits)
         packgqa.check_pack_gqa(pack_gqa)
         return fp8.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                           q_descale, k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink,
                           return_attn_probs, softcap=softcap, attention_chunk=attention_chunk, qv=qv,
-                          page_table=page_table)
+                          page_table=page_table, num_splits=num_splits, pack_gqa=pack_gqa)
     _check_unsupported_extras(q_descale, k_descale, v_descale, 0, sm_margin)
     support.check_num_splits(num_splits)
     packgqa.check_pack_gqa(pack_gqa)

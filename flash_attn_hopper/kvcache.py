@@ -352,7 +352,7 @@ def flash_attn_with_kvcache(
     if page_table is not None and is_fp8:
         result = fp8.paged(q_rows, k_cache, v_cache, page_table, cu_q, cu_k, seqlen_q, max_k, used_k, q_descale,
                            k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_softmax_lse,
-                           softcap=softcap, qv=qv_rows)
+                           softcap=softcap, qv=qv_rows, num_splits=num_splits, pack_gqa=pack_gqa)
         return _caller_layout(result, return_softmax_lse, varlen_q, batch, seqlen_q)
     if page_table is not None and qv is not None:
         result = qv_calls.paged(q_rows, k_cache, v_cache, qv_rows, page_table, cu_q, cu_k, seqlen_q, max_k, used_k,

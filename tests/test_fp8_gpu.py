@@ -260,7 +260,7 @@ def test_fp8_refusals_on_the_gpu():
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_softcap_chunk_and_hints(head_dim, causal):
     """softcap (the descales inside the cap), attention_chunk (the varlen kernels over the chunk
-    segments, descales per segment), num_splits / pack_gqa (hints the FP8 kernels do not take)."""
+    segments, descales per segment), num_splits / pack_gqa (hints dense FP8 calls do not take)."""
     skip_unless_fp8(head_dim)
     gen = torch.Generator(device="cuda").manual_seed(head_dim * 2 + causal)
     batch, sq, sk, hq, hk = 2, 201, 333, 6, 2
@@ -442,3 +442,41 @@ def test_fp8_paged_kv_cache_appends_window_softcap_sink(head_dim):
             assert torch.equal(vb[0, -new:].view(torch.uint8), v_new[i].view(torch.uint8))
             check_close(out[i : i + 1], lse[i : i + 1], q[i : i + 1], kb, vb, tuple(d[i : i + 1] for d in ds),
                         scale=head_dim ** -0.5, **kw)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged16"])
+def test_fp8_kv_cache_split_and_packgqa(head_dim, paged):
+    """flash_attn_with_kvcache's split plans (num_splits 0 = choose, 1, 3, 8) and PackGQA (None / True /
+    False) over an FP8 cache: decode (one query, packed and unpacked in the combine), non-causal
+    chunks (packed, unpacked here), causal chunks (not packed), a sink (joins the combine); lengths
+    0 to past a few key blocks; each sequence against the reference."""
+    skip_unless_fp8(head_dim)
+    from flash_attn_hopper import flash_attn_with_kvcache
+
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + paged)
+    b, cache, hq, hk = 4, 1900, 8, 2
+    k8, v8 = (draw((b, cache, hk, head_dim), gen, False).to(FP8) for _ in range(2))
+    lens = torch.tensor([1900, 0, 1, 777], dtype=torch.int32, device="cuda")
+    ds = [torch.rand((b, hk), generator=gen, device="cuda") + 0.5 for _ in range(3)]
+    sink = torch.randn(hq, generator=gen, device="cuda")
+    caches = paged_copy(k8, v8, 16, gen) if paged else (k8, v8, None)
+    cases = [(1, False, dict(num_splits=n, pack_gqa=p)) for n in (0, 1, 3, 8) for p in (None, True, False)]
+    cases += [(5, False, dict(num_splits=3, pack_gqa=True)), (5, True, dict(num_splits=0)),
+              (1, False, dict(num_splits=4, learnable_sink=sink))]
+    for sq, causal, kw in cases:
+        q = draw((b, sq, hq, head_dim), gen, False).to(FP8)
+        out, lse = flash_attn_with_kvcache(q, caches[0], caches[1], cache_seqlens=lens, page_table=caches[2],
+                                           causal=causal, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2],
+                                           return_softmax_lse=True, **kw)
+        assert out.dtype == torch.bfloat16 and out.shape == (b, sq, hq, head_dim), kw
+        for i in range(b):
+            n = int(lens[i])
+            if n == 0:  # no keys: O = 0, the LSE -inf (or the sink's logit)
+                expected = kw["learnable_sink"][:, None].expand(hq, sq) if "learnable_sink" in kw else None
+                assert (out[i] == 0).all(), kw
+                assert torch.isneginf(lse[i]).all() if expected is None else torch.allclose(lse[i], expected), kw
+                continue
+            check_close(out[i : i + 1], lse[i : i + 1], q[i : i + 1], k8[i : i + 1, :n], v8[i : i + 1, :n],
+                        tuple(d[i : i + 1] for d in ds), scale=head_dim ** -0.5, causal=causal,
+                        sink=kw.get("learnable_sink"))

@@ -19,7 +19,7 @@ FwdFn find_paged(int head_dim_rounded, bool is_bf16) {
 // logical positions from cu_seqlens_k[b] of its pages (FwdParams). Contents of the index tensors
 // are never read here: the kernels clamp them. Returns out like q and the LSE (heads, total_q).
 // qv (the paged_fwd_qv op): FA3's extra query on the qv kernels; v_cache then has v's head dim.
-// fp8 (the paged_fwd_fp8 op): e4m3 q and caches with their descales, out bf16, unsplit and unpacked.
+// fp8 (the paged_fwd_fp8 op): e4m3 q and caches with their descales, out bf16.
 std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_cache, Tensor const& v_cache,
                                               Tensor const& page_table, Tensor const& cu_seqlens_q,
                                               Tensor const& cu_seqlens_k, Tensor const& seqused_k,
@@ -75,8 +75,6 @@ std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_c
                      : qv ? find_fwd_for(pb.head_dim_rounded, pb.is_bf16, true)
                           : find_paged(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled(qv ? "qv forward" : "paged-KV forward", pb, q.scalar_type()));
-  FLASH_CHECK(!fp8 || (num_splits == 1 && pack_gqa == 1), "flash_attn_hopper: the FP8 paged kernels run unsplit "
-              "and unpacked (num_splits = 1, pack_gqa = 1)");
 
   check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, false, sink.has_value());
   int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
@@ -138,11 +136,12 @@ std::tuple<Tensor, Tensor> mha_paged_fwd_fp8(Tensor const& q, Tensor const& k_ca
                                              std::optional<Tensor> const& k_descale,
                                              std::optional<Tensor> const& v_descale, double softmax_scale,
                                              bool causal, int64_t window_size_left, int64_t window_size_right,
-                                             bool top_left, double softcap, std::optional<Tensor> const& sink) {
+                                             bool top_left, double softcap, std::optional<Tensor> const& sink,
+                                             int64_t num_splits, int64_t pack_gqa) {
   Fp8Descales const fp8{q_descale, k_descale, v_descale};
   return mha_paged_fwd_impl(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                             max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, top_left,
-                            softcap, sink, 1, 1, std::nullopt, &fp8);
+                            softcap, sink, num_splits, pack_gqa, std::nullopt, &fp8);
 }
 
 }  // namespace

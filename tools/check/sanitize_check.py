@@ -13,7 +13,7 @@ larger segment):
 Exits 1 if a result is wrong; compute-sanitizer's own exit code (9 above) reports its errors.
 `--fp8` runs the FP8 forward's paths instead (dense, varlen with empty and one-row sequences,
 window + sink + softcap + attention_chunk, a contiguous KV cache with appends, a paged cache whose
-table points outside it; outputs must be finite).
+table points outside it, split-KV decode steps with PackGQA; outputs must be finite).
 `--probe` instead launches one Triton kernel whose name contains "flash" and which stores one
 element past its tensor's end: under memcheck with the same filter it must be reported (exit 9),
 which shows that the filter instruments kernels by that name and that memcheck sees a
@@ -91,6 +91,12 @@ def fp8_cases(hdims) -> bool:
             r(4, 4, d), pages, pages, torch.tensor([0, 1, 4], dtype=torch.int32, device="cuda"), None, 3, 64,
             seqused_k=torch.tensor([70, 33], dtype=torch.int32, device="cuda"), page_table=table, causal=True,
             k_descale=ds))
+        # Decode over the paged cache and a contiguous one: split-KV with PackGQA.
+        lens = torch.tensor([64, 17], dtype=torch.int32, device="cuda")
+        outs.append(fa.flash_attn_with_kvcache(r(2, 1, 4, d), pages, pages, cache_seqlens=lens, page_table=table[:, :4],
+                                               num_splits=3, q_descale=ds))
+        outs.append(fa.flash_attn_with_kvcache(r(2, 1, 4, d), r(2, 140, 2, d), r(2, 140, 2, d), cache_seqlens=lens,
+                                               num_splits=5, v_descale=ds))
     torch.cuda.synchronize()
     ok = all(bool(o.float().isfinite().all()) for o in outs)
     print(f"fp8: {len(outs)} calls, outputs {'finite' if ok else 'NOT FINITE'}", flush=True)

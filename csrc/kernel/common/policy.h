@@ -260,16 +260,16 @@ constexpr FwdTileShape fwd_fp8_tile() {
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys = false>
 using FwdFp8PolicyFor = FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>, fwd_fp8_tile<kHeadDim, kLongKeys>(),
                                   kVarlen, kSoftcap>;
-// FP8 over a paged cache: the producer warpgroup gathers K/V (paged_kv.h) and transposes V, beside
-// two consumer warpgroups (128 rows at every head dim) with 232 registers each, where hdim 256's
-// 128-key S spills: 96 keys there [D:081].
+// FP8 over KV caches (varlen): paged (the producer warpgroup gathers K/V, paged_kv.h, and transposes
+// V) and split-KV kernels, two consumer warpgroups (128 rows at every head dim); paged ones with 232
+// registers each, where hdim 256's 128-key S spills: 96 keys there [D:081].
 template <int kHeadDim>
-constexpr FwdTileShape fwd_fp8_paged_tile() {
+constexpr FwdTileShape fwd_fp8_split_tile() {
   return FwdTileShape{128, kHeadDim <= 128 ? 128 : 96, 2};
 }
-template <int kHeadDim, bool kLocal, bool kSoftcap>
-using FwdFp8PagedPolicyFor = FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>, fwd_fp8_paged_tile<kHeadDim>(),
-                                       true, kSoftcap, false, true>;
+template <int kHeadDim, bool kLocal, bool kSoftcap, bool kSplit, bool kPaged>
+using FwdFp8CachePolicyFor = FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>, fwd_fp8_split_tile<kHeadDim>(),
+                                       true, kSoftcap, kSplit, kPaged>;
 
 // Paged KV kernels take the split tile (decode and chunked prefill over a cache), split or not.
 template <int kHeadDim, typename Element, bool kLocal, bool kSoftcap, bool kSplit>
