@@ -10,7 +10,7 @@ as installed or on PYTHONPATH, and prints, per test function, the passed / faile
 and the failures grouped by their first error line.
 
 FP8 cases are switched off (FLASH_ATTENTION_DISABLE_FP8=TRUE) unless --fp8 (the FP8 forward runs
-dense and varlen calls; FA3's FP8 KV-cache cases have no kernels here yet).
+dense, varlen and KV-cache calls, contiguous and paged).
 Every other feature the test files parametrize runs.
 
     python3 tools/check/fa3_upstream.py --tests test_flash_attn.py -k "test_flash_attn_output" --workers 16
