@@ -9,7 +9,7 @@ backward kernel. Prints the median time of the last runs.
     torch SDPA forced to cuDNN (layout (batch, heads, seqlen, hdim) views of the same tensors).
     --varlen runs ours through flash_attn_varlen_func on the same tensors packed (equal lengths), so
     that the dense and the varlen kernels of one shape can be profiled side by side. --softcap X runs
-    ours (and fa3) with that softcap.
+    ours (and fa3) with that softcap. --fp8 runs the FP8 forward (ours and fa3: float8_e4m3fn q, k, v).
 """
 import argparse
 import statistics
@@ -28,12 +28,26 @@ def main():
     ap.add_argument("--provider", choices=["ours", "fa3", "cudnn"], default="ours")
     ap.add_argument("--varlen", action="store_true", help="ours through flash_attn_varlen_func, equal lengths")
     ap.add_argument("--softcap", type=float, default=0.0)
+    ap.add_argument("--fp8", action="store_true", help="the FP8 forward (ours, fa3) on float8_e4m3fn inputs")
     args = ap.parse_args()
     d, s = args.hdim, args.seqlen
     b, h = 16384 // s, 2048 // d
     q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     scale = d ** -0.5
-    if args.provider == "fa3":
+    if args.fp8:  # forward only, as FA3's FP8
+        q, k, v = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
+        if args.provider == "fa3":
+            from flash_attn_interface import flash_attn_func as fa3_func
+
+            def run():
+                fa3_func(q, k, v, causal=args.causal, softcap=args.softcap)
+        else:
+            import flash_attn_hopper._C  # noqa: F401
+
+            def run():
+                torch.ops.flash_attn_hopper.fwd_fp8(q, k, v, None, None, None, scale, args.causal,
+                                                    softcap=args.softcap)
+    elif args.provider == "fa3":
         from flash_attn_interface import flash_attn_func as fa3_func
 
         q, k, v = (x.requires_grad_() for x in (q, k, v))

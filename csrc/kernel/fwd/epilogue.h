@@ -110,6 +110,16 @@ struct FwdEpilogue {
         uint32_t a[4];
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < 4; ++i) { a[i] = pack(r, 8 * g + 2 * i); }
+        if constexpr (Policy::kFp8) {
+          // fp8.h's O layout: lane q holds columns 4q..4q + 3 of each 16 (pairs a[0], a[1] and a[2], a[3],
+          // interleaved): two 8-byte stores, no shuffles.
+          int const col = get<1>(tOcO_rc(r, 8 * g)) + 2 * quad_lane;  // 32 g + 4 q
+          uint2 const lo{__byte_perm(a[0], a[1], 0x5410), __byte_perm(a[0], a[1], 0x7632)};
+          uint2 const hi{__byte_perm(a[2], a[3], 0x5410), __byte_perm(a[2], a[3], 0x7632)};
+          if (row < seq.seqlen_q(params) && col < head_dim) { *reinterpret_cast<uint2*>(o_row + col) = lo; }
+          if (row < seq.seqlen_q(params) && col + 16 < head_dim) { *reinterpret_cast<uint2*>(o_row + col + 16) = hi; }
+          continue;
+        }
         uint4 const chunk = quad_transpose(a, quad_lane);  // utils.h
         // Chunk 4g + q starts 8 q columns after chunk 4g, whose first column lane 0 holds.
         int const col = get<1>(tOcO_rc(r, 8 * g)) - 2 * quad_lane + 8 * quad_lane;
@@ -141,6 +151,17 @@ struct FwdEpilogue {
       int const row = m_block * kBlockM + get<0>(tOcO_rc(r, 0));
       if (row >= seq.seqlen_q(params)) { continue; }
       float* const o_row = o_head + int64_t(row) * sp.o_row_stride;
+      if constexpr (Policy::kFp8) {  // fp8.h's O layout: columns 4q..4q + 3 of each 16, interleaved
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(tOrO_rc); c += 4) {
+          int const col = get<1>(tOcO_rc(r, c)) + 2 * (threadIdx.x % 4);  // 16 h + 4 q
+          if (col < head_dim) {
+            *reinterpret_cast<float4*>(o_row + col) =
+                make_float4(tOrO_rc(r, c), tOrO_rc(r, c + 2), tOrO_rc(r, c + 1), tOrO_rc(r, c + 3));
+          }
+        }
+        continue;
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(tOrO_rc); c += 2) {  // a thread holds columns in adjacent pairs
         int const col = get<1>(tOcO_rc(r, c));

@@ -7,6 +7,12 @@
 // (and 16 + 4q..) of the same rows. Renaming registers instead of shuffling them across lanes, A's
 // K index 4q + i of each 16 holds key 2q + (i & 1) + 8 (i >> 1): the keys of P.V's K dimension are
 // permuted within every 16, and V^T is written in that order (transpose_v).
+//
+// O's layout. V^T's rows (V's columns) are permuted within every 16 too: column 2c + e is row
+// 8e + c, so that each 8-row matrix a stmatrix writes holds 8 consecutive rows, one
+// per 16-byte bank group of the swizzle (the unpermuted even / odd rows meet twice per bank group).
+// P.V's accumulator then holds in lane q's column pair 2q, 2q + 1 of each 16 O's columns 4q, 4q + 2,
+// and in 8 + 2q, 9 + 2q columns 4q + 1, 4q + 3 (the epilogue stores them so).
 #pragma once
 
 #include "kernel/common/config.h"
@@ -74,8 +80,9 @@ CUTLASS_DEVICE void quantize_p(TensorS const& acc, TensorP& p) {
 // columns per warp: ldmatrix.trans (b16) gives lane (q, c) = (lane % 4, lane / 4), per 8 keys and 16
 // bytes, the bytes of keys 2q, 2q + 1 at columns 2c, 2c + 1; two byte permutes make the words of
 // V^T rows 2c and 2c + 1 holding keys 2q, 2q + 1, 8 + 2q, 9 + 2q (K indices 4q..4q + 3, as P's),
-// and stmatrix writes them, the even and odd rows as separate 8 x 16-byte matrices. A warp keeps its
-// columns and walks the keys, so its loads step by a constant (16 rows of V's swizzled layout).
+// and stmatrix writes them, the even and odd columns as separate 8 x 16-byte matrices (rows 0-7 and
+// 8-15 of V^T's 16, see O's layout above: no bank conflicts). A warp keeps its columns and walks the
+// keys, so its loads step by a constant (16 rows of V's swizzled layout).
 template <int kBlockN, int kHeadDimV, typename LayoutV, typename LayoutVt, typename Element>
 CUTLASS_DEVICE void transpose_v(Element const* sv, Element* svt, int tid) {
   constexpr int kKeyGroups = kBlockN / 16, kColGroups = kHeadDimV / 32;
@@ -93,7 +100,7 @@ CUTLASS_DEVICE void transpose_v(Element const* sv, Element* svt, int tid) {
   int const warp = tid / 32, lane = tid % 32;
   int const matrix = lane / 8, row = lane % 8;
   int const load_key = 8 * (matrix & 1) + row, load_col = 16 * (matrix >> 1);   // ldmatrix's row
-  int const store_row = 16 * (matrix >> 1) + 2 * row + (matrix & 1);           // stmatrix's row
+  int const store_row = 16 * (matrix >> 1) + 8 * (matrix & 1) + row;           // V^T's row of column 2 row + (matrix & 1)
   int const key_first = 16 * kKeysPerWarp * (warp / (4 / kWarpsPerCol) % kWarpsPerCol);
   uint8_t const* src = reinterpret_cast<uint8_t const*>(sv);
   uint8_t* dst = reinterpret_cast<uint8_t*>(svt);
