@@ -48,8 +48,8 @@ void run_flash_fwd_fp8(FwdParams& p, cudaStream_t stream) {
     constexpr bool kLocal = decltype(local)::value, kVarlen = decltype(varlen)::value;
     constexpr bool kSoftcap = decltype(softcap)::value;
     // The long-keys tile where it differs (policy.h fwd_fp8_tile; varlen: the longest sequence's keys),
-    // without a mask or softcap: those spill with it.
-    if constexpr (!kLocal && !kSoftcap && !same_tile(fwd_fp8_tile<kHeadDim, true>(), fwd_fp8_tile<kHeadDim, false>())) {
+    // masked or not; not with softcap, which spills with it [D:083].
+    if constexpr (!kSoftcap && !same_tile(fwd_fp8_tile<kHeadDim, true>(), fwd_fp8_tile<kHeadDim, false>())) {
       if (p.seqlen_k >= kFwdLongKeysFrom) {
         launch_fwd<FwdKernel<FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, true>>>(p, stream);
         return;

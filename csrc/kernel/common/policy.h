@@ -246,14 +246,14 @@ using FwdQvPolicyFor =
 inline int fwd_qv_head_dim_v(int dv) { return dv <= 64 ? 0 : dv <= 256 ? 256 : dv <= 512 ? 512 : 0; }
 
 // FP8 kernels: one CTA per tile, Q + stages * (K + V as it lands + V^T) <= 227 KB; 192 rows at hdim 64;
-// at hdim 128 without mask or softcap 224 keys per stage from kFwdLongKeysFrom keys (FA3's tile; shorter
-// keys pad less with 128; masks and softcap spill with it) [D:080]. FLASH_FWD_DEV_FP8_BLOCK_N (a tile sweep): keys per stage of the latter, a multiple of 32.
+// without softcap (which spills with them) from kFwdLongKeysFrom keys FA3's tiles, 160 keys per stage at
+// hdim 64 and 224 at hdim 128 (below, 128 keys are faster) [D:080, D:083]. FLASH_FWD_DEV_FP8_BLOCK_N (a tile sweep): keys per stage of the latter, a multiple of 32.
 #ifndef FLASH_FWD_DEV_FP8_BLOCK_N
 #define FLASH_FWD_DEV_FP8_BLOCK_N 224
 #endif
 template <int kHeadDim, bool kLongKeys = false>
 constexpr FwdTileShape fwd_fp8_tile() {
-  return kHeadDim <= 64    ? FwdTileShape{192, 128, 2}
+  return kHeadDim <= 64    ? FwdTileShape{192, kLongKeys ? 160 : 128, 2}
          : kHeadDim <= 128 ? FwdTileShape{128, kLongKeys ? FLASH_FWD_DEV_FP8_BLOCK_N : 128, 2}
                            : FwdTileShape{128, 128, 2};
 }
