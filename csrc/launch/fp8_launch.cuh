@@ -47,15 +47,17 @@ void run_flash_fwd_fp8(FwdParams& p, cudaStream_t stream) {
   dispatch_mask_varlen(p, [&](auto local, auto varlen, auto softcap) {
     constexpr bool kLocal = decltype(local)::value, kVarlen = decltype(varlen)::value;
     constexpr bool kSoftcap = decltype(softcap)::value;
-    // The long-keys tile where it differs (policy.h fwd_fp8_tile; varlen: the longest sequence's keys),
-    // masked or not; not with softcap, which spills with it [D:083].
-    if constexpr (!kSoftcap && !same_tile(fwd_fp8_tile<kHeadDim, true>(), fwd_fp8_tile<kHeadDim, false>())) {
+    // The long-keys kernel where its tile differs (policy.h fwd_fp8_tile / fwd_fp8_persistent; varlen:
+    // the longest sequence's keys), masked or not; not with softcap, which spills with it [D:083, D:084].
+    using Long = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, true>;
+    using Short = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, false>;
+    if constexpr (!kSoftcap && !same_tile(Long::kTile, Short::kTile)) {
       if (p.seqlen_k >= kFwdLongKeysFrom) {
-        launch_fwd<FwdKernel<FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, true>>>(p, stream);
+        launch_fwd<FwdKernel<Long>>(p, stream);
         return;
       }
     }
-    launch_fwd<FwdKernel<FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap>>>(p, stream);
+    launch_fwd<FwdKernel<Short>>(p, stream);
   });
 }
 

@@ -245,21 +245,31 @@ using FwdQvPolicyFor =
 // The qv kernels' V head dim for v's head dim dv (0: none).
 inline int fwd_qv_head_dim_v(int dv) { return dv <= 64 ? 0 : dv <= 256 ? 256 : dv <= 512 ? 512 : 0; }
 
-// FP8 kernels: one CTA per tile, Q + stages * (K + V as it lands + V^T) <= 227 KB; 192 rows at hdim 64;
+// FP8 kernels: Q + stages * (K + V as it lands + V^T) <= 227 KB; 192 rows at hdim 64;
 // without softcap (which spills with them) from kFwdLongKeysFrom keys FA3's tiles, 160 keys per stage at
 // hdim 64 and 224 at hdim 128 (below, 128 keys are faster) [D:080, D:083]. FLASH_FWD_DEV_FP8_BLOCK_N (a tile sweep): keys per stage of the latter, a multiple of 32.
 #ifndef FLASH_FWD_DEV_FP8_BLOCK_N
 #define FLASH_FWD_DEV_FP8_BLOCK_N 224
 #endif
-template <int kHeadDim, bool kLongKeys = false>
+template <int kHeadDim, bool kLongKeys = false, bool kPersistent = false>
 constexpr FwdTileShape fwd_fp8_tile() {
-  return kHeadDim <= 64    ? FwdTileShape{192, kLongKeys ? 160 : 128, 2}
-         : kHeadDim <= 128 ? FwdTileShape{128, kLongKeys ? FLASH_FWD_DEV_FP8_BLOCK_N : 128, 2}
-                           : FwdTileShape{128, 128, 2};
+  return kHeadDim <= 64    ? FwdTileShape{192, kLongKeys ? 160 : 128, 2, kPersistent}
+         : kHeadDim <= 128 ? FwdTileShape{128, kLongKeys ? FLASH_FWD_DEV_FP8_BLOCK_N : 128, 2, kPersistent}
+                           : FwdTileShape{128, 128, 2, kPersistent};
+}
+// Dense calls without a mask or softcap stride over their tiles, one CTA per SM (a static order: every
+// producer thread walks the same tiles), below kFwdLongKeysFrom keys, and at hdim 128 above too; the
+// others run one CTA per tile (longer hdim 64 / 256 keys lose 1-2 % so: their producers' 32 / 24
+// registers spill in the tile loop) [D:084].
+template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys>
+constexpr bool fwd_fp8_persistent() {
+  return !kLocal && !kVarlen && !kSoftcap && (!kLongKeys || (kHeadDim > 64 && kHeadDim <= 128));
 }
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys = false>
-using FwdFp8PolicyFor = FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>, fwd_fp8_tile<kHeadDim, kLongKeys>(),
-                                  kVarlen, kSoftcap>;
+using FwdFp8PolicyFor =
+    FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>,
+              fwd_fp8_tile<kHeadDim, kLongKeys, fwd_fp8_persistent<kHeadDim, kLocal, kVarlen, kSoftcap, kLongKeys>()>(),
+              kVarlen, kSoftcap>;
 // FP8 over KV caches (varlen): paged (the producer warpgroup gathers K/V, paged_kv.h, and transposes
 // V) and split-KV kernels, two consumer warpgroups (128 rows at every head dim); paged ones with 232
 // registers each, where hdim 256's 128-key S spills: 96 keys there [D:081].

@@ -80,7 +80,7 @@ struct FwdKernel {
   static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
   static constexpr int kNumThreads = kNumMmaThreads + 128;
 
-  static_assert(!(kPaged || kFp8) || (!kDynamic && !Policy::kPersistent), "all producer threads walk the same static tiles");
+  static_assert(!(kPaged || kFp8) || (!kDynamic && !kCompact), "all producer threads walk the same static tiles");
 
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
