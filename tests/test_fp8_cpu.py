@@ -114,3 +114,54 @@ def test_fp8_kv_caches_paged_and_contiguous_reach_the_device_check(monkeypatch):
     with pytest.raises(ValueError, match="are on cpu"):  # so does a paged one
         flash_attn_with_kvcache(q, pages, pages, cache_seqlens=lens, page_table=torch.zeros(2, 4, dtype=torch.int32),
                                 v_descale=torch.ones(2, 2), causal=True)
+
+
+def _recording_op(calls):
+    """A stand-in for varlen_fwd_fp8 / paged_fwd_fp8 in fp8._split_and_packed: records its arguments
+    and returns each row's own bytes as out (so a wrong packing or unpacking shows) and a distinct
+    LSE per (head, row)."""
+
+    def call(rows, cu_q, max_q, causal, left, right, **kw):
+        calls.append(dict(rows=rows, cu_q=cu_q, max_q=max_q, causal=causal, window=(left, right), kw=kw))
+        heads, n = rows.shape[1], rows.shape[0]
+        return rows.view(torch.uint8).float(), torch.arange(heads * n, dtype=torch.float32).view(heads, n)
+
+    return call
+
+
+def test_fp8_packgqa_packs_rows_and_unpacks_them():
+    """Decode rows (one query per sequence, GQA 8:2): the query heads of a KV head become rows t * 4 + j
+    of one head, with offsets x 4, no mask and the split hint passed on; out / the LSE come back per
+    query head, by the op's combine (pack_gqa = 4) or, with softcap (no split kernels), here."""
+    q = torch.randn(6, 8, 64).to(FP8)
+    cu = torch.arange(7, dtype=torch.int32)
+    calls = []
+    out, lse = fp8._split_and_packed(_recording_op(calls), q, 2, cu, 1, True, -1, 0, 5.0, None, None, 3, None, True)
+    c = calls[-1]
+    assert c["rows"].shape == (24, 2, 64) and c["max_q"] == 4 and not c["causal"] and c["window"] == (-1, -1)
+    assert torch.equal(c["cu_q"], cu * 4) and c["kw"] == {"num_splits": 3}
+    assert torch.equal(c["rows"].view(torch.uint8)[4 * 2 + 3, 1], q.view(torch.uint8)[2, 1 * 4 + 3])
+    assert torch.equal(out, q.view(torch.uint8).float())  # back to (rows, query heads, d)
+    assert lse.shape == (8, 6)
+    assert lse[1 * 4 + 3, 2] == 1 * 24 + 2 * 4 + 3  # packed head 1, row 2 * 4 + 3
+    # Without softcap the op's combine unpacks: pack_gqa = 4, out returned as the op gave it.
+    out, _ = fp8._split_and_packed(_recording_op(calls), q, 2, cu, 1, True, -1, 0, 0.0, None, None, 0, None, True)
+    assert calls[-1]["kw"] == {"num_splits": 0, "pack_gqa": 4} and out.shape == (24, 2, 64)
+
+
+@pytest.mark.parametrize("case", ["causal chunk", "pack_gqa=False", "sink", "seqused_q", "MHA"])
+def test_fp8_packgqa_left_out_where_it_is_not_exact(case):
+    """Causal chunks of several queries, pack_gqa=False, a learnable sink (per query head), seqused_q
+    and MHA run unpacked: q as given, its mask, the split hint."""
+    heads_k = 8 if case == "MHA" else 2
+    q = torch.randn(10, 8, 64).to(FP8)
+    cu = torch.tensor([0, 5, 10], dtype=torch.int32)
+    max_q = 5 if case == "causal chunk" else 1
+    cu = cu if case == "causal chunk" else torch.arange(11, dtype=torch.int32)
+    calls = []
+    fp8._split_and_packed(_recording_op(calls), q, heads_k, cu, max_q, True, -1, 0, 0.0,
+                          torch.zeros(8) if case == "sink" else None,
+                          torch.ones(10, dtype=torch.int32) if case == "seqused_q" else None, 2,
+                          False if case == "pack_gqa=False" else None, False)
+    c = calls[-1]
+    assert c["rows"] is q and c["causal"] and c["window"] == (-1, 0) and c["kw"] == {"num_splits": 2}
