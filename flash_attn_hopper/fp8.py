@@ -9,7 +9,7 @@ chip; head dims that are multiples of 16 up to 256 run on the hdim 64 / 128 / 25
 
 ``flash_attn_func`` and ``flash_attn_varlen_func`` hand calls with FP8 inputs to :func:`dense` and
 :func:`varlen`: causal, windows, GQA, softcap, a learnable sink and ``attention_chunk`` (on the
-varlen kernels over the chunk segments, each taking its sequence's descales) as everywhere else;
+varlen kernels over the chunk segments, each taking its sequence's descales) as everywhere else.
 Varlen calls and KV caches (contiguous or paged: ``page_table``, paged.py's layout, read in place by
 kernels whose producer gathers the rows and transposes V) split the keys (``num_splits``, 0 = choose)
 and pack the query heads of a KV head into rows (``pack_gqa``, packgqa.py) as the 16-bit ones do;
