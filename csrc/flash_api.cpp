@@ -192,55 +192,7 @@ std::tuple<Tensor, Tensor> mha_fwd_impl(Tensor const& q, Tensor const& k, Tensor
   return {out, lse};
 }
 
-// Variable-length forward: q (total_q, heads, d), k and v (total_k, heads_kv, d), sequence b at
-// rows cu_seqlens[b] (FwdParams says how the kernels read them). Returns out like q and the LSE
-// (heads, total_q). With seqused_q, rows outside every sequence's used part are 0 (LSE -inf).
-std::tuple<Tensor, Tensor> mha_varlen_fwd_impl(Tensor const& q, Tensor const& k, Tensor const& v,
-                                                  Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
-                                                  std::optional<Tensor> const& seqused_q,
-                                                  std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
-                                                  int64_t max_seqlen_k, double softmax_scale, bool causal,
-                                                  int64_t window_size_left, int64_t window_size_right, bool top_left,
-                                                  double softcap, std::optional<Tensor> const& sink,
-                                                  int64_t num_splits, int64_t pack_gqa,
-                                                  std::optional<Tensor> const& qv) {
-  auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(/*value_head_dim=*/true, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                        max_seqlen_q, max_seqlen_k, qv.has_value());
-  check_scale(softmax_scale, softcap);
-  check_qv(qv, q, {vl.total_q, pb.heads_q, pb.head_dim_v});
-  FLASH_CHECK(!qv || pack_gqa == 1, "flash_attn_hopper: qv runs without pack_gqa");
-  float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
-  torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-  FwdFn const fwd = find_fwd_for(pb.head_dim_rounded, pb.is_bf16, qv.has_value());
-  FLASH_CHECK(fwd != nullptr, not_compiled(qv ? "qv forward" : "forward", pb, q.scalar_type()));
-
-  check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, seqused_q.has_value(), sink.has_value());
-  int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
-  bool const gaps = seqused_q.has_value();  // rows no sequence uses: 0 / -inf (the sink's logit), as rows without keys
-  Tensor out = gaps ? zeros_like_dev(q, {rows, heads, pb.head_dim_v}) : empty_like_dev(q, {rows, heads, pb.head_dim_v});
-  Tensor lse = empty_like_dev(q, {heads, rows}, kFloat);
-  if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
-  if (vl.total_k == 0 || vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
-    torch::stable::zero_(out);
-    fill_empty_lse(lse, sink, {heads, 1});
-    return {out, lse};
-  }
-  if (gaps) { fill_empty_lse(lse, sink, {pb.heads_q, 1}); }
-
-  Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
-  flash::FwdParams params{};
-  fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
-              make_window(pb, causal, window_size_left, window_size_right, top_left));
-  set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
-  Tensor const qvt = qv ? tma_ready(unsqueeze0(*qv)) : Tensor{};
-  if (qv) { set_qv(params, qvt); }
-  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/!qv,
-                pack_gqa);
-  return {out, lse};
-}
-
-// The schemas' entry points: fwd / varlen_fwd without qv, fwd_qv / varlen_fwd_qv with it.
+// The schemas' entry points: fwd without qv, fwd_qv with it (varlen ones: api/varlen.h).
 std::tuple<Tensor, Tensor> mha_fwd(Tensor const& q, Tensor const& k, Tensor const& v, double softmax_scale,
                                    bool causal, int64_t window_size_left, int64_t window_size_right, bool top_left,
                                    double softcap, std::optional<Tensor> const& sink, int64_t num_splits) {
@@ -254,32 +206,9 @@ std::tuple<Tensor, Tensor> mha_fwd_qv(Tensor const& q, Tensor const& k, Tensor c
   return mha_fwd_impl(q, k, v, softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink,
                       num_splits, qv);
 }
-std::tuple<Tensor, Tensor> mha_varlen_fwd(Tensor const& q, Tensor const& k, Tensor const& v,
-                                          Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
-                                          std::optional<Tensor> const& seqused_q,
-                                          std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
-                                          int64_t max_seqlen_k, double softmax_scale, bool causal,
-                                          int64_t window_size_left, int64_t window_size_right, bool top_left,
-                                          double softcap, std::optional<Tensor> const& sink, int64_t num_splits,
-                                          int64_t pack_gqa) {
-  return mha_varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink,
-                             num_splits, pack_gqa, std::nullopt);
-}
-std::tuple<Tensor, Tensor> mha_varlen_fwd_qv(Tensor const& q, Tensor const& k, Tensor const& v, Tensor const& qv,
-                                             Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
-                                             std::optional<Tensor> const& seqused_q,
-                                             std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
-                                             int64_t max_seqlen_k, double softmax_scale, bool causal,
-                                             int64_t window_size_left, int64_t window_size_right, bool top_left,
-                                             double softcap, std::optional<Tensor> const& sink, int64_t num_splits) {
-  return mha_varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, window_size_left, window_size_right, top_left, softcap, sink,
-                             num_splits, 1, qv);
-}
-
-#include "api/fp8.h"    // fwd_fp8, varlen_fwd_fp8 (after set_outputs, fill_empty_lse)
-#include "api/paged.h"  // paged_fwd, paged_fwd_qv, paged_fwd_fp8 (after fp8.h)
+#include "api/fp8.h"     // fwd_fp8 and the FP8 descales (after set_outputs, fill_empty_lse)
+#include "api/varlen.h"  // varlen_fwd, varlen_fwd_qv, varlen_fwd_fp8 (after fp8.h, launch_varlen)
+#include "api/paged.h"   // paged_fwd, paged_fwd_qv, paged_fwd_fp8 (after fp8.h)
 
 #if FLASH_ATTN_HOPPER_BUILD_BWD
 using BwdFn = void (*)(flash::BwdParams&, cudaStream_t);

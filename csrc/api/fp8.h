@@ -1,8 +1,9 @@
-// The FP8 forward ops (fwd_fp8, varlen_fwd_fp8) on the FP8 kernels (launch/fp8_launch.cuh): q, k, v
-// float8_e4m3fn with optional float32 descales (batch, nheads_kv) as FA3 takes them, out bf16, the
-// LSE float32; causal / window / softcap / sink; varlen calls split-KV and PackGQA as the 16-bit ones.
-// Forward only, as FA3; no qv or dv != d (flash_attn_hopper/fp8.py refuses them first); paged caches
-// are api/paged.h's paged_fwd_fp8. Included by flash_api.cpp.
+// The FP8 forward (launch/fp8_launch.cuh): q, k, v float8_e4m3fn with optional float32 descales
+// (batch, nheads_kv) as FA3 takes them, out bf16, the LSE float32; causal / window / softcap / sink.
+// Here the kernel lookup, the descales and the dense op fwd_fp8; varlen_fwd_fp8 and paged_fwd_fp8 are
+// the 16-bit ops' implementations with the descales (api/varlen.h, api/paged.h: split-KV and PackGQA
+// as there). Forward only, as FA3; no qv or dv != d (flash_attn_hopper/fp8.py refuses them first).
+// Included by flash_api.cpp.
 #pragma once
 
 namespace {
@@ -90,49 +91,6 @@ std::tuple<Tensor, Tensor> mha_fwd_fp8(Tensor const& q, Tensor const& k, Tensor 
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_outputs(params, out, lse, sink_ptr);
   fwd(params, current_stream(pb.device));
-  return {out, lse};
-}
-
-std::tuple<Tensor, Tensor> mha_varlen_fwd_fp8(Tensor const& q, Tensor const& k, Tensor const& v,
-                                              Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
-                                              std::optional<Tensor> const& seqused_q,
-                                              std::optional<Tensor> const& seqused_k, int64_t max_seqlen_q,
-                                              int64_t max_seqlen_k, std::optional<Tensor> const& q_descale,
-                                              std::optional<Tensor> const& k_descale,
-                                              std::optional<Tensor> const& v_descale, double softmax_scale,
-                                              bool causal, int64_t window_size_left, int64_t window_size_right,
-                                              bool top_left, double softcap, std::optional<Tensor> const& sink,
-                                              int64_t num_splits, int64_t pack_gqa) {
-  auto const [vl, q4, k4, v4, pb] =
-      check_varlen_call(/*value_head_dim=*/false, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                        max_seqlen_q, max_seqlen_k, /*qv=*/false, /*fp8=*/true);
-  check_scale(softmax_scale, softcap);
-  FwdFn const fwd = fp8_kernels(pb);
-  float const* const sink_ptr = sink_pointer(sink, q, pb.heads_q);
-  flash::FwdParams params{};
-  set_descales(params, pb, vl.batch, q, q_descale, k_descale, v_descale);
-  torch::stable::accelerator::DeviceGuard device_guard(q.get_device());
-
-  // PackGQA in the op (pack_gqa > 1: q's rows packed, out / the LSE per query head), as varlen_fwd.
-  check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, seqused_q.has_value(), sink.has_value());
-  int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
-  bool const gaps = seqused_q.has_value();  // rows no sequence uses: 0 / -inf (the sink's logit)
-  std::vector<int64_t> const o_sizes{rows, heads, pb.head_dim};
-  Tensor out = gaps ? zeros_like_dev(q, o_sizes, ScalarType::BFloat16) : empty_like_dev(q, o_sizes, ScalarType::BFloat16);
-  Tensor lse = empty_like_dev(q, {heads, rows}, kFloat);
-  if (vl.batch == 0 || vl.total_q == 0 || pb.heads_q == 0) { return {out, lse}; }
-  if (vl.total_k == 0 || vl.max_seqlen_k == 0 || vl.max_seqlen_q == 0) {  // nothing to attend to
-    torch::stable::zero_(out);
-    fill_empty_lse(lse, sink, {heads, 1});
-    return {out, lse};
-  }
-  if (gaps) { fill_empty_lse(lse, sink, {pb.heads_q, 1}); }
-  Tensor const qt = tma_ready(q4), kt = tma_ready(k4), vt = tma_ready(v4);
-  fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
-              make_window(pb, causal, window_size_left, window_size_right, top_left));
-  set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, top_left);
-  launch_varlen(fwd, params, vl, pb, q, out, lse, sink_ptr, softcap > 0, num_splits, /*tile_counter=*/false,
-                pack_gqa);
   return {out, lse};
 }
 

@@ -75,6 +75,8 @@ std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_c
                      : qv ? find_fwd_for(pb.head_dim_rounded, pb.is_bf16, true)
                           : find_paged(pb.head_dim_rounded, pb.is_bf16);
   FLASH_CHECK(fwd != nullptr, not_compiled(qv ? "qv forward" : "paged-KV forward", pb, q.scalar_type()));
+  flash::FwdParams params{};
+  if (fp8) { set_descales(params, pb, vl.batch, q, fp8->q, fp8->k, fp8->v); }
 
   check_pack_gqa(pack_gqa, vl.total_q, vl.batch, softcap > 0, false, sink.has_value());
   int64_t const rows = vl.total_q / pack_gqa, heads = pb.heads_q * pack_gqa;  // of out and the LSE
@@ -88,8 +90,6 @@ std::tuple<Tensor, Tensor> mha_paged_fwd_impl(Tensor const& q, Tensor const& k_c
   }
 
   Tensor const qt = tma_ready(q4);
-  flash::FwdParams params{};
-  if (fp8) { set_descales(params, pb, vl.batch, q, fp8->q, fp8->k, fp8->v); }
   fill_common(params, pb, qt, k4, v4, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_varlen(params, vl, cu_seqlens_q, cu_seqlens_k, std::nullopt, seqused_k, top_left);
