@@ -132,7 +132,8 @@ void launch_varlen(FwdFn fwd, flash::FwdParams& params, Varlen const& vl, Proble
                    bool tile_counter, int64_t pack_gqa = 1) {
   set_outputs(params, unsqueeze0(out), lse, sink_ptr);
   int splits = choose_splits(num_splits, vl.batch, vl.max_seqlen_q, vl.max_seqlen_k, pb.heads_q,
-                             pb.head_dim_rounded, softcap, params.num_sms);
+                             pb.head_dim_rounded, softcap, params.num_sms,
+                             q.scalar_type() == ScalarType::Float8_e4m3fn);
   if (pack_gqa > 1) { splits = std::max(splits, 2); }
   cudaStream_t const stream = current_stream(pb.device);
   if (splits > 1) {

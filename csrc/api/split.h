@@ -13,8 +13,9 @@ namespace {
 // The grid's batch dimension (batch x splits) is at most this (CUDA's grid y / z bound).
 constexpr int64_t kMaxGridBatches = 65535;
 
-// The split kernels' key block for a (rounded) head dim.
-int split_block_n(int head_dim_rounded) {
+// The split kernels' key block for a (rounded) head dim; FP8 split kernels have their own tile.
+int split_block_n(int head_dim_rounded, bool fp8) {
+  if (fp8) { return head_dim_rounded <= 128 ? flash::fwd_fp8_split_tile<128>().block_n : flash::fwd_fp8_split_tile<256>().block_n; }
   switch (head_dim_rounded) {
     case 64: return flash::fwd_split_tile<64>().block_n;
     case 96: return flash::fwd_split_tile<96>().block_n;
@@ -31,10 +32,11 @@ int split_block_n(int head_dim_rounded) {
 // blocks (below that the combine costs more than the split saves), as many splits as fit in one
 // wave (the split kernels hold one CTA per SM), down to one key block each (FA3's bound).
 int choose_splits(int64_t requested, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                  int head_dim_rounded, bool unsplittable, int num_sms) {
+                  int head_dim_rounded, bool unsplittable, int num_sms, bool fp8 = false) {
   FLASH_CHECK(requested >= 0, "flash_attn_hopper: num_splits must be >= 0 (0: choose), got ", requested);
   if (requested == 1 || unsplittable || batch == 0 || seqlen_q == 0 || seqlen_k == 0) { return 1; }
-  int64_t const n_blocks = (seqlen_k + split_block_n(head_dim_rounded) - 1) / split_block_n(head_dim_rounded);
+  int64_t const block_n = split_block_n(head_dim_rounded, fp8);
+  int64_t const n_blocks = (seqlen_k + block_n - 1) / block_n;
   int64_t const tiles = (seqlen_q + 127) / 128 * heads_q * batch;
   int64_t splits = requested;
   if (requested == 0) {
