@@ -257,13 +257,13 @@ constexpr FwdTileShape fwd_fp8_tile() {
          : kHeadDim <= 128 ? FwdTileShape{128, kLongKeys ? FLASH_FWD_DEV_FP8_BLOCK_N : 128, 2, kPersistent}
                            : FwdTileShape{128, 128, 2, kPersistent};
 }
-// Dense calls without a mask or softcap stride over their tiles, one CTA per SM (a static order: every
-// producer thread walks the same tiles), below kFwdLongKeysFrom keys, and at hdim 128 above too; the
-// others run one CTA per tile (longer hdim 64 / 256 keys lose 1-2 % so: their producers' 32 / 24
-// registers spill in the tile loop) [D:084].
+// Dense calls without softcap stride over their tiles, one CTA per SM (causal / local ones draw them
+// from a counter, the producer warpgroup reading each from the ring), below kFwdLongKeysFrom keys, and
+// at hdim 128 above too; the others run one CTA per tile (longer hdim 64 / 256 keys lose 1-2 % so:
+// their producers' 32 / 24 registers spill in the tile loop) [D:084].
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys>
 constexpr bool fwd_fp8_persistent() {
-  return !kLocal && !kVarlen && !kSoftcap && (!kLongKeys || (kHeadDim > 64 && kHeadDim <= 128));
+  return !kVarlen && !kSoftcap && (!kLongKeys || (kHeadDim > 64 && kHeadDim <= 128));
 }
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys = false>
 using FwdFp8PolicyFor =

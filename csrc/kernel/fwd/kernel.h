@@ -80,7 +80,8 @@ struct FwdKernel {
   static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
   static constexpr int kNumThreads = kNumMmaThreads + 128;
 
-  static_assert(!(kPaged || kFp8) || (!kDynamic && !kCompact), "all producer threads walk the same static tiles");
+  static_assert(!(kPaged || kFp8) || !kCompact, "all producer threads walk the same tiles");
+  static_assert(!kPaged || !kDynamic, "paged kernels are one CTA per tile");
 
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "tile does not fit in shared memory");
@@ -166,7 +167,8 @@ struct FwdKernel {
         smem.o.barrier_q2.init(/*arrive_count=*/1);
         smem.o.barrier_q2_empty.init(/*arrive_count=*/kNumMmaWarpGroups);
       }
-      if constexpr (Policy::kRing) { smem.ring.init(kNumMmaThreads); }
+      // FP8: the producer warpgroup's other 127 threads read each drawn tile too.
+      if constexpr (Policy::kRing) { smem.ring.init(kNumMmaThreads + (kFp8 ? 127 : 0)); }
     }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = Mainloop::kBytesKV;
@@ -293,22 +295,40 @@ struct FwdKernel {
             tile = next;
           }
         } else if constexpr (kDynamic) {
+          // One thread draws the tiles; in FP8 kernels the warpgroup's other threads (they transpose
+          // V) read each from the ring as the consumers do.
+          bool const draws = !kFp8 || threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0;
           int tile = scheduler.first();
           for (int iteration = 0;; ++iteration) {
             int const slot = iteration & 1;
-            smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // the consumers read its last item
-            bool const valid = scheduler.valid(tile);
-            auto const item = [&] {
+            using Item = std::remove_reference_t<decltype(smem.ring.items[0])>;
+            Item item;
+            bool valid;
+            if (draws) {
+              smem.ring.empty[slot].wait(((iteration >> 1) & 1) ^ 1);  // every reader read its last item
+              valid = scheduler.valid(tile);
+              item = [&] {
+                if constexpr (kRingDecode) {
+                  return valid ? scheduler.decode(tile, params.divisors) : FwdTile{-1, 0, 0};
+                } else {
+                  return tile;
+                }
+              }();
+              smem.ring.items[slot] = item;
+              smem.ring.full[slot].arrive();
+            } else {
+              smem.ring.full[slot].wait((iteration >> 1) & 1);
+              item = smem.ring.items[slot];
+              smem.ring.empty[slot].arrive();
               if constexpr (kRingDecode) {
-                return valid ? scheduler.decode(tile, params.divisors) : FwdTile{-1, 0, 0};
+                valid = item.m_block >= 0;
               } else {
-                return tile;
+                valid = scheduler.valid(item);
               }
-            }();
-            smem.ring.items[slot] = item;
-            smem.ring.full[slot].arrive();
+            }
             if (!valid) { break; }
-            int const next = atomicAdd(params.tile_counter, 1) + int(gridDim.x);  // in flight meanwhile
+            int next = 0;
+            if (draws) { next = atomicAdd(params.tile_counter, 1) + int(gridDim.x); }  // in flight meanwhile
             produce(item, iteration);
             tile = next;
           }
