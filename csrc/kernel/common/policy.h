@@ -259,11 +259,12 @@ constexpr FwdTileShape fwd_fp8_tile() {
 }
 // Dense calls without softcap stride over their tiles, one CTA per SM (causal / local ones draw them
 // from a counter, the producer warpgroup reading each from the ring), below kFwdLongKeysFrom keys, and
-// at hdim 128 above too; the others run one CTA per tile (longer hdim 64 / 256 keys lose 1-2 % so:
-// their producers' 32 / 24 registers spill in the tile loop) [D:084].
+// above it at hdim 128 and masked hdim 64; the others run one CTA per tile (there the producers' 32 /
+// 24 registers spill in the tile loop: -1-2 % non-causal hdim 64 / 256, -9 % causal hdim 256 16k)
+// [D:084, D:085].
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys>
 constexpr bool fwd_fp8_persistent() {
-  return !kVarlen && !kSoftcap && (!kLongKeys || (kHeadDim > 64 && kHeadDim <= 128));
+  return !kVarlen && !kSoftcap && (!kLongKeys || (kHeadDim > 64 && kHeadDim <= 128) || (kHeadDim <= 64 && kLocal));
 }
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys = false>
 using FwdFp8PolicyFor =
