@@ -87,16 +87,22 @@ void fill_empty_lse(Tensor& lse, std::optional<Tensor> const& sink, std::vector<
 }
 
 // Launches the forward on the current stream, with the zeroed tile counter that the dynamic
-// persistent causal/local kernels draw from (a 4-byte memset rather than a zeros op's fill kernel).
-void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor const& like, int device) {
+// persistent causal/local kernels draw from where tile_counter_needed (a 4-byte memset rather than a
+// zeros op's fill kernel).
+void run_fwd_counted(FwdFn fwd, flash::FwdParams& params, bool tile_counter_needed, Tensor const& like, int device) {
   cudaStream_t const stream = current_stream(device);
   Tensor tile_counter;
-  if (flash::fwd_needs_tile_counter(head_dim_rounded, params.is_local, params.seqlen_k)) {
+  if (tile_counter_needed) {
     tile_counter = empty_like_dev(like, {1}, kInt);
     params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
     FLASH_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
   }
   fwd(params, stream);
+}
+// The 16-bit kernels: the counter where policy.h's fwd_needs_tile_counter says the kernel is dynamic.
+void run_fwd(FwdFn fwd, flash::FwdParams& params, int head_dim_rounded, Tensor const& like, int device) {
+  run_fwd_counted(fwd, params, flash::fwd_needs_tile_counter(head_dim_rounded, params.is_local, params.seqlen_k),
+                  like, device);
 }
 
 // The forward's outputs in its params: out viewed as (batch, rows, heads, d), the LSE, the sink.

@@ -91,15 +91,8 @@ std::tuple<Tensor, Tensor> mha_fwd_fp8(Tensor const& q, Tensor const& k, Tensor 
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_outputs(params, out, lse, sink_ptr);
   // Causal / local calls without softcap draw their tiles from a zeroed counter (policy.h
-  // fwd_fp8_persistent).
-  cudaStream_t const stream = current_stream(pb.device);
-  Tensor tile_counter;
-  if (params.is_local && softcap <= 0) {
-    tile_counter = empty_like_dev(q, {1}, kInt);
-    params.tile_counter = tile_counter.mutable_data_ptr<int32_t>();
-    FLASH_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
-  }
-  fwd(params, stream);
+  // fwd_fp8_persistent; hdim 256 from 4k keys runs one CTA per tile and leaves it unread).
+  run_fwd_counted(fwd, params, /*tile_counter_needed=*/params.is_local && softcap <= 0, q, pb.device);
   return {out, lse};
 }
 
