@@ -136,26 +136,6 @@ def dense(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, windo
     return (out, lse) if return_attn_probs else out
 
 
-def _split_and_packed(call, q, heads_k: int, cu_seqlens_q, max_seqlen_q: int, causal: bool, left: int, right: int,
-                      softcap, learnable_sink, seqused_q, num_splits, pack_gqa, return_lse: bool):
-    """call(q, cu_seqlens_q, max_seqlen_q, causal, left, right, **kwargs) -> (out, lse) with the split
-    plan and, where packgqa.packs says it is exact, q's heads of a KV head packed as its rows
-    (unpacked by the op's combine at decode, else here): as paged.varlen_paged does for 16-bit caches."""
-    group = q.shape[1] // heads_k
-    batch = cu_seqlens_q.shape[0] - 1
-    if (seqused_q is None and learnable_sink is None
-            and packgqa.packs(pack_gqa, group, max_seqlen_q, causal, (left, right))):
-        in_op = packgqa.unpacks_in_op(max_seqlen_q, batch, softcap, None)
-        rows = packgqa.pack_rows(q.view(torch.uint8), heads_k).view(DTYPE)  # moved as bytes
-        out, lse = call(rows, offsets.scaled(cu_seqlens_q, group), max_seqlen_q * group, False, -1, -1,
-                        **ops.optional_args(0, num_splits, group if in_op else 1))
-        if not in_op:
-            out = packgqa.unpack_rows(out, group)
-            lse = packgqa.unpack_lse(lse, group) if return_lse else None
-        return out, lse
-    return call(q, cu_seqlens_q, max_seqlen_q, causal, left, right, **ops.optional_args(0, num_splits))
-
-
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q_descale,
            k_descale, v_descale, softmax_scale, causal, window_size, learnable_sink, return_attn_probs,
            softcap=0.0, attention_chunk=0, qv=None, page_table=None, num_splits=1, pack_gqa=None):
@@ -187,7 +167,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
                                                    int(max_seqlen_q), int(max_seqlen_k))
     op = ops.op_of_build("varlen_fwd_fp8", "FP8")
     sink = sinks.kernel_sink(learnable_sink, q.shape[1], q)
-    out, lse = _split_and_packed(
+    out, lse = packgqa.call_packed(
         lambda rows, cu_q, max_q, causal, left, right, **kw: op(
             rows, k, v, cu_q, cu_seqlens_k, seqused_q, seqused_k, max_q, int(max_seqlen_k), q_descale, k_descale,
             v_descale, scale, causal, left, right, softcap=float(softcap), sink=sink, **kw),
@@ -217,7 +197,7 @@ def paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, max_seqle
                                                    int(max_seqlen_q), max_k)
     op = ops.op_of_build("paged_fwd_fp8", "paged FP8")
     sink = sinks.kernel_sink(learnable_sink, q.shape[1], q)
-    out, lse = _split_and_packed(
+    out, lse = packgqa.call_packed(
         lambda rows, cu_q, max_q, causal, left, right, **kw: op(
             rows, k_cache, v_cache, page_table, cu_q, cu_seqlens_k, seqused_k, max_q, max_k, q_descale, k_descale,
             v_descale, scale, causal, left, right, softcap=float(softcap), sink=sink, **kw),

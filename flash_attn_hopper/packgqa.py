@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from . import offsets, ops
+
 
 def check_pack_gqa(pack_gqa) -> None:
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
@@ -64,3 +66,25 @@ def unpack_lse(lse: torch.Tensor, group: int) -> torch.Tensor:
     *lead, heads_k, packed_rows = lse.shape
     rows = packed_rows // group
     return lse.reshape(*lead, heads_k, rows, group).transpose(-1, -2).reshape(*lead, heads_k * group, rows)
+
+
+def call_packed(call, q, heads_k: int, cu_seqlens_q, max_seqlen_q: int, causal: bool, left: int, right: int,
+                softcap, learnable_sink, seqused_q, num_splits, pack_gqa, return_lse: bool):
+    """call(q_rows, cu_seqlens_q, max_seqlen_q, causal, left, right, **kwargs) -> (out, lse) of a
+    varlen / paged forward op, kwargs its num_splits and pack_gqa (ops.optional_args). Where packs()
+    says it is exact (and with no sink, per query head, nor seqused_q), q's heads of a KV head go as
+    rows: unpacked by the op's combine at decode (unpacks_in_op), else here. 1-byte (FP8) rows are
+    moved as bytes."""
+    group = q.shape[1] // heads_k
+    if (seqused_q is None and learnable_sink is None
+            and packs(pack_gqa, group, max_seqlen_q, causal, (left, right))):
+        in_op = unpacks_in_op(max_seqlen_q, cu_seqlens_q.shape[0] - 1, softcap, None)
+        rows = (pack_rows(q.view(torch.uint8), heads_k).view(q.dtype) if q.element_size() == 1
+                else pack_rows(q, heads_k))
+        out, lse = call(rows, offsets.scaled(cu_seqlens_q, group), max_seqlen_q * group, False, -1, -1,
+                        **ops.optional_args(0, num_splits, group if in_op else 1))
+        if not in_op:
+            out = unpack_rows(out, group)
+            lse = unpack_lse(lse, group) if return_lse else None
+        return out, lse
+    return call(q, cu_seqlens_q, max_seqlen_q, causal, left, right, **ops.optional_args(0, num_splits))

@@ -152,25 +152,17 @@ def varlen_paged(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, ma
     left, right = answer.window if answer.window is not None else (-1, 0 if answer.causal else -1)
 
     max_k = min(answer.max_seqlen_k, capacity)
-    kwargs = ops.optional_args(softcap, num_splits)
+    kwargs = ops.optional_args(softcap)
     if learnable_sink is not None:
         sinks.check_sink(learnable_sink, q.shape[1], q)
         kwargs["sink"] = learnable_sink.float().contiguous()
     fwd = paged_fwd_op()
-    group = q.shape[1] // k_cache.shape[2]
-    if packgqa.packs(pack_gqa, group, answer.max_seqlen_q, answer.causal, (left, right)) and learnable_sink is None:
-        in_op = packgqa.unpacks_in_op(answer.max_seqlen_q, answer.batch, softcap, None)
-        if in_op:
-            kwargs["pack_gqa"] = group
-        out, lse = fwd(packgqa.pack_rows(q, k_cache.shape[2]), k_cache, v_cache, page_table,
-                       offsets.scaled(cu_seqlens_q, group),
-                       cu_seqlens_k, seqused_k, answer.max_seqlen_q * group, max_k, scale, False, -1, -1, **kwargs)
-        if not in_op:
-            out = packgqa.unpack_rows(out, group)
-            lse = packgqa.unpack_lse(lse, group) if return_lse else None
-    else:
-        out, lse = fwd(q, k_cache, v_cache, page_table, cu_seqlens_q, cu_seqlens_k, seqused_k, answer.max_seqlen_q,
-                       max_k, scale, answer.causal, left, right, **kwargs)
+    out, lse = packgqa.call_packed(
+        lambda rows, cu_q, max_q, causal, left, right, **kw: fwd(
+            rows, k_cache, v_cache, page_table, cu_q, cu_seqlens_k, seqused_k, max_q, max_k, scale, causal, left,
+            right, **kwargs, **kw),
+        q, k_cache.shape[2], cu_seqlens_q, answer.max_seqlen_q, answer.causal, left, right, softcap, learnable_sink,
+        None, num_splits, pack_gqa, return_lse)
     out = out[..., :dv] if out.shape[-1] != dv else out
     return (out, lse) if return_lse else out
 

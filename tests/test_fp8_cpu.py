@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flash_attn_hopper import flash_attn_func, flash_attn_varlen_func, fp8, manifest
+from flash_attn_hopper import flash_attn_func, flash_attn_varlen_func, fp8, manifest, packgqa
 
 FP8 = torch.float8_e4m3fn
 
@@ -117,7 +117,7 @@ def test_fp8_kv_caches_paged_and_contiguous_reach_the_device_check(monkeypatch):
 
 
 def _recording_op(calls):
-    """A stand-in for varlen_fwd_fp8 / paged_fwd_fp8 in fp8._split_and_packed: records its arguments
+    """A stand-in for varlen_fwd_fp8 / paged_fwd_fp8 in packgqa.call_packed: records its arguments
     and returns each row's own bytes as out (so a wrong packing or unpacking shows) and a distinct
     LSE per (head, row)."""
 
@@ -136,7 +136,7 @@ def test_fp8_packgqa_packs_rows_and_unpacks_them():
     q = torch.randn(6, 8, 64).to(FP8)
     cu = torch.arange(7, dtype=torch.int32)
     calls = []
-    out, lse = fp8._split_and_packed(_recording_op(calls), q, 2, cu, 1, True, -1, 0, 5.0, None, None, 3, None, True)
+    out, lse = packgqa.call_packed(_recording_op(calls), q, 2, cu, 1, True, -1, 0, 5.0, None, None, 3, None, True)
     c = calls[-1]
     assert c["rows"].shape == (24, 2, 64) and c["max_q"] == 4 and not c["causal"] and c["window"] == (-1, -1)
     assert torch.equal(c["cu_q"], cu * 4) and c["kw"] == {"num_splits": 3}
@@ -145,7 +145,7 @@ def test_fp8_packgqa_packs_rows_and_unpacks_them():
     assert lse.shape == (8, 6)
     assert lse[1 * 4 + 3, 2] == 1 * 24 + 2 * 4 + 3  # packed head 1, row 2 * 4 + 3
     # Without softcap the op's combine unpacks: pack_gqa = 4, out returned as the op gave it.
-    out, _ = fp8._split_and_packed(_recording_op(calls), q, 2, cu, 1, True, -1, 0, 0.0, None, None, 0, None, True)
+    out, _ = packgqa.call_packed(_recording_op(calls), q, 2, cu, 1, True, -1, 0, 0.0, None, None, 0, None, True)
     assert calls[-1]["kw"] == {"num_splits": 0, "pack_gqa": 4} and out.shape == (24, 2, 64)
 
 
@@ -159,9 +159,9 @@ def test_fp8_packgqa_left_out_where_it_is_not_exact(case):
     max_q = 5 if case == "causal chunk" else 1
     cu = cu if case == "causal chunk" else torch.arange(11, dtype=torch.int32)
     calls = []
-    fp8._split_and_packed(_recording_op(calls), q, heads_k, cu, max_q, True, -1, 0, 0.0,
-                          torch.zeros(8) if case == "sink" else None,
-                          torch.ones(10, dtype=torch.int32) if case == "seqused_q" else None, 2,
-                          False if case == "pack_gqa=False" else None, False)
+    packgqa.call_packed(_recording_op(calls), q, heads_k, cu, max_q, True, -1, 0, 0.0,
+                        torch.zeros(8) if case == "sink" else None,
+                        torch.ones(10, dtype=torch.int32) if case == "seqused_q" else None, 2,
+                        False if case == "pack_gqa=False" else None, False)
     c = calls[-1]
     assert c["rows"] is q and c["causal"] and c["window"] == (-1, 0) and c["kw"] == {"num_splits": 2}
