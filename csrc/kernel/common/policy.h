@@ -274,7 +274,8 @@ using FwdFp8PolicyFor =
 // FP8 over KV caches (varlen): paged (the producer warpgroup gathers K/V, paged_kv.h, and transposes
 // V) and split-KV kernels, two consumer warpgroups (128 rows at every head dim); paged ones with 232
 // registers each, where hdim 256's 128-key S spills: 96 keys there [D:081]. Three stages at hdim 128:
-// a third K / V block in flight lifts the paged gather 5-6 % (hdim 64 unmeasured, 256 does not fit) [D:086].
+// a third K / V block in flight lifts the paged gather 5-6 % (hdim 64 unmeasured, 256 does not fit)
+// [D:086], and the producer loads two blocks ahead of the V transpose [D:087].
 template <int kHeadDim>
 constexpr FwdTileShape fwd_fp8_split_tile() {
   return FwdTileShape{128, kHeadDim <= 128 ? 128 : 96, kHeadDim > 64 && kHeadDim <= 128 ? 3 : 2};

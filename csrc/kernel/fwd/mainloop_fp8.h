@@ -77,8 +77,11 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
     }
     ++state_v;
   };
-  // FA3's order: V(n) and K(n) issued together, then V(n + 1) transposed. K(n)'s stage frees when
+  // FA3's order: V(n) and K(n) issued together, then V(n + kAhead) transposed. K(n)'s stage frees when
   // S(n + 2) is done, a block before the consumers need V(n + 1)^T (with S(n), for P(n + 1).V(n + 1)).
+  // With three or more stages the loads run two blocks ahead of the transpose (its wait for a landed V
+  // no longer holds back the next block's loads); with two, V(n)'s stage is V(n + 2)'s, so one.
+  constexpr int kAhead = Policy::kStages >= 3 ? 2 : 1;
   int n = range.n_block_max - 1;
   load_v(n);
   load_k(n);
@@ -87,12 +90,16 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
     smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
     copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
   }
+  int pending = 1;  // blocks loaded, V not yet transposed (transpose() takes the oldest)
   for (--n; n >= range.n_block_min; --n) {
     load_v(n);
     load_k(n);
-    transpose();  // V(n + 1)
+    if (++pending > kAhead) {
+      transpose();  // V(n + kAhead)
+      --pending;
+    }
   }
-  transpose();  // the tile's last V
+  for (; pending > 0; --pending) { transpose(); }  // the tile's last Vs
 }
 
 }  // namespace flash
