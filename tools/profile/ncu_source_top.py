@@ -2,7 +2,9 @@
 `ncu --import R.ncu-rep --page source --csv --print-source sass` and prints the rows with the
 most warp-stall samples (and the samples per SASS opcode), so that the stalls of one kernel can
 be read next to its code without the GUI. Columns are found by name; an unknown layout prints
-its header instead.
+its header instead. Also the samples and executed instructions of the kernel's parts in code
+order: up to the producer's register release (USETMAXREG.DEALLOC: the consumers), from there to
+the next EXIT (the producer), and after it (the out-of-line barrier retries of both).
 
     python3 tools/profile/ncu_source_top.py src.csv [--top 40]
 """
@@ -72,11 +74,24 @@ def main():
         print("stall reasons:", ", ".join(f"{k[6:]} {100 * v / total:.1f} %" for k, v in per_reason.most_common(8)))
     if executed:
         all_executed = sum(executed.values()) or 1.0
-        print(f"executed instructions per HGMMA: {all_executed / max(executed['HGMMA'], 1):.1f}; shares:",
+        gmma = sum(n for op, n in executed.items() if op.endswith("GMMA"))
+        print(f"executed instructions per warpgroup MMA: {all_executed / max(gmma, 1):.1f}; shares:",
               ", ".join(f"{op} {100 * n / all_executed:.1f} %" for op, n in executed.most_common(10)))
+    parts, part = Counter(), "consumers"
+    parts_executed = Counter()
+    for r in body:
+        if "USETMAXREG.DEALLOC" in r[source]:
+            part = "producer"
+        elif part == "producer" and opcode(r[source]) == "EXIT" and not r[source].lstrip().startswith("@"):
+            part = "after the producer's EXIT"
+        parts[part] += number(r[samples])
+        if executed_col is not None:
+            parts_executed[part] += number(r[executed_col])
+    for name in ("consumers", "producer", "after the producer's EXIT"):
+        print(f"{name}: {100 * parts[name] / total:.1f} % of samples, {parts_executed[name]:,.0f} instructions executed")
     print(f"top {args.top} rows:")
     for r in sorted(body, key=lambda r: -number(r[samples]))[: args.top]:
-        print(f"  {100 * number(r[samples]) / total:5.2f} %  {r[0][:12]:12s} {r[source][:90]}")
+        print(f"  {100 * number(r[samples]) / total:5.2f} %  {r[0]:>14s} {r[source][:90]}")
     return 0
 
 
