@@ -17,8 +17,6 @@
 
 #include "kernel/common/config.h"
 
-#include <cute/arch/copy_sm75.hpp>
-#include <cute/arch/copy_sm90.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>
@@ -76,6 +74,35 @@ CUTLASS_DEVICE void quantize_p(TensorS const& acc, TensorP& p) {
   }
 }
 
+// V^T's offset of key k0 + 16 j in row r from that of key k0, with swizzle atoms kW bytes wide:
+// (offset(r, k0) XOR (16 j mod kW)) + a_j, where a_j = offset(0, 16 j) - 16 j mod kW steps over whole
+// atoms. vt_xor_width: the atom width (128, 64 or 32) for which this holds for every row, every warp's
+// first key k0 (multiples of kKeys) and j < kKeys / 16, else 0. A lane's stores then step by one XOR
+// of its first address, the atom step riding in the store's immediate.
+template <typename LayoutVt, int kW>
+constexpr int vt_atom_step(int j) {
+  return int(LayoutVt{}(0, 16 * j)) - (16 * j) % kW;
+}
+template <typename LayoutVt, int kBlockN, int kKeys, int kW>
+constexpr bool vt_keys_xor() {
+  for (int r = 0; r < 32; ++r) {
+    for (int k0 = 0; k0 < kBlockN; k0 += kKeys) {
+      for (int j = 0; j < kKeys / 16; ++j) {
+        int const expect = (int(LayoutVt{}(r, k0)) ^ ((16 * j) % kW)) + vt_atom_step<LayoutVt, kW>(j);
+        if (int(LayoutVt{}(r, k0 + 16 * j)) != expect) { return false; }
+      }
+    }
+  }
+  return true;
+}
+template <typename LayoutVt, int kBlockN, int kKeys>
+constexpr int vt_xor_width() {
+  return vt_keys_xor<LayoutVt, kBlockN, kKeys, 128>()  ? 128
+         : vt_keys_xor<LayoutVt, kBlockN, kKeys, 64>() ? 64
+         : vt_keys_xor<LayoutVt, kBlockN, kKeys, 32>() ? 32
+                                                       : 0;
+}
+
 // A landed V stage (N, dv) into V^T (dv, N) by the producer warpgroup, in units of 16 keys by 32
 // columns per warp: ldmatrix.trans (b16) gives lane (q, c) = (lane % 4, lane / 4), per 8 keys and 16
 // bytes, the bytes of keys 2q, 2q + 1 at columns 2c, 2c + 1; two byte permutes make the words of
@@ -97,24 +124,36 @@ CUTLASS_DEVICE void transpose_v(Element const* sv, Element* svt, int tid) {
   constexpr int kRowStep = LayoutV{}(16, 0) - LayoutV{}(0, 0);  // 16 rows further
   static_assert(LayoutV{}(23, 48) - LayoutV{}(7, 48) == kRowStep && LayoutV{}(21, 16) - LayoutV{}(5, 16) == kRowStep,
                 "the swizzle repeats every 16 rows");
+  constexpr int kXorW = vt_xor_width<LayoutVt, kBlockN, 16 * kKeysPerWarp>();
   int const warp = tid / 32, lane = tid % 32;
   int const matrix = lane / 8, row = lane % 8;
   int const load_key = 8 * (matrix & 1) + row, load_col = 16 * (matrix >> 1);   // ldmatrix's row
   int const store_row = 16 * (matrix >> 1) + 8 * (matrix & 1) + row;           // V^T's row of column 2 row + (matrix & 1)
   int const key_first = 16 * kKeysPerWarp * (warp / (4 / kWarpsPerCol) % kWarpsPerCol);
-  uint8_t const* src = reinterpret_cast<uint8_t const*>(sv);
-  uint8_t* dst = reinterpret_cast<uint8_t*>(svt);
+  // 32-bit shared-memory addresses: one register each, the constant steps in the instructions' immediates.
+  uint32_t const src = cast_smem_ptr_to_uint(sv), dst = cast_smem_ptr_to_uint(svt);
 #pragma unroll 1  // dv 256's two column groups one after the other: the producer has 24 registers there
   for (int c = 0; c < kColsPerWarp; ++c) {
     int const col0 = 32 * (kWarpsPerCol == 1 ? warp + 4 * c : warp % kColGroups);
-    uint8_t const* load = src + layout_v(key_first + load_key, col0 + load_col);
+    uint32_t const load = src + layout_v(key_first + load_key, col0 + load_col);
+    // kXorW: the stage is 1024-byte aligned, so XOR-ing the shared address XORs the offset.
+    uint32_t const store0 = dst + layout_vt(col0 + store_row, key_first);
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kKeysPerWarp; ++j) {
       uint32_t r[4];
-      SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(load + j * kRowStep), r[0], r[1], r[2], r[3]);
-      SM90_U32x4_STSM_N::copy(__byte_perm(r[0], r[1], 0x6420), __byte_perm(r[0], r[1], 0x7531),
-                              __byte_perm(r[2], r[3], 0x6420), __byte_perm(r[2], r[3], 0x7531),
-                              *reinterpret_cast<uint128_t*>(dst + layout_vt(col0 + store_row, key_first + 16 * j)));
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                   : "r"(load + j * kRowStep));
+      uint32_t const w0 = __byte_perm(r[0], r[1], 0x6420), w1 = __byte_perm(r[0], r[1], 0x7531);
+      uint32_t const w2 = __byte_perm(r[2], r[3], 0x6420), w3 = __byte_perm(r[2], r[3], 0x7531);
+      uint32_t store;
+      if constexpr (kXorW > 0) {
+        store = (store0 ^ ((16 * j) % kXorW)) + vt_atom_step<LayoutVt, kXorW>(j);
+      } else {
+        store = dst + layout_vt(col0 + store_row, key_first + 16 * j);
+      }
+      asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(store), "r"(w0),
+                   "r"(w1), "r"(w2), "r"(w3));
     }
   }
 }

@@ -111,11 +111,12 @@ struct FwdMainloop {
 
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
 
-  // kFp8: the producer warpgroup's places in the V pipeline (reading landed stages) and in the V^T
-  // pipeline (writing them transposed); load_fp8 is in mainloop_fp8.h.
+  // kFp8: the producer warpgroup's place in the V pipeline (reading landed stages) and in the V^T
+  // pipeline (writing them transposed): the same stage, V^T's phase flipped (a producer starts at
+  // phase 1), so one state serves both. load_fp8 is in mainloop_fp8.h.
   struct Fp8States {
     PipelineState read;
-    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+    CUTLASS_DEVICE PipelineState write() const { return PipelineState(read.index(), read.phase() ^ 1, read.count()); }
   };
   template <typename Params, typename Seq, typename PipelineVt>
   CUTLASS_DEVICE void load_fp8(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,

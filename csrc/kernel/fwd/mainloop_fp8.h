@@ -46,14 +46,13 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
   constexpr int kStageV = kBlockN * kHeadDimV;  // elements (bytes) per stage of either buffer
   auto transpose = [&] {
     pipeline_v.consumer_wait(states_vt.read);
-    pipeline_vt.producer_acquire(states_vt.write);
+    pipeline_vt.producer_acquire(states_vt.write());
     transpose_v<kBlockN, kHeadDimV, LayoutV1, LayoutVt1>(smem.v.data() + states_vt.read.index() * kStageV,
-                                                         smem.vt.data.data() + states_vt.write.index() * kStageV, tid);
+                                                         smem.vt.data.data() + states_vt.read.index() * kStageV, tid);
     cutlass::arch::fence_view_async_shared();  // V^T, written by the generic proxy, read by WGMMA
-    pipeline_vt.producer_commit(states_vt.write);
+    pipeline_vt.producer_commit(states_vt.write());
     pipeline_v.consumer_release(states_vt.read);  // every thread's arrival: this thread read its share
     ++states_vt.read;
-    ++states_vt.write;
   };
   auto load_k = [&](int n) {
     if constexpr (Policy::kPaged) {
@@ -66,16 +65,16 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
     }
     ++state_k;
   };
+  // V(n) goes into the stage K(n) takes next: state_k serves both (state_v catches up at the end).
   auto load_v = [&](int n) {
     if constexpr (Policy::kPaged) {
-      pipeline_v.producer_acquire(state_v);
-      paged.template load<false>(n, head_kv, make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{})(_, _, state_v.index()));
-      pipeline_v.producer_commit(state_v, cutlass::arch::cpasync_barrier_arrive);
+      pipeline_v.producer_acquire(state_k);
+      paged.template load<false>(n, head_kv, make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{})(_, _, state_k.index()));
+      pipeline_v.producer_commit(state_k, cutlass::arch::cpasync_barrier_arrive);
     } else if (leader) {
-      pipeline_v.producer_acquire(state_v);
-      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n), tVsV(_, state_v.index()));
+      pipeline_v.producer_acquire(state_k);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_k)), tVgV(_, n), tVsV(_, state_k.index()));
     }
-    ++state_v;
   };
   // FA3's order: V(n) and K(n) issued together, then V(n + kAhead) transposed. K(n)'s stage frees when
   // S(n + 2) is done, a block before the consumers need V(n + 1)^T (with S(n), for P(n + 1).V(n + 1)).
@@ -100,6 +99,7 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
     }
   }
   for (; pending > 0; --pending) { transpose(); }  // the tile's last Vs
+  state_v = state_k;
 }
 
 }  // namespace flash
