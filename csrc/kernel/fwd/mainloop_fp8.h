@@ -17,8 +17,8 @@ using namespace cute;
 
 // load() of FP8 kernels, by every thread of the producer warpgroup: one thread issues the TMA loads
 // (paged caches: all gather K/V rows with cp.async); all transpose each V stage once it lands, one V
-// block behind its load (so its latency hides behind the next loads), and hand V^T to the consumers
-// through pipeline_vt.
+// block behind its load (two with three stages; its latency hides behind the next loads), and hand
+// V^T to the consumers through pipeline_vt.
 template <typename Policy>
 template <typename Params, typename Seq, typename PipelineVt>
 CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq const& seq, SharedStorage& smem,
