@@ -90,9 +90,10 @@ std::tuple<Tensor, Tensor> mha_fwd_fp8(Tensor const& q, Tensor const& k, Tensor 
   fill_common(params, pb, qt, kt, vt, softmax_scale, softcap,
               make_window(pb, causal, window_size_left, window_size_right, top_left));
   set_outputs(params, out, lse, sink_ptr);
-  // Causal / local calls without softcap draw their tiles from a zeroed counter (policy.h
-  // fwd_fp8_persistent; hdim 256 from 4k keys runs one CTA per tile and leaves it unread).
-  run_fwd_counted(fwd, params, /*tile_counter_needed=*/params.is_local && softcap <= 0, q, pb.device);
+  run_fwd_counted(fwd, params,
+                  flash::fwd_fp8_needs_tile_counter(fp8_head_dim(pb.head_dim), params.is_local, softcap > 0,
+                                                    params.seqlen_k),
+                  q, pb.device);
   return {out, lse};
 }
 

@@ -271,6 +271,22 @@ using FwdFp8PolicyFor =
     FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>,
               fwd_fp8_tile<kHeadDim, kLongKeys, fwd_fp8_persistent<kHeadDim, kLocal, kVarlen, kSoftcap, kLongKeys>()>(),
               kVarlen, kSoftcap>;
+// For the binding: whether the dense FP8 kernel that fp8_launch.cuh picks for (FP8 head dim, mask,
+// softcap, seqlen_k) draws its tiles from a counter: masked ones without softcap where persistent
+// (the long-keys kernel where its tile differs from the short-keys one).
+template <int kHeadDim>
+constexpr bool fwd_fp8_local_is_dynamic(bool long_keys) {
+  constexpr FwdTileShape kLong = FwdFp8PolicyFor<kHeadDim, true, false, false, true>::kTile;
+  constexpr FwdTileShape kShort = FwdFp8PolicyFor<kHeadDim, true, false, false, false>::kTile;
+  return fwd_dynamic_schedule((long_keys && !same_tile(kLong, kShort) ? kLong : kShort).persistent, true);
+}
+inline bool fwd_fp8_needs_tile_counter(int fp8_head_dim, bool local, bool softcap, int seqlen_k) {
+  if (!local || softcap) { return false; }
+  bool const long_keys = seqlen_k >= kFwdLongKeysFrom;
+  return fp8_head_dim <= 64    ? fwd_fp8_local_is_dynamic<64>(long_keys)
+         : fp8_head_dim <= 128 ? fwd_fp8_local_is_dynamic<128>(long_keys)
+                               : fwd_fp8_local_is_dynamic<256>(long_keys);
+}
 // FP8 over KV caches (varlen): paged (the producer warpgroup gathers K/V, paged_kv.h, and transposes
 // V) and split-KV kernels, two consumer warpgroups (128 rows at every head dim); paged ones with 232
 // registers each, where hdim 256's 128-key S spills: 96 keys there [D:081]. Three stages at hdim 128:
