@@ -132,7 +132,7 @@ CUTLASS_DEVICE void transpose_v(Element const* sv, Element* svt, int tid) {
   int const key_first = 16 * kKeysPerWarp * (warp / (4 / kWarpsPerCol) % kWarpsPerCol);
   // 32-bit shared-memory addresses: one register each, the constant steps in the instructions' immediates.
   uint32_t const src = cast_smem_ptr_to_uint(sv), dst = cast_smem_ptr_to_uint(svt);
-#pragma unroll 1  // dv 256's two column groups one after the other: the producer has 24 registers there
+  CUTLASS_PRAGMA_UNROLL  // dv 256: both column groups' addresses at once (the producer's counter state left room) [D:089]
   for (int c = 0; c < kColsPerWarp; ++c) {
     int const col0 = 32 * (kWarpsPerCol == 1 ? warp + 4 * c : warp % kColGroups);
     uint32_t const load = src + layout_v(key_first + load_key, col0 + load_col);

@@ -243,7 +243,7 @@ struct FwdKernel {
       if (kPaged || kFp8 || (warp_idx_in_wg == int(ProducerWarpRole::kLoad) && (kCompact || lane_predicate))) {
         PipelineState state_k = cutlass::make_producer_start_state<Pipeline>();
         PipelineState state_v = cutlass::make_producer_start_state<Pipeline>();
-        typename Mainloop::Fp8States states_vt;
+        int fp8_blocks = 0;  // kFp8: K / V blocks loaded so far (load_fp8)
         // Which release of the Q buffer to wait for before loading Q (-1: none). Without
         // kEarlyQ every tile releases it (a tile with nothing to attend writes its zero O
         // there too); with it only tiles that loaded Q do, so Q loads and releases pair up.
@@ -261,7 +261,7 @@ struct FwdKernel {
             return;
           }
           if constexpr (kFp8) {
-            mainloop.load_fp8(params, seq, smem, pipeline_k, pipeline_v, pipeline_vt, state_k, state_v, states_vt, t,
+            mainloop.load_fp8(params, seq, smem, pipeline_k, pipeline_v, pipeline_vt, fp8_blocks, t,
                               range, wait_phase, 0);
           } else {
             mainloop.load(params, seq, smem, pipeline_k, pipeline_v, state_k, state_v, t, range, wait_phase,

@@ -111,17 +111,17 @@ struct FwdMainloop {
 
   struct MaskIfNeeded {};  // a block() argument: the range decides at run time
 
-  // kFp8: the producer warpgroup's place in the V pipeline (reading landed stages) and in the V^T
-  // pipeline (writing them transposed): the same stage, V^T's phase flipped (a producer starts at
-  // phase 1), so one state serves both. load_fp8 is in mainloop_fp8.h.
-  struct Fp8States {
-    PipelineState read;
-    CUTLASS_DEVICE PipelineState write() const { return PipelineState(read.index(), read.phase() ^ 1, read.count()); }
-  };
+  // kFp8: every pipeline state of the producer warpgroup follows from c, the K / V blocks it has
+  // loaded before (over all its tiles; each tile transposes all its Vs): K's and V's stage for block c
+  // (producer), V's landed stage the transpose reads (consumer) and V^T's it writes (producer). One
+  // counter instead of three states keeps hdim 256's 24-register producer from spilling [D:089].
+  CUTLASS_DEVICE static PipelineState fp8_state(int c, bool producer) {
+    constexpr uint32_t kStages = Policy::kStages;
+    return PipelineState(uint32_t(c) % kStages, ((uint32_t(c) / kStages) & 1) ^ uint32_t(producer), uint32_t(c));
+  }
   template <typename Params, typename Seq, typename PipelineVt>
   CUTLASS_DEVICE void load_fp8(Params const& params, Seq const& seq, SharedStorage& smem, Pipeline& pipeline_k,
-                               Pipeline& pipeline_v, PipelineVt& pipeline_vt, PipelineState& state_k,
-                               PipelineState& state_v, Fp8States& states_vt, FwdTile const& t,
+                               Pipeline& pipeline_v, PipelineVt& pipeline_vt, int& blocks, FwdTile const& t,
                                BlockRange<kBlockM, kBlockN, kLocal> const& range, int q_empty_phase, int q_slot) const;
 
   // The scores' descale q_descale * k_descale (kFp8; else 1) and the output's v_descale of a tile.

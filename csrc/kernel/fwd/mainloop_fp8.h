@@ -23,8 +23,7 @@ template <typename Policy>
 template <typename Params, typename Seq, typename PipelineVt>
 CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq const& seq, SharedStorage& smem,
                                                   Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineVt& pipeline_vt,
-                                                  PipelineState& state_k, PipelineState& state_v,
-                                                  Fp8States& states_vt, FwdTile const& t,
+                                                  int& blocks, FwdTile const& t,
                                                   BlockRange<kBlockM, kBlockN, kLocal> const& range,
                                                   int q_empty_phase, int q_slot) const {
   int const tid = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
@@ -44,37 +43,33 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
   using LayoutV1 = decltype(take<0, 2>(SmemLayoutV{}));
   using LayoutVt1 = decltype(take<0, 2>(typename Layouts::SmemLayoutVtK{}));
   constexpr int kStageV = kBlockN * kHeadDimV;  // elements (bytes) per stage of either buffer
-  auto transpose = [&] {
-    pipeline_v.consumer_wait(states_vt.read);
-    pipeline_vt.producer_acquire(states_vt.write());
-    transpose_v<kBlockN, kHeadDimV, LayoutV1, LayoutVt1>(smem.v.data() + states_vt.read.index() * kStageV,
-                                                         smem.vt.data.data() + states_vt.read.index() * kStageV, tid);
+  auto transpose = [&](int c) {  // V of the producer's block c
+    pipeline_v.consumer_wait(fp8_state(c, false));
+    pipeline_vt.producer_acquire(fp8_state(c, true));
+    int const stage = fp8_state(c, false).index();
+    transpose_v<kBlockN, kHeadDimV, LayoutV1, LayoutVt1>(smem.v.data() + stage * kStageV,
+                                                         smem.vt.data.data() + stage * kStageV, tid);
     cutlass::arch::fence_view_async_shared();  // V^T, written by the generic proxy, read by WGMMA
-    pipeline_vt.producer_commit(states_vt.write());
-    pipeline_v.consumer_release(states_vt.read);  // every thread's arrival: this thread read its share
-    ++states_vt.read;
+    pipeline_vt.producer_commit(fp8_state(c, true));
+    pipeline_v.consumer_release(fp8_state(c, false));  // every thread's arrival: this thread read its share
   };
-  auto load_k = [&](int n) {
+  // Block n's K and V into the stage of the producer's block `blocks` (then the next).
+  auto load = [&](int n) {
+    PipelineState const state = fp8_state(blocks, true);
     if constexpr (Policy::kPaged) {
-      pipeline_k.producer_acquire(state_k);
-      paged.template load<true>(n, head_kv, make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{})(_, _, state_k.index()));
-      pipeline_k.producer_commit(state_k, cutlass::arch::cpasync_barrier_arrive);
+      pipeline_v.producer_acquire(state);
+      paged.template load<false>(n, head_kv, make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{})(_, _, state.index()));
+      pipeline_v.producer_commit(state, cutlass::arch::cpasync_barrier_arrive);
+      pipeline_k.producer_acquire(state);
+      paged.template load<true>(n, head_kv, make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{})(_, _, state.index()));
+      pipeline_k.producer_commit(state, cutlass::arch::cpasync_barrier_arrive);
     } else if (leader) {
-      pipeline_k.producer_acquire(state_k);
-      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n), tKsK(_, state_k.index()));
+      pipeline_v.producer_acquire(state);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, n), tVsV(_, state.index()));
+      pipeline_k.producer_acquire(state);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, n), tKsK(_, state.index()));
     }
-    ++state_k;
-  };
-  // V(n) goes into the stage K(n) takes next: state_k serves both (state_v catches up at the end).
-  auto load_v = [&](int n) {
-    if constexpr (Policy::kPaged) {
-      pipeline_v.producer_acquire(state_k);
-      paged.template load<false>(n, head_kv, make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{})(_, _, state_k.index()));
-      pipeline_v.producer_commit(state_k, cutlass::arch::cpasync_barrier_arrive);
-    } else if (leader) {
-      pipeline_v.producer_acquire(state_k);
-      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_k)), tVgV(_, n), tVsV(_, state_k.index()));
-    }
+    ++blocks;
   };
   // FA3's order: V(n) and K(n) issued together, then V(n + kAhead) transposed. K(n)'s stage frees when
   // S(n + 2) is done, a block before the consumers need V(n + 1)^T (with S(n), for P(n + 1).V(n + 1)).
@@ -82,24 +77,21 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
   // no longer holds back the next block's loads); with two, V(n)'s stage is V(n + 2)'s, so one.
   constexpr int kAhead = Policy::kStages >= 3 ? 2 : 1;
   int n = range.n_block_max - 1;
-  load_v(n);
-  load_k(n);
+  load(n);
   if (leader) {
     if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
     smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
     copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
   }
-  int pending = 1;  // blocks loaded, V not yet transposed (transpose() takes the oldest)
+  int pending = 1;  // blocks loaded, V not yet transposed (the oldest is blocks - pending)
   for (--n; n >= range.n_block_min; --n) {
-    load_v(n);
-    load_k(n);
+    load(n);
     if (++pending > kAhead) {
-      transpose();  // V(n + kAhead)
+      transpose(blocks - pending);  // V(n + kAhead)
       --pending;
     }
   }
-  for (; pending > 0; --pending) { transpose(); }  // the tile's last Vs
-  state_v = state_k;
+  for (; pending > 0; --pending) { transpose(blocks - pending); }  // the tile's last Vs
 }
 
 }  // namespace flash
