@@ -199,8 +199,9 @@ struct FwdPolicy {
   // The dynamic ring carries decoded tiles at hdim 64 (at 128 / 256 the producer then spills)
   // [D:014]. Varlen persistent kernels' ring carries walked tiles with their extents (kernel.h).
   static constexpr bool kRingDecode = kHeadDim <= 64;
-  // Causal/local: the key-block loop in three parts around its unmasked middle [D:008].
-  static constexpr bool kSplitMask = kLocal && !kWideV;
+  // Causal/local, and FP8 calls without a mask too: the key-block loop in three parts around its
+  // unmasked middle, which then carries no mask code [D:008, D:089].
+  static constexpr bool kSplitMask = (kLocal || kFp8) && !kWideV;
   // hdim 64 causal/local 128-key tiles: the diagonal block's mask and softmax over the half each
   // warpgroup needs [D:017].
   static constexpr bool kHalfSoftmax = kHeadDim == 64 && kLocal && kBlockN == 128 && !kFp8;
