@@ -47,17 +47,14 @@ void run_flash_fwd_fp8(FwdParams& p, cudaStream_t stream) {
   dispatch_mask_varlen(p, [&](auto local, auto varlen, auto softcap) {
     constexpr bool kLocal = decltype(local)::value, kVarlen = decltype(varlen)::value;
     constexpr bool kSoftcap = decltype(softcap)::value;
-    // The long-keys kernel where its tile differs (policy.h fwd_fp8_tile / fwd_fp8_persistent; varlen:
-    // the longest sequence's keys), masked or not; not with softcap, which spills with it [D:083, D:084].
-    using Long = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, true>;
-    using Short = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, false>;
-    if constexpr (!kSoftcap && !same_tile(Long::kTile, Short::kTile)) {
-      if (p.seqlen_k >= kFwdLongKeysFrom) {
-        launch_fwd<FwdKernel<Long>>(p, stream);
+    using Dense = FwdFp8Dense<kHeadDim, kLocal, kVarlen, kSoftcap>;  // policy.h: which kernel for seqlen_k
+    if constexpr (Dense::kHasLong) {
+      if (Dense::long_keys(p.seqlen_k)) {
+        launch_fwd<FwdKernel<typename Dense::Long>>(p, stream);
         return;
       }
     }
-    launch_fwd<FwdKernel<Short>>(p, stream);
+    launch_fwd<FwdKernel<typename Dense::Short>>(p, stream);
   });
 }
 

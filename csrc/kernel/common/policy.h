@@ -272,21 +272,26 @@ using FwdFp8PolicyFor =
     FwdPolicy<kHeadDim, cutlass::float_e4m3_t, MaskFor<kLocal>,
               fwd_fp8_tile<kHeadDim, kLongKeys, fwd_fp8_persistent<kHeadDim, kLocal, kVarlen, kSoftcap, kLongKeys>()>(),
               kVarlen, kSoftcap>;
-// For the binding: whether the dense FP8 kernel that fp8_launch.cuh picks for (FP8 head dim, mask,
-// softcap, seqlen_k) draws its tiles from a counter: masked ones without softcap where persistent
-// (the long-keys kernel where its tile differs from the short-keys one).
-template <int kHeadDim>
-constexpr bool fwd_fp8_local_is_dynamic(bool long_keys) {
-  constexpr FwdTileShape kLong = FwdFp8PolicyFor<kHeadDim, true, false, false, true>::kTile;
-  constexpr FwdTileShape kShort = FwdFp8PolicyFor<kHeadDim, true, false, false, false>::kTile;
-  return fwd_dynamic_schedule((long_keys && !same_tile(kLong, kShort) ? kLong : kShort).persistent, true);
-}
+// The dense FP8 kernels fp8_launch.cuh picks between: the long-keys one where its tile differs from
+// the short-keys one (not with softcap, which spills with it), from kFwdLongKeysFrom keys (varlen: the
+// longest sequence's) [D:083, D:084].
+template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap>
+struct FwdFp8Dense {
+  using Long = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, true>;
+  using Short = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, false>;
+  static constexpr bool kHasLong = !kSoftcap && !same_tile(Long::kTile, Short::kTile);
+  static constexpr bool long_keys(int seqlen_k) { return kHasLong && seqlen_k >= kFwdLongKeysFrom; }
+  // Whether the kernel picked for seqlen_k draws its tiles from a counter.
+  static constexpr bool dynamic(int seqlen_k) {
+    return fwd_dynamic_schedule((long_keys(seqlen_k) ? Long::kTile : Short::kTile).persistent, kLocal);
+  }
+};
+// For the binding: whether the dense FP8 call (FP8 head dim, mask, softcap, seqlen_k) needs a tile counter.
 inline bool fwd_fp8_needs_tile_counter(int fp8_head_dim, bool local, bool softcap, int seqlen_k) {
   if (!local || softcap) { return false; }
-  bool const long_keys = seqlen_k >= kFwdLongKeysFrom;
-  return fp8_head_dim <= 64    ? fwd_fp8_local_is_dynamic<64>(long_keys)
-         : fp8_head_dim <= 128 ? fwd_fp8_local_is_dynamic<128>(long_keys)
-                               : fwd_fp8_local_is_dynamic<256>(long_keys);
+  return fp8_head_dim <= 64    ? FwdFp8Dense<64, true, false, false>::dynamic(seqlen_k)
+         : fp8_head_dim <= 128 ? FwdFp8Dense<128, true, false, false>::dynamic(seqlen_k)
+                               : FwdFp8Dense<256, true, false, false>::dynamic(seqlen_k);
 }
 // FP8 over KV caches (varlen): paged (the producer warpgroup gathers K/V, paged_kv.h, and transposes
 // V) and split-KV kernels, two consumer warpgroups (128 rows at every head dim); paged ones with 232
