@@ -260,12 +260,13 @@ constexpr FwdTileShape fwd_fp8_tile() {
 }
 // Dense calls without softcap stride over their tiles, one CTA per SM (causal / local ones draw them
 // from a counter, the producer warpgroup reading each from the ring), below kFwdLongKeysFrom keys, and
-// above it at hdim 128 and masked hdim 64; the others run one CTA per tile (there the producers' 32 /
-// 24 registers spill in the tile loop: -1-2 % non-causal hdim 64 / 256, -9 % causal hdim 256 16k)
-// [D:084, D:085].
+// above it at hdim 128, masked hdim 64 and non-causal hdim 256; the others run one CTA per tile
+// (non-causal hdim 64: the producer spills in the tile loop; masked hdim 256 at 16k: -8 % persistent,
+// not understood) [D:084, D:085, D:090].
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys>
 constexpr bool fwd_fp8_persistent() {
-  return !kVarlen && !kSoftcap && (!kLongKeys || (kHeadDim > 64 && kHeadDim <= 128) || (kHeadDim <= 64 && kLocal));
+  return !kVarlen && !kSoftcap &&
+         (!kLongKeys || (kHeadDim > 64 && kHeadDim <= 128) || (kHeadDim <= 64 && kLocal) || (kHeadDim > 128 && !kLocal));
 }
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys = false>
 using FwdFp8PolicyFor =
@@ -280,7 +281,10 @@ struct FwdFp8Dense {
   using Long = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, true>;
   using Short = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, false>;
   static constexpr bool kHasLong = !kSoftcap && !same_tile(Long::kTile, Short::kTile);
-  static constexpr bool long_keys(int seqlen_k) { return kHasLong && seqlen_k >= kFwdLongKeysFrom; }
+  // Masked hdim 256 calls stay on the persistent short-keys kernel below 16k keys [D:090].
+  static constexpr bool long_keys(int seqlen_k) {
+    return kHasLong && seqlen_k >= (kHeadDim > 128 && kLocal ? 16384 : kFwdLongKeysFrom);
+  }
   // Whether the kernel picked for seqlen_k draws its tiles from a counter.
   static constexpr bool dynamic(int seqlen_k) {
     return fwd_dynamic_schedule((long_keys(seqlen_k) ? Long::kTile : Short::kTile).persistent, kLocal);
