@@ -203,7 +203,7 @@ def _device_capability(index: int) -> tuple[int, int] | None:
     """The device's compute capability; None when it cannot be asked (no CUDA driver).
 
     Cached per device index: it cannot change within a process, and asking torch costs ~10 us
-    of a call's ~50 us host path (measured on the H200 with tools/clock_probe.py --profile).
+    of a call's ~50 us host path (measured on the H200 with cProfile over 2000 calls, 2026-11-30).
     """
     if not torch.cuda.is_available():
         return None
