@@ -17,7 +17,8 @@ Methods (each a median over --rounds rounds, providers rotated within a round):
   host        the host time to issue one call (--calls calls, no synchronization), as a TFLOP/s
               figure: where it is below the others, the Python/C++ path limits the pace
 Providers are benchmark_attn.py's (flash_attn_hopper, fa3, sdpa-cudnn, ...). At the end: the
-clock-limiting reasons nvidia-smi reports active while the first provider runs back to back.Each line also gives the SM clock and board power read right after the method's timing.
+clock-limiting reasons nvidia-smi reports active while the first provider runs back to back.
+Each line also gives the SM clock and board power read right after the method's timing.
 """
 
 from __future__ import annotations
