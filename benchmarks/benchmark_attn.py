@@ -15,7 +15,7 @@ that fails at a point records NaN there and the run goes on.
 
 Writes benchmarks/results/latest.csv, latest.md (our ratio to each peer of this run,
 and to the FA3 numbers of BENCHMARKS.md as a labelled reference; each provider's slowest and
-fastest round, the SM clock and board power read after each provider's timing, through NVML)
+fastest round, the median SM clock and board power while each provider's timing runs, through NVML)
 and latest.png.
 
     python benchmarks/benchmark_attn.py                       # the full grid, forward
@@ -41,6 +41,8 @@ import torch.nn.functional as F
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_state import Sampler, gpu_state  # noqa: E402,F401  (gpu_state: the other benchmarks read it here)
 
 TOKENS = 16384
 HEADS_X_HDIM = 2048
@@ -202,21 +204,13 @@ class Row:
     fwd_tflops: float = math.nan
     bwd_tflops: float = math.nan
     # Over the rounds (combine_rounds): the slowest and fastest round, and the median SM clock (MHz)
-    # and board power (W) read right after the provider's timing loops (NVML through torch.cuda).
+    # and board power (W) sampled while the provider's timing loops run (gpu_state.Sampler).
     fwd_min: float = math.nan
     fwd_max: float = math.nan
     bwd_min: float = math.nan
     bwd_max: float = math.nan
     sm_mhz: float = math.nan
     power_w: float = math.nan
-
-
-def gpu_state() -> tuple[float, float]:
-    """(SM clock in MHz, board power in W) now, NaN where NVML cannot tell (no pynvml, no GPU)."""
-    try:
-        return float(torch.cuda.clock_rate()), float(torch.cuda.power_draw()) / 1000.0
-    except Exception:  # pynvml missing or the query unsupported: the run goes on without them
-        return math.nan, math.nan
 
 
 def _first_line(err: BaseException) -> str:
@@ -230,8 +224,9 @@ def measure_point(provider, run, dtype, hdim, causal, seqlen, args) -> Row:
     flops = fwd_flops(batch, nheads, seqlen, hdim, causal)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    sampler = Sampler()  # the clock and power while this provider's timing loops run
     try:
-        with torch.no_grad():
+        with torch.no_grad(), sampler:
             ms = time_ms(lambda: run(q, k, v, causal), args.warmup, args.rep)
         row.fwd_tflops = flops / ms / 1e9
     except Exception as err:  # a failing provider records NaN and the run goes on
@@ -243,13 +238,16 @@ def measure_point(provider, run, dtype, hdim, causal, seqlen, args) -> Row:
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
             out = run(qg, kg, vg, causal)
             dout = torch.randn_like(out)
-            ms = time_ms(lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True), args.warmup, args.rep)
+            with Sampler() as bwd_sampler:
+                ms = time_ms(lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True),
+                             args.warmup, args.rep)
+            sampler.samples += bwd_sampler.samples
             row.bwd_tflops = 2.5 * flops / ms / 1e9
         except Exception as err:
             print(f"    {provider} backward failed: {_first_line(err)}", flush=True)
             if args.verbose:
                 traceback.print_exc()
-    row.sm_mhz, row.power_w = gpu_state()
+    row.sm_mhz, row.power_w = sampler.median()
     return row
 
 

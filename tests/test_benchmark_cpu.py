@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import math
+import statistics
 import sys
 
 import pytest
@@ -132,3 +133,30 @@ def test_spread_and_clocks_are_reported():
     assert lines[0] == "## Spread and clocks"
     assert lines[-1] == "| flash_attn_hopper | 10.0% | 10.0% | 1900 | 695 |"
     assert all(math.isnan(x) for x in bench.gpu_state()) or all(x > 0 for x in bench.gpu_state())
+
+
+def test_sampler_reads_the_gpu_state_while_the_block_runs(monkeypatch):
+    import time
+
+    import gpu_state  # benchmarks/, put on the path by benchmark_attn
+
+    readings = iter([(1500.0 + i, 600.0 + i) for i in range(10_000)])
+    monkeypatch.setattr(gpu_state, "gpu_state", lambda: next(readings))
+    with gpu_state.Sampler(interval=0.002) as sampler:
+        time.sleep(0.1)
+    n = len(sampler.samples)
+    assert n >= 3  # sampled during the block, not once after it
+    assert sampler.samples == [(1500.0 + i, 600.0 + i) for i in range(n)]
+    assert sampler.median() == (statistics.median(1500.0 + i for i in range(n)), statistics.median(600.0 + i for i in range(n)))
+    with gpu_state.Sampler(interval=60.0) as short:  # shorter than one interval: one reading at exit
+        pass
+    assert short.samples == [(1500.0 + n, 600.0 + n)]
+
+
+def test_sampler_without_nvml_reports_nan(monkeypatch):
+    import gpu_state
+
+    monkeypatch.setattr(gpu_state, "gpu_state", lambda: (math.nan, math.nan))
+    with gpu_state.Sampler(interval=60.0) as sampler:
+        pass
+    assert all(math.isnan(x) for x in sampler.median())
