@@ -56,6 +56,8 @@ class Row:
     causal: bool
     seqlen: int
     fwd_tflops: float = math.nan
+    sm_mhz: float = math.nan  # median SM clock and board power while the timing ran (gpu_state.Sampler)
+    power_w: float = math.nan
 
 
 def measure(provider, run, hdim, causal, seqlen, args) -> Row:
@@ -65,13 +67,15 @@ def measure(provider, run, hdim, causal, seqlen, args) -> Row:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", generator=gen).to(dtype) for _ in range(3))
     descale = torch.rand(batch, heads, device="cuda", generator=gen) + 0.5
+    sampler = ba.Sampler()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), sampler:
             ms = ba.time_ms(lambda: run(q, k, v, descale, causal), args.warmup, args.rep)
         flops = 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
         row.fwd_tflops = flops / ms / 1e9
     except Exception as err:  # a failing provider records NaN and the run goes on
         print(f"    {provider} hdim {hdim} causal={causal} seqlen {seqlen} failed: {ba._first_line(err)}", flush=True)
+    row.sm_mhz, row.power_w = sampler.median()
     del q, k, v
     torch.cuda.empty_cache()
     return row
@@ -93,6 +97,9 @@ def markdown(rows: list[Row], env: dict) -> str:
         if ratio:
             cells.append(f"{table.get(('flash_attn_hopper', *key), math.nan) / table.get(('fa3', *key), math.nan):.3f}")
         out.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells) + " |")
+    clocks = [f"{p} {ba._fmt(ba._median_finite([r.sm_mhz for r in rows if r.provider == p]))} MHz / "
+              f"{ba._fmt(ba._median_finite([r.power_w for r in rows if r.provider == p]))} W" for p in providers]
+    out += ["", "SM clock / board power while timed (median over the points): " + ", ".join(clocks) + "."]
     return "\n".join(out) + "\n"
 
 
@@ -115,13 +122,15 @@ def main(argv=None) -> int:
     rows = []
     for i, (hdim, causal, seqlen) in enumerate(points):
         medians = rounds.rotated_medians(runs, i, args.rounds,
-                                         lambda n, run: measure(n, run, hdim, causal, seqlen, args), ("fwd_tflops",))
+                                         lambda n, run: measure(n, run, hdim, causal, seqlen, args),
+                                         ("fwd_tflops", "sm_mhz", "power_w"))
         for n, m in medians.items():
-            rows.append(Row(n, hdim, causal, seqlen, m["fwd_tflops"]))
+            rows.append(Row(n, hdim, causal, seqlen, m["fwd_tflops"], m["sm_mhz"], m["power_w"]))
             print(f"hdim {hdim:3d} causal={causal!s:5} seqlen {seqlen:5d} {n:24s} {rows[-1].fwd_tflops:7.0f} TFLOP/s",
                   flush=True)
-    rounds.write_results("fp8", ["provider", "hdim", "causal", "seqlen", "fwd_tflops"],
-                         [[r.provider, r.hdim, r.causal, r.seqlen, f"{r.fwd_tflops:.1f}"] for r in rows],
+    rounds.write_results("fp8", ["provider", "hdim", "causal", "seqlen", "fwd_tflops", "sm_mhz", "power_w"],
+                         [[r.provider, r.hdim, r.causal, r.seqlen, f"{r.fwd_tflops:.1f}", f"{r.sm_mhz:.0f}",
+                           f"{r.power_w:.0f}"] for r in rows],
                          markdown(rows, ba.environment()), args.out)
     return 0
 

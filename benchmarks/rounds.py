@@ -41,6 +41,17 @@ def write_results(prefix: str, header: list[str], records: list[list], markdown:
     return stem
 
 
+# Columns that say how a measurement ran (benchmark_attn's round extremes, gpu_state's clock and
+# power), neither a result nor part of the point: the plot leaves them out.
+CONDITIONS = ("fwd_min", "fwd_max", "bwd_min", "bwd_max", "sm_mhz", "power_w")
+
+
+def split_columns(columns: list[str]) -> tuple[list[str], list[str]]:
+    """(result columns, the columns that name a point) of a results csv's header."""
+    values = [c for c in columns if c.endswith("_tflops") or c == "gbps"]
+    return values, [c for c in columns if c not in values and c != "provider" and c not in CONDITIONS]
+
+
 def plot_csv(path: Path) -> Path | None:
     """<csv>.png: one horizontal bar per (point, provider) for each numeric column that is a result
     (the last columns: *_tflops, gbps), points labelled by the other columns; None without matplotlib."""
@@ -53,11 +64,10 @@ def plot_csv(path: Path) -> Path | None:
         return None
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    values = [c for c in (rows[0] if rows else {}) if c.endswith("_tflops") or c == "gbps"]
+    values, keys = split_columns(list(rows[0]) if rows else [])
     if not values or "provider" not in rows[0]:
         print(f"{path.name}: no provider or result columns: no plot")
         return None
-    keys = [c for c in rows[0] if c not in values and c != "provider"]
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     points = list(dict.fromkeys(tuple(r[k] for k in keys) for r in rows))
     table = {(tuple(r[k] for k in keys), r["provider"]): r for r in rows}

@@ -107,3 +107,24 @@ def test_decode_paged_provider_views_the_cache_as_pages():
     (pages, table, causal), (_, table2, _) = seen
     assert pages.shape == (8, 16, 2, 8) and pages.data_ptr() == k.data_ptr() and not causal
     assert table is table2 and table.dtype == torch.int32 and sorted(table.flatten().tolist()) == list(range(8))
+
+
+def test_fp8_report_records_the_clocks_and_the_plot_keeps_them_out_of_the_points(tmp_path):
+    import benchmark_fp8 as bf
+    import rounds
+
+    rows = [bf.Row("flash_attn_hopper", 128, False, 4096, 900.0, 1755.0, 690.0),
+            bf.Row("fa3", 128, False, 4096, 1000.0, 1980.0, 650.0),
+            bf.Row("flash_attn_hopper", 128, True, 4096, 700.0, 1740.0, 700.0),
+            bf.Row("fa3", 128, True, 4096, 700.0, float("nan"), float("nan"))]
+    md = bf.markdown(rows, {"date": "d", "gpu": "g", "torch": "t", "flash_attn_hopper": "f"})
+    assert "| 128 | False | 4096 | 900 | 1000 | 0.900 |" in md
+    assert "flash_attn_hopper 1748 MHz / 695 W, fa3 1980 MHz / 650 W" in md
+    csv_path = tmp_path / "fp8.csv"
+    csv_path.write_text("provider,hdim,causal,seqlen,fwd_tflops,sm_mhz,power_w\n"
+                        "flash_attn_hopper,128,False,4096,900.0,1755,690\nfa3,128,False,4096,1000.0,1980,650\n")
+    png = rounds.plot_csv(csv_path)
+    if png is not None:  # matplotlib installed: one point (hdim, causal, seqlen), not one per clock reading
+        assert png.exists()
+    header = ["provider", "hdim", "causal", "seqlen", "fwd_tflops", "sm_mhz", "power_w"]
+    assert rounds.split_columns(header) == (["fwd_tflops"], ["hdim", "causal", "seqlen"])
