@@ -201,6 +201,22 @@ def test_fp8_more_tiles_than_sms(head_dim, causal):
                     (qd[b : b + 1], kd[b : b + 1], vd[b : b + 1]), scale=head_dim ** -0.5, causal=causal)
 
 
+@pytest.mark.parametrize("head_dim,causal,sk", [(64, False, 8300), (256, True, 16500)])
+def test_fp8_kernels_past_their_own_long_keys_switch(head_dim, causal, sk):
+    """Key lengths past the switches FwdFp8Dense::long_keys moves from 4k keys (policy.h: non-causal
+    hdim 64 at 8k, masked hdim 256 at 16k), so that those long-keys kernels run too."""
+    skip_unless_fp8(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(sk + causal)
+    batch, sq, hq, hk = 2, 333, 4, 2
+    q8, qd = quantize(draw((batch, sq, hq, head_dim), gen, False), hk, gen, True)
+    k8, kd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
+    v8, vd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
+    poison_allocations(((batch, sq, hq, head_dim), torch.bfloat16), ((batch, hq, sq), torch.float32))
+    out, lse = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                               return_attn_probs=True)
+    check_close(out, lse, q8, k8, v8, (qd, kd, vd), scale=head_dim ** -0.5, causal=causal)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_fp8_window_sink_strides(head_dim):
     """A sliding window, a learnable sink, q and v read through strides, expanded descales."""

@@ -259,10 +259,10 @@ constexpr FwdTileShape fwd_fp8_tile() {
                            : FwdTileShape{128, 128, 2, kPersistent};
 }
 // Dense calls without softcap stride over their tiles, one CTA per SM (causal / local ones draw them
-// from a counter, the producer warpgroup reading each from the ring), below kFwdLongKeysFrom keys, and
-// above it at hdim 128, masked hdim 64 and non-causal hdim 256; the others run one CTA per tile
+// from a counter, the producer warpgroup reading each from the ring) on short keys (FwdFp8Dense::long_keys),
+// and on long keys at hdim 128, masked hdim 64 and non-causal hdim 256; the others run one CTA per tile
 // (non-causal hdim 64: the producer spills in the tile loop; masked hdim 256 at 16k: -8 % persistent,
-// not understood) [D:084, D:085, D:090].
+// not understood) [D:084, D:085, D:090, D:093].
 template <int kHeadDim, bool kLocal, bool kVarlen, bool kSoftcap, bool kLongKeys>
 constexpr bool fwd_fp8_persistent() {
   return !kVarlen && !kSoftcap &&
@@ -281,9 +281,12 @@ struct FwdFp8Dense {
   using Long = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, true>;
   using Short = FwdFp8PolicyFor<kHeadDim, kLocal, kVarlen, kSoftcap, false>;
   static constexpr bool kHasLong = !kSoftcap && !same_tile(Long::kTile, Short::kTile);
-  // Masked hdim 256 calls stay on the persistent short-keys kernel below 16k keys [D:090].
+  // Masked hdim 256 calls stay on the persistent short-keys kernel below 16k keys [D:090], dense
+  // non-causal hdim 64 ones below 8k [D:093].
   static constexpr bool long_keys(int seqlen_k) {
-    return kHasLong && seqlen_k >= (kHeadDim > 128 && kLocal ? 16384 : kFwdLongKeysFrom);
+    return kHasLong && seqlen_k >= (kHeadDim > 128 && kLocal                 ? 16384
+                                    : kHeadDim <= 64 && !kLocal && !kVarlen ? 8192
+                                                                             : kFwdLongKeysFrom);
   }
   // Whether the kernel picked for seqlen_k draws its tiles from a counter.
   static constexpr bool dynamic(int seqlen_k) {

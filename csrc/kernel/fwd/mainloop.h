@@ -54,6 +54,11 @@ struct FwdMainloop {
   // Consumer warpgroups: one per 64 rows, or (kSharedRows) two sharing them.
   static constexpr int kNumMmaWarpGroups = Policy::kSharedRows ? 2 : kBlockM / 64;
   static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups >= 2 && kNumMmaWarpGroups <= 3);
+  // The warpgroups take turns issuing their GEMMs (ping-pong) [D:001]; not the three of FP8's
+  // hdim-64 192-row tiles (FA3's FP8 choice) except in the non-causal persistent kernel, where
+  // taking turns measured faster [D:094].
+  static constexpr bool kPingPong =
+      !(kFp8 && kHeadDim <= 64 && kNumMmaWarpGroups == 3 && (kLocal || !Policy::kPersistent));
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
   static_assert(!Policy::kPaged || kHeadDimV == kHeadDim || Policy::kWideV,
                 "paged kernels read K and V of one head dim (the qv kernels their own)");
@@ -265,15 +270,19 @@ struct FwdMainloop {
   // barrier (128 threads) and its predecessor arrives there (128 more).
   static constexpr int kPingPongThreads = 2 * 128;
   CUTLASS_DEVICE static void scheduler_sync(int wg) {
-    cutlass::arch::NamedBarrier::sync(kPingPongThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1) + wg);
+    if constexpr (kPingPong) {
+      cutlass::arch::NamedBarrier::sync(kPingPongThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1) + wg);
+    }
   }
   CUTLASS_DEVICE static void scheduler_arrive(int wg) {
-    int const next = wg + 1 == kNumMmaWarpGroups ? 0 : wg + 1;
-    cutlass::arch::NamedBarrier::arrive(kPingPongThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1) + next);
+    if constexpr (kPingPong) {
+      int const next = wg + 1 == kNumMmaWarpGroups ? 0 : wg + 1;
+      cutlass::arch::NamedBarrier::arrive(kPingPongThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1) + next);
+    }
   }
   // The first warpgroup's first turn needs no predecessor: it arrives on its own barrier.
   CUTLASS_DEVICE static void scheduler_init(int wg) {
-    if (wg == 0) {
+    if (kPingPong && wg == 0) {
       cutlass::arch::NamedBarrier::arrive(kPingPongThreads, static_cast<int>(FwdNamedBarrier::kSchedulerWG1));
     }
   }
