@@ -194,3 +194,20 @@ def test_setup_rejects_a_bad_knob_before_generating():
     proc = _run_setup({"FLASH_ATTN_HOPPER_DTYPES": "fp32"})
     assert proc.returncode == 1
     assert "error: FLASH_ATTN_HOPPER_DTYPES='fp32': unknown dtype 'fp32'" in proc.stderr
+
+
+def test_developer_knobs_are_read_in_policy_h_only_and_documented():
+    """docs/dev-knobs.md: every compile-time knob is read in policy.h, none in a kernel body, and
+    each one policy.h defaults is in the table."""
+    import re
+
+    csrc = REPO_ROOT / "csrc"
+    policy = csrc / "kernel" / "common" / "policy.h"
+    knob = re.compile(r"\bFLASH_(?:FWD|BWD)_(?:DEV_[A-Z0-9_]+|LONG_[A-Z0-9_]+)\b")
+    elsewhere = {str(p.relative_to(REPO_ROOT)): sorted(set(knob.findall(p.read_text())))
+                 for p in csrc.rglob("*") if p.is_file() and p != policy and p.suffix in (".h", ".cuh", ".cu", ".cpp")}
+    assert {p: k for p, k in elsewhere.items() if k} == {}
+    defaulted = set(re.findall(r"#ifndef (FLASH_\w+)", policy.read_text())) & set(knob.findall(policy.read_text()))
+    assert defaulted, "policy.h defaults no knob: the pattern above is stale"
+    documented = (REPO_ROOT / "docs" / "dev-knobs.md").read_text()
+    assert sorted(k for k in defaulted if f"`{k}`" not in documented) == []

@@ -44,6 +44,13 @@ constexpr int kFwdMidKeysFrom = 1024;
 constexpr int kFwdLongKeysFrom = FLASH_FWD_LONG_KEYS_FROM;
 enum FwdKeys : int { kShortKeys = 0, kMidKeys = 1, kLongKeys = 2 };
 
+// Ping-pong kernels where only the first consumer warpgroup waits on each K / V stage, the others
+// following its turn (FA3's order; not yet measured): 0 none, 1 the FP8 kernels, 2 all [D:095].
+#ifndef FLASH_FWD_DEV_FIRST_WAITS
+#define FLASH_FWD_DEV_FIRST_WAITS 0
+#endif
+constexpr int kFwdFirstWaits = FLASH_FWD_DEV_FIRST_WAITS;
+
 constexpr FwdKeys fwd_keys_class(int seqlen_k) {
   return seqlen_k >= kFwdLongKeysFrom ? kLongKeys : seqlen_k >= kFwdMidKeysFrom ? kMidKeys : kShortKeys;
 }
