@@ -182,6 +182,20 @@ def test_fp8_dense(head_dim, causal, descale, outliers, batch, seqlen_q, seqlen_
     check_close(out, lse, q8, k8, v8, (qd, kd, vd), scale=scale, causal=causal)
 
 
+def check_dense_call(head_dim, causal, gen, batch, sq, sk, hq, hk):
+    """One dense FP8 call with per-(batch, KV head) descales and poisoned outputs, checked one batch
+    entry at a time (the references' (heads, sq, sk) scores)."""
+    q8, qd = quantize(draw((batch, sq, hq, head_dim), gen, False), hk, gen, True)
+    k8, kd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
+    v8, vd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
+    poison_allocations(((batch, sq, hq, head_dim), torch.bfloat16), ((batch, hq, sq), torch.float32))
+    out, lse = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                               return_attn_probs=True)
+    for b in range(batch):
+        check_close(out[b : b + 1], lse[b : b + 1], q8[b : b + 1], k8[b : b + 1], v8[b : b + 1],
+                    (qd[b : b + 1], kd[b : b + 1], vd[b : b + 1]), scale=head_dim ** -0.5, causal=causal)
+
+
 @pytest.mark.parametrize("head_dim", [128, 96, 64, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_more_tiles_than_sms(head_dim, causal):
@@ -189,16 +203,7 @@ def test_fp8_more_tiles_than_sms(head_dim, causal):
     odd sizes, each with its batch entry's and KV head's descales, 4096+ keys (the long-key tiles)."""
     skip_unless_fp8(head_dim)
     gen = torch.Generator(device="cuda").manual_seed(head_dim + 3 * causal)
-    batch, sq, sk, hq, hk = 3, 600, 4133, 48, 6
-    q8, qd = quantize(draw((batch, sq, hq, head_dim), gen, False), hk, gen, True)
-    k8, kd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
-    v8, vd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
-    poison_allocations(((batch, sq, hq, head_dim), torch.bfloat16), ((batch, hq, sq), torch.float32))
-    out, lse = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
-                               return_attn_probs=True)
-    for b in range(batch):  # one batch entry at a time: the references' (heads, sq, sk) scores
-        check_close(out[b : b + 1], lse[b : b + 1], q8[b : b + 1], k8[b : b + 1], v8[b : b + 1],
-                    (qd[b : b + 1], kd[b : b + 1], vd[b : b + 1]), scale=head_dim ** -0.5, causal=causal)
+    check_dense_call(head_dim, causal, gen, batch=3, sq=600, sk=4133, hq=48, hk=6)
 
 
 @pytest.mark.parametrize("head_dim,causal,sk", [(64, False, 8300), (256, True, 16500)])
@@ -207,14 +212,7 @@ def test_fp8_kernels_past_their_own_long_keys_switch(head_dim, causal, sk):
     hdim 64 at 8k, masked hdim 256 at 16k), so that those long-keys kernels run too."""
     skip_unless_fp8(head_dim)
     gen = torch.Generator(device="cuda").manual_seed(sk + causal)
-    batch, sq, hq, hk = 2, 333, 4, 2
-    q8, qd = quantize(draw((batch, sq, hq, head_dim), gen, False), hk, gen, True)
-    k8, kd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
-    v8, vd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
-    poison_allocations(((batch, sq, hq, head_dim), torch.bfloat16), ((batch, hq, sq), torch.float32))
-    out, lse = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
-                               return_attn_probs=True)
-    check_close(out, lse, q8, k8, v8, (qd, kd, vd), scale=head_dim ** -0.5, causal=causal)
+    check_dense_call(head_dim, causal, gen, batch=2, sq=333, sk=sk, hq=4, hk=2)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
