@@ -61,7 +61,7 @@
 #   sanitize   compute-sanitizer over tools/check/sanitize_check.py (HDIMS, first dtype): first
 #              the planted-overrun probe (must be caught), then each of $SANITIZE_TOOLS (default
 #              memcheck,synccheck,racecheck,varlen,paged; all but memcheck on the --quick cases)
-#   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, timing_probe.py, ...)
+#   cmd        bash -c "$CMD" (anything else: tools/profile/shape_probe.py, power_probe.py, ...)
 #   readme     the README's "fresh Hopper machine" commands ($README_CMDS, default 1,2), taken from
 #              README.md and run verbatim from the repository root as a user's shell would run them
 #              (no PYTHONPATH, none of the build knobs above), pip pointed at the carried .whl/
