@@ -43,6 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_state import Sampler, gpu_state  # noqa: E402,F401  (gpu_state: the other benchmarks read it here)
+from gpu_state import median_finite as _median_finite  # noqa: E402
 
 TOKENS = 16384
 HEADS_X_HDIM = 2048
@@ -274,11 +275,6 @@ def round_orders(providers: list[str], point: int, rounds: int) -> list[list[str
     point, so that no provider always runs first (after another's allocations, clocks, L2 state)."""
     n = len(providers)
     return [[providers[(point + r + j) % n] for j in range(n)] for r in range(rounds)]
-
-
-def _median_finite(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.median(finite) if finite else math.nan
 
 
 def _extreme(values: list[float], pick) -> float:

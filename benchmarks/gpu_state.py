@@ -10,6 +10,12 @@ import threading
 import torch
 
 
+def median_finite(values) -> float:
+    """The median of the values that are not NaN (NaN if none is)."""
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
 def gpu_state() -> tuple[float, float]:
     """(SM clock in MHz, board power in W) now, NaN where NVML cannot tell (no pynvml, no GPU)."""
     try:
@@ -44,8 +50,4 @@ class Sampler:
             self.samples.append(gpu_state())
 
     def median(self) -> tuple[float, float]:
-        def med(values):
-            finite = [v for v in values if not math.isnan(v)]
-            return statistics.median(finite) if finite else math.nan
-
-        return med([s[0] for s in self.samples]), med([s[1] for s in self.samples])
+        return median_finite([s[0] for s in self.samples]), median_finite([s[1] for s in self.samples])
