@@ -216,6 +216,26 @@ def test_fp8_kernels_past_their_own_long_keys_switch(head_dim, causal, sk):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_zero_descale_gives_uniform_attention(head_dim, causal):
+    """A q_descale of 0 makes every score 0: uniform attention over the keys a row sees, no NaN, and
+    with causal and more queries than keys, rows without keys (0, LSE -inf) ahead of the blocks no
+    row sees masked (the softmax's unchecked path, whose scale is kept positive)."""
+    skip_unless_fp8(head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(7 * head_dim + causal)
+    batch, sq, sk, hq, hk = 2, 700, 450, 4, 2
+    q8, qd = quantize(draw((batch, sq, hq, head_dim), gen, False), hk, gen, True)
+    k8, kd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
+    v8, vd = quantize(draw((batch, sk, hk, head_dim), gen, False), hk, gen, True)
+    qd[1] = 0.0
+    poison_allocations(((batch, sq, hq, head_dim), torch.bfloat16), ((batch, hq, sq), torch.float32))
+    out, lse = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                               return_attn_probs=True)
+    assert not out.isnan().any()
+    check_close(out, lse, q8, k8, v8, (qd, kd, vd), scale=head_dim ** -0.5, causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_fp8_window_sink_strides(head_dim):
     """A sliding window, a learnable sink, q and v read through strides, expanded descales."""
     skip_unless_fp8(head_dim)

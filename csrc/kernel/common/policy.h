@@ -50,6 +50,18 @@ enum FwdKeys : int { kShortKeys = 0, kMidKeys = 1, kLongKeys = 2 };
 #define FLASH_FWD_DEV_FIRST_WAITS 0
 #endif
 constexpr int kFwdFirstWaits = FLASH_FWD_DEV_FIRST_WAITS;
+// The softmax of key blocks that no row of the tile sees masked without its -inf tests (FA3's
+// Check_inf = false), the scale clamped positive (not yet measured) [D:096].
+#ifndef FLASH_FWD_DEV_UNCHECKED_INF
+#define FLASH_FWD_DEV_UNCHECKED_INF 0
+#endif
+constexpr bool kFwdUncheckedInf = FLASH_FWD_DEV_UNCHECKED_INF;
+// FP8: a lazy row max that lags by at most the 0.8 (exp2 domain) e4m3 leaves past FA3's offset,
+// instead of the exact one (not yet measured) [D:097].
+#ifndef FLASH_FWD_DEV_FP8_SLACK
+#define FLASH_FWD_DEV_FP8_SLACK 0
+#endif
+constexpr bool kFwdFp8Slack = FLASH_FWD_DEV_FP8_SLACK;
 
 constexpr FwdKeys fwd_keys_class(int seqlen_k) {
   return seqlen_k >= kFwdLongKeysFrom ? kLongKeys : seqlen_k >= kFwdMidKeysFrom ? kMidKeys : kShortKeys;

@@ -12,6 +12,7 @@
 
 #include "kernel/common/config.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cute/tensor.hpp>
 
@@ -23,19 +24,31 @@ using namespace cute;
 
 constexpr float kMaxSlack = 8.f;
 
-// kMaxOffset (FP8, with exact maxima): p = exp2(s * c - m * c + kMaxOffset), so that P uses e4m3's
-// range up to 2^kMaxOffset; the sum carries the same factor (it cancels in O) and the LSE drops it.
-template <int kRows, int kMaxOffset = 0>
+// kMaxOffset (FP8): p = exp2(s * c - m * c + kMaxOffset), so that P uses e4m3's range up to
+// 2^kMaxOffset; the sum carries the same factor (it cancels in O) and the LSE drops it. The lazy
+// slack is then what is left of the range: 2^(8 + 0.8) = 445.7 <= 448, e4m3's largest.
+// kPositiveScale: the scale is clamped at FLT_MIN (see the constructor), which next_block's
+// unchecked blocks need.
+template <int kRows, int kMaxOffset = 0, bool kPositiveScale = false>
 struct OnlineSoftmax {
+  static constexpr float kSlack = kMaxOffset == 0 ? kMaxSlack : 0.8f;
+  static_assert(kMaxOffset == 0 || kMaxOffset == 8, "kSlack is e4m3's range past 2^8");
   Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> row_max;
   Tensor<ArrayEngine<float, kRows>, Layout<Int<kRows>>> row_sum;  // per-thread partial sums
   float const scale_log2;
 
-  CUTLASS_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {}
+  // kPositiveScale: an FP8 descale of 0 (or a negative or NaN one) would make the scale 0 or worse;
+  // clamped, -inf * scale_log2 = -inf, which the unchecked blocks of next_block rely on.
+  CUTLASS_DEVICE explicit OnlineSoftmax(float scale_log2_)
+      : scale_log2(kPositiveScale ? fmaxf(scale_log2_, FLT_MIN) : scale_log2_) {}
 
   // A row whose max is -inf has seen only masked scores: subtract 0 so exp2 gives 0, not NaN.
+  // kCheckInf = false: the caller knows m is finite.
+  template <bool kCheckInf = true>
   CUTLASS_DEVICE float scaled_max(float m) const {
-    if constexpr (kMaxOffset != 0) {
+    if constexpr (!kCheckInf) {
+      return kMaxOffset != 0 ? m * scale_log2 - float(kMaxOffset) : m * scale_log2;
+    } else if constexpr (kMaxOffset != 0) {
       return m == -INFINITY ? 0.f : m * scale_log2 - float(kMaxOffset);
     } else {
       return m == -INFINITY ? 0.f : m * scale_log2;
@@ -72,8 +85,12 @@ struct OnlineSoftmax {
   // A later block: update the max; `rescale` receives the per-row factors for O. Returns whether
   // any factor differs from 1. kExact: take the block's max even when it moves by less than the
   // lazy slack (kernels with max-free blocks: those need a max close to the true one).
-  template <bool kExact = false, typename TensorS, typename TensorR>
+  // kCheckInf = false (a block that no row of the tile sees masked): every score is finite, so the
+  // new max is, and an old max of -inf gives the factor exp2(-inf) = 0 without a test (FA3's);
+  // it needs kPositiveScale.
+  template <bool kExact = false, bool kCheckInf = true, typename TensorS, typename TensorR>
   CUTLASS_DEVICE bool next_block(TensorS& s, TensorR& rescale) {
+    static_assert(kCheckInf || kPositiveScale, "unchecked blocks need a positive scale");
     bool moved = false;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -82,16 +99,16 @@ struct OnlineSoftmax {
       for (int c = 0; c < size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
       m = quad_allreduce(m, MaxOp{});
       if constexpr (!kExact) {
-        // Keep the old max unless the new one is more than kMaxSlack above it (an old max of
+        // Keep the old max unless the new one is more than kSlack above it (an old max of
         // -inf is always replaced by a finite one; -inf - -inf is NaN: kept, p = 0).
-        if (!(m * scale_log2 - row_max(r) * scale_log2 > kMaxSlack)) { m = row_max(r); }
+        if (!(m * scale_log2 - row_max(r) * scale_log2 > kSlack)) { m = row_max(r); }
       }
-      float const m_scaled = scaled_max(m);
+      float const m_scaled = scaled_max<kCheckInf>(m);
       // Nothing seen before (old max -inf): O and the sum are 0, so the factor is 0 (never inf*0).
       // Otherwise the new max is finite too and the factor is exp2 of a non-positive number.
-      float const factor = row_max(r) == -INFINITY  ? 0.f
-                           : kMaxOffset == 0          ? exp2f(row_max(r) * scale_log2 - m_scaled)
-                                                      : exp2f((row_max(r) - m) * scale_log2);
+      float const factor = kCheckInf && row_max(r) == -INFINITY ? 0.f
+                           : kMaxOffset == 0                     ? exp2f(row_max(r) * scale_log2 - m_scaled)
+                                                                 : exp2f((row_max(r) - m) * scale_log2);
       bool const row_moved = m != row_max(r);
       rescale(r) = row_moved ? factor : 1.f;
       moved |= row_moved;
