@@ -44,12 +44,6 @@ constexpr int kFwdMidKeysFrom = 1024;
 constexpr int kFwdLongKeysFrom = FLASH_FWD_LONG_KEYS_FROM;
 enum FwdKeys : int { kShortKeys = 0, kMidKeys = 1, kLongKeys = 2 };
 
-// Ping-pong kernels where only the first consumer warpgroup waits on each K / V stage, the others
-// following its turn (FA3's order; not yet measured): 0 none, 1 the FP8 kernels, 2 all [D:095].
-#ifndef FLASH_FWD_DEV_FIRST_WAITS
-#define FLASH_FWD_DEV_FIRST_WAITS 0
-#endif
-constexpr int kFwdFirstWaits = FLASH_FWD_DEV_FIRST_WAITS;
 // The softmax of key blocks that no row of the tile sees masked without its -inf tests (FA3's
 // Check_inf = false), the scale clamped positive (not yet measured) [D:096].
 #ifndef FLASH_FWD_DEV_UNCHECKED_INF

@@ -59,10 +59,6 @@ struct FwdMainloop {
   // taking turns measured faster [D:094].
   static constexpr bool kPingPong =
       !(kFp8 && kHeadDim <= 64 && kNumMmaWarpGroups == 3 && (kLocal || !Policy::kPersistent));
-  // With ping-pong a warpgroup's turn comes after the one before it has waited for the same K / V
-  // stage and issued its GEMMs on it, so the first warpgroup's wait may serve all (kFwdFirstWaits).
-  static constexpr bool kFirstWaits = kPingPong && (kFwdFirstWaits == 2 || (kFwdFirstWaits == 1 && kFp8));
-  CUTLASS_DEVICE static bool waits_for_stages(int wg) { return !kFirstWaits || wg == 0; }
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
   static_assert(!Policy::kPaged || kHeadDimV == kHeadDim || Policy::kWideV,
                 "paged kernels read K and V of one head dim (the qv kernels their own)");
@@ -371,7 +367,7 @@ struct FwdMainloop {
 
       int n = range.n_block_max - 1;
       scheduler_sync(wg);
-      if (waits_for_stages(wg)) { pipeline_k.consumer_wait(state_k); }
+      pipeline_k.consumer_wait(state_k);
       wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
       scheduler_arrive(wg);
       warpgroup_wait<0>();
@@ -438,10 +434,10 @@ struct FwdMainloop {
       // window edge), std::false_type (it does not), MaskIfNeeded (the range decides at run time).
       auto block = [&](int n, auto masked) CUTLASS_LAMBDA_FUNC_INLINE {  // inlined: its tensors stay in registers
         scheduler_sync(wg);
-        if (waits_for_stages(wg)) { pipeline_k.consumer_wait(state_k); }
+        pipeline_k.consumer_wait(state_k);
         wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
         if (!kRescaleAfterPV && softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
-        if (waits_for_stages(wg)) { pipeline_v.consumer_wait(state_v); }
+        pipeline_v.consumer_wait(state_v);
         wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
         scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
         warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
@@ -506,7 +502,7 @@ struct FwdMainloop {
       }
       scheduler_sync(wg);
       if (!kRescaleAfterPV && softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
-      if (waits_for_stages(wg)) { pipeline_v.consumer_wait(state_v); }
+      pipeline_v.consumer_wait(state_v);
       wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
       scheduler_arrive(wg);
       warpgroup_wait<0>();
