@@ -54,7 +54,7 @@ CUTLASS_HOST_DEVICE constexpr auto fp8_p_layout() {
 
 // One warpgroup's S accumulator ((2, 2, N/8), 1, 1), float32, into P's e4m3 A operand
 // ((4, 2, 2), 1, N/32): per 32 keys and row half, the two column pairs of 8-key groups 2j and 2j + 1
-// make 4 bytes (cvt.rn.satfinite: p <= 2^kMaxOffset stays well inside e4m3's 448).
+// make 4 bytes (cvt.rn.satfinite: p <= 2^(kMaxOffset + the lazy slack) = 445.7 stays inside e4m3's 448).
 template <typename TensorS, typename TensorP>
 CUTLASS_DEVICE void quantize_p(TensorS const& acc, TensorP& p) {
   constexpr int kNumel = decltype(size(acc))::value;

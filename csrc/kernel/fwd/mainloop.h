@@ -338,8 +338,8 @@ struct FwdMainloop {
     // softmax scale and LSE factor are the cap's), else the softmax's scale and the LSE's factor.
     float const descale_qk = qk_descale(params, batch, head / params.q_heads_per_kv_head);
     constexpr bool kDescaleScores = kFp8 && !kSoftcap;
-    OnlineSoftmax<kRows, kFp8 ? 8 : 0, kFwdUncheckedInf> softmax(kDescaleScores ? params.softmax_scale_log2 * descale_qk
-                                                              : params.softmax_scale_log2);
+    using Softmax = OnlineSoftmax<kRows, kFp8 ? 8 : 0, Policy::kUncheckedInf>;
+    Softmax softmax(kDescaleScores ? params.softmax_scale_log2 * descale_qk : params.softmax_scale_log2);
     Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
     int const row0 = m_block * kBlockM;
     auto mask = [&](int n) {
@@ -475,8 +475,9 @@ struct FwdMainloop {
         } else {
           release_k(n);
           mask_block();
-          constexpr bool kMaskFree = std::is_same_v<decltype(masked), std::false_type>;
-          moved = softmax.template next_block<kFp8 && !kFwdFp8Slack, !(kFwdUncheckedInf && kMaskFree)>(tSrS_rc, rescale);
+          constexpr bool kExact = kFp8 && !Policy::kFp8Slack;
+          constexpr bool kCheckInf = !(Policy::kUncheckedInf && std::is_same_v<decltype(masked), std::false_type>);
+          moved = softmax.template next_block<kExact, kCheckInf>(tSrS_rc, rescale);
         }
         if (kRescaleAfterPV && softmax.warp_needs_rescale(moved)) {
           warpgroup_wait<0>();  // P.V done: O may be rescaled
