@@ -233,6 +233,14 @@ def test_fp8_zero_descale_gives_uniform_attention(head_dim, causal):
                                return_attn_probs=True)
     assert not out.isnan().any()
     check_close(out, lse, q8, k8, v8, (qd, kd, vd), scale=head_dim ** -0.5, causal=causal)
+    # The varlen kernels (other softmax schedules) on the same batch, packed.
+    cu_q, cu_k = (torch.arange(0, (batch + 1) * n, n, dtype=torch.int32, device="cuda") for n in (sq, sk))
+    out_v, lse_v = flash_attn_varlen_func(q8.flatten(0, 1), k8.flatten(0, 1), v8.flatten(0, 1), cu_q, cu_k, sq, sk,
+                                          causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                          return_attn_probs=True)
+    assert not out_v.isnan().any()
+    check_close(out_v.view_as(out), lse_v.view(hq, batch, sq).transpose(0, 1), q8, k8, v8, (qd, kd, vd),
+                scale=head_dim ** -0.5, causal=causal)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -353,7 +361,8 @@ def test_fp8_runs_forward_on_inputs_that_require_grad_and_refuses_the_backward()
 
 def test_fp8_behind_torchs_quantized_flash_ops():
     """torch's registry: activated, aten's `.quantized` flash overloads (torch's FP8 SDPA) run the FP8
-    kernels; the results are flash_attn_func's bit for bit (BHSD and BSHD, dense and varlen)."""
+    kernels; the results are flash_attn_func's (BHSD and BSHD) and flash_attn_varlen_func's (packed)
+    bit for bit. (The dense and varlen kernels need not agree bitwise: their softmax schedules differ.)"""
     skip_unless_fp8(128)
     from torch.nn import attention
 
@@ -375,10 +384,12 @@ def test_fp8_behind_torchs_quantized_flash_ops():
                                                                  vd)[0]
         assert torch.equal(out, want)
         cu = torch.tensor([0, s, 2 * s], dtype=torch.int32, device="cuda")
-        out = torch.ops.aten._flash_attention_forward.quantized(
-            q.reshape(-1, hq, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d), cu, cu, s, s, 0.0, True, False, qd, kd,
-            vd)[0]
-        assert torch.equal(out.view(b, s, hq, d), want)
+        packed = (q.reshape(-1, hq, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d))
+        want_varlen = flash_attn_varlen_func(*packed, cu, cu, s, s, causal=True, q_descale=qd, k_descale=kd,
+                                             v_descale=vd)
+        out = torch.ops.aten._flash_attention_forward.quantized(*packed, cu, cu, s, s, 0.0, True, False, qd, kd,
+                                                                 vd)[0]
+        assert torch.equal(out, want_varlen)
         with pytest.raises((ValueError, RuntimeError), match="descale"):  # ours, not torch's missing FA3
             torch.ops.aten._flash_attention_forward.quantized(q, k, v, None, None, s, s, 0.0, True, False,
                                                               qd[:1], kd, vd)

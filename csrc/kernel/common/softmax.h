@@ -38,7 +38,8 @@ struct OnlineSoftmax {
   float const scale_log2;
 
   // kPositiveScale: an FP8 descale of 0 (or a negative or NaN one) would make the scale 0 or worse;
-  // clamped, -inf * scale_log2 = -inf, which the unchecked blocks of next_block rely on.
+  // clamped, a masked score's -inf * scale_log2 stays -inf (not NaN), which the unchecked blocks of
+  // next_block rely on too.
   CUTLASS_DEVICE explicit OnlineSoftmax(float scale_log2_)
       : scale_log2(kPositiveScale ? fmaxf(scale_log2_, FLT_MIN) : scale_log2_) {}
 

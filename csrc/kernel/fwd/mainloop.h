@@ -338,7 +338,8 @@ struct FwdMainloop {
     // softmax scale and LSE factor are the cap's), else the softmax's scale and the LSE's factor.
     float const descale_qk = qk_descale(params, batch, head / params.q_heads_per_kv_head);
     constexpr bool kDescaleScores = kFp8 && !kSoftcap;
-    using Softmax = OnlineSoftmax<kRows, kFp8 ? 8 : 0, Policy::kUncheckedInf>;
+    // kFp8: a descale of 0 would make the scale 0 and a masked score's -inf * 0 NaN (softmax.h).
+    using Softmax = OnlineSoftmax<kRows, kFp8 ? 8 : 0, kFp8 || Policy::kUncheckedInf>;
     Softmax softmax(kDescaleScores ? params.softmax_scale_log2 * descale_qk : params.softmax_scale_log2);
     Tensor lse = make_tensor<float>(Shape<Int<kRows>>{});
     int const row0 = m_block * kBlockM;
