@@ -47,13 +47,8 @@ struct OnlineSoftmax {
   // kCheckInf = false: the caller knows m is finite.
   template <bool kCheckInf = true>
   CUTLASS_DEVICE float scaled_max(float m) const {
-    if constexpr (!kCheckInf) {
-      return kMaxOffset != 0 ? m * scale_log2 - float(kMaxOffset) : m * scale_log2;
-    } else if constexpr (kMaxOffset != 0) {
-      return m == -INFINITY ? 0.f : m * scale_log2 - float(kMaxOffset);
-    } else {
-      return m == -INFINITY ? 0.f : m * scale_log2;
-    }
+    float const scaled = kMaxOffset != 0 ? m * scale_log2 - float(kMaxOffset) : m * scale_log2;
+    return kCheckInf && m == -INFINITY ? 0.f : scaled;
   }
 
   // p = exp2(s * c - m_scaled) over row r of s, in place; returns the row's partial sum.
