@@ -544,3 +544,31 @@ def test_fp8_kv_cache_split_and_packgqa(head_dim, paged):
             check_close(out[i : i + 1], lse[i : i + 1], q[i : i + 1], k8[i : i + 1, :n], v8[i : i + 1, :n],
                         tuple(d[i : i + 1] for d in ds), scale=head_dim ** -0.5, causal=causal,
                         sink=kw.get("learnable_sink"))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged16"])
+def test_fp8_zero_descale_over_kv_caches(head_dim, paged):
+    """A q_descale of 0 for one sequence through the cache kernels (paged gather, split-KV and its
+    combine): uniform attention over the keys each row sees, no NaN, causal rows masked in the
+    first block."""
+    skip_unless_fp8(head_dim)
+    from flash_attn_hopper import flash_attn_with_kvcache
+
+    gen = torch.Generator(device="cuda").manual_seed(head_dim * 3 + paged)
+    b, cache, sq, hq, hk = 3, 600, 5, 8, 2
+    k8, v8 = (draw((b, cache, hk, head_dim), gen, False).to(FP8) for _ in range(2))
+    lens = torch.tensor([600, 450, 3], dtype=torch.int32, device="cuda")
+    ds = [torch.rand((b, hk), generator=gen, device="cuda") + 0.5 for _ in range(3)]
+    ds[0][1] = 0.0
+    caches = paged_copy(k8, v8, 16, gen) if paged else (k8, v8, None)
+    q = draw((b, sq, hq, head_dim), gen, False).to(FP8)
+    for splits in (1, 3):
+        out, lse = flash_attn_with_kvcache(q, caches[0], caches[1], cache_seqlens=lens, page_table=caches[2],
+                                           causal=True, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2],
+                                           return_softmax_lse=True, num_splits=splits)
+        assert not out.isnan().any() and not lse.isnan().any(), splits
+        for i in range(b):
+            n = int(lens[i])
+            check_close(out[i : i + 1], lse[i : i + 1], q[i : i + 1], k8[i : i + 1, :n], v8[i : i + 1, :n],
+                        tuple(d[i : i + 1] for d in ds), scale=head_dim ** -0.5, causal=True)
