@@ -50,6 +50,12 @@ enum FwdKeys : int { kShortKeys = 0, kMidKeys = 1, kLongKeys = 2 };
 #define FLASH_FWD_DEV_UNCHECKED_INF 0
 #endif
 constexpr bool kFwdUncheckedInf = FLASH_FWD_DEV_UNCHECKED_INF;
+// 1: FP8 kernels issue a tile's first S GEMM and last P.V GEMM outside the ping-pong (FA3's); 2: that,
+// and the final row factors computed while the last P.V runs; not yet measured [D:101].
+#ifndef FLASH_FWD_DEV_FP8_ENDS
+#define FLASH_FWD_DEV_FP8_ENDS 0
+#endif
+constexpr int kFwdFp8Ends = FLASH_FWD_DEV_FP8_ENDS;
 // 1: in every FP8 kernel, a lazy row max that lags by at most the 0.8 (exp2 domain) e4m3 leaves past
 // FA3's offset instead of the exact one (FwdPolicy::kFp8Slack) [D:097].
 #ifndef FLASH_FWD_DEV_FP8_SLACK

@@ -156,6 +156,31 @@ struct OnlineSoftmax {
     }
   }
 
+  // finalize's LSE and O's per-row factors (o_scale / sum) without touching O: they need only the
+  // sums, so a caller may compute them while the last P.V still runs and scale O after it. finalize
+  // keeps its own copy of these rows: written through a shared helper, ptxas orders the default
+  // kernels' epilogue differently (SASS of every forward kernel changes).
+  template <typename TensorL, typename TensorF>
+  CUTLASS_DEVICE void finalize_factors(float softmax_scale, TensorL& lse, float sink, TensorF& factor,
+                                       float o_scale) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_allreduce(row_sum(r), SumOp{});
+      bool const empty = !(sum > 0.f);  // also catches NaN
+      float inv = empty ? 0.f : o_scale / sum;
+      float l = empty ? -INFINITY : row_max(r) * softmax_scale + logf(sum);
+      if constexpr (kMaxOffset != 0) { l -= float(kMaxOffset) * float(M_LN2); }
+      if (sink > -INFINITY) {
+        float const hi = fmaxf(l, sink);
+        float const with_sink = hi + log1pf(expf(-fabsf(l - sink)));
+        inv *= expf(l - with_sink);  // 0 for an empty row (l = -inf)
+        l = with_sink;
+      }
+      lse(r) = l;
+      factor(r) = inv;
+    }
+  }
+
   // End of the tile: normalise O, return the natural-log LSE per row (-inf for empty rows,
   // whose O becomes 0). A learnable sink (natural log; -inf: none) is one more term e^{sink} in
   // every row's denominator that carries no value: LSE' = log(e^{LSE} + e^{sink}) and O is scaled

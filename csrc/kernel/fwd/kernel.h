@@ -22,6 +22,7 @@
 #include "kernel/common/policy.h"
 #include "kernel/common/seqlen.h"
 #include "kernel/common/tile_scheduler.h"
+#include "kernel/common/trace.h"
 #include "kernel/common/utils.h"
 #include "kernel/fwd/epilogue.h"
 #include "kernel/fwd/mainloop.h"
@@ -192,6 +193,7 @@ struct FwdKernel {
         return NoFp8{};
       }
     }();
+    FLASH_TRACE_INIT();
     __syncthreads();  // barriers initialised before anyone waits on them
 
     Mainloop const mainloop;
@@ -341,6 +343,7 @@ struct FwdKernel {
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      FLASH_TRACE_CTA_START(kFp8);
       int const wg = warp_group_idx - int(WarpGroupRole::kFirstConsumer);
       Mainloop::scheduler_init(wg);
       PipelineState state_k;
@@ -382,6 +385,7 @@ struct FwdKernel {
       if constexpr (Epilogue::kLazyStore) {  // shared memory stays valid until the last O store has read it
         if (warp_idx_in_wg == 0 && lane_predicate) { tma_store_wait<0>(); }
       }
+      FLASH_TRACE_CTA_END(kFp8, kNumMmaThreads);
     }
   }
 };

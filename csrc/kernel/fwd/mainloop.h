@@ -20,6 +20,7 @@
 #include "kernel/common/named_barriers.h"
 #include "kernel/common/softcap.h"
 #include "kernel/common/softmax.h"
+#include "kernel/common/trace.h"
 #include "kernel/common/tile_scheduler.h"
 #include "kernel/common/utils.h"
 #include "kernel/fwd/fp8.h"
@@ -50,6 +51,11 @@ struct FwdMainloop {
   // branch of its own, so that ptxas waits for P.V after the softmax's exp2s instead of before them
   // (+3-5 % there; -1-4 % at hdim 64 / 256 and 128-key tiles) [D:089].
   static constexpr bool kRescaleAfterPV = kFp8 && kHeadDim > 64 && kHeadDim <= 128 && kBlockN > 128;
+  // FP8 (dev knob kFwdFp8Ends, policy.h): 1, a tile's first S GEMM and last P.V GEMM outside the
+  // ping-pong (FA3's); 2, that and the final row factors (1 / sum, v_descale, LSE) while the last
+  // P.V runs [D:101].
+  static constexpr int kFp8Ends = kFp8 ? kFwdFp8Ends : 0;
+  static constexpr bool kFreeEnds = kFp8Ends >= 1;
 
   // Consumer warpgroups: one per 64 rows, or (kSharedRows) two sharing them.
   static constexpr int kNumMmaWarpGroups = Policy::kSharedRows ? 2 : kBlockM / 64;
@@ -287,6 +293,8 @@ struct FwdMainloop {
     }
   }
 
+// FLASH_FWD_DEV_TRACE: FP8 consumers stamp their events (trace.h), warpgroup w as role 1 + w.
+#define FLASH_MMA_TRACE(e) FLASH_TRACE(kFp8 && mma_tidx % 128 == 0 ? 1 + wg : 3, e)
   // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
   // The epilogue (epilogue.h) stores the tile's O and LSE.
   template <typename Params, typename Seq, typename Epilogue, typename PipelineV>
@@ -358,6 +366,7 @@ struct FwdMainloop {
     };
 
     if (!range.empty()) {
+      FLASH_MMA_TRACE(kTile);
       if constexpr (kQ2) {
         smem.q_full(q_slot).wait((q_phase >> 1) & 1);
         ++q_phase;
@@ -365,13 +374,16 @@ struct FwdMainloop {
         smem.barrier_q.wait(q_phase);
         q_phase ^= 1;
       }
+      FLASH_MMA_TRACE(kQReady);
 
       int n = range.n_block_max - 1;
-      scheduler_sync(wg);
+      if constexpr (!kFreeEnds) { scheduler_sync(wg); }
       pipeline_k.consumer_wait(state_k);
+      FLASH_MMA_TRACE(kK);
       wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
-      scheduler_arrive(wg);
+      if constexpr (!kFreeEnds) { scheduler_arrive(wg); }
       warpgroup_wait<0>();
+      FLASH_MMA_TRACE(kS);
       release_k(n);
       if constexpr (kSoftcap) { apply_softcap(tSrS, softcap_prescale(params, descale_qk)); }
       if constexpr (kHalfSoftmax) {
@@ -435,13 +447,17 @@ struct FwdMainloop {
       // window edge), std::false_type (it does not), MaskIfNeeded (the range decides at run time).
       auto block = [&](int n, auto masked) CUTLASS_LAMBDA_FUNC_INLINE {  // inlined: its tensors stay in registers
         scheduler_sync(wg);
+        FLASH_MMA_TRACE(kTurn);
         pipeline_k.consumer_wait(state_k);
+        FLASH_MMA_TRACE(kK);
         wgmma_async</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), tSrS);
         if (!kRescaleAfterPV && softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
         pipeline_v.consumer_wait(state_v);
+        FLASH_MMA_TRACE(kV);
         wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
         scheduler_arrive(wg);  // the next warpgroup's GEMMs queue behind ours while we do softmax
         warpgroup_wait<1>();   // S(n) is ready; P.V of the previous block still runs
+        FLASH_MMA_TRACE(kS);
         // S(n) as the softmax takes it: capped (kSoftcap), then masked.
         auto mask_block = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
           if constexpr (kSoftcap) { apply_softcap(tSrS, softcap_prescale(params, descale_qk)); }
@@ -486,6 +502,7 @@ struct FwdMainloop {
         } else {
           warpgroup_wait<0>();  // P.V done: V's stage and the P registers are free
         }
+        FLASH_MMA_TRACE(kPV);
         pipeline_v.consumer_release(state_v);
         ++state_v;
         make_p(tSrS, tOrP);
@@ -502,27 +519,44 @@ struct FwdMainloop {
       } else {
         for (--n; n >= range.n_block_min; --n) { block(n, MaskIfNeeded{}); }
       }
-      scheduler_sync(wg);
+      if constexpr (!kFreeEnds) { scheduler_sync(wg); }
       if (!kRescaleAfterPV && softmax.warp_needs_rescale(moved)) { softmax.rescale_o(tOrO_rc, rescale); }
       pipeline_v.consumer_wait(state_v);
+      FLASH_MMA_TRACE(kV);
       wgmma_async</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, state_v.index()), tOrO);
-      scheduler_arrive(wg);
-      warpgroup_wait<0>();
-      pipeline_v.consumer_release(state_v);
-      ++state_v;  // persistent mode: the next tile's first V is the next stage
-      softmax.finalize(tOrO_rc, kDescaleScores ? params.lse_scale * descale_qk : params.lse_scale, lse,
-                       params.sink != nullptr ? params.sink[head] : -INFINITY);
-      if constexpr (kFp8) {
-        float const descale_v = params.fp8.v(batch, head / params.q_heads_per_kv_head);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= descale_v; }
+      if constexpr (!kFreeEnds) { scheduler_arrive(wg); }
+      if constexpr (kFp8Ends >= 2) {
+        Tensor factor = make_tensor<float>(Shape<Int<kRows>>{});
+        softmax.finalize_factors(kDescaleScores ? params.lse_scale * descale_qk : params.lse_scale, lse,
+                                 params.sink != nullptr ? params.sink[head] : -INFINITY, factor,
+                                 params.fp8.v(batch, head / params.q_heads_per_kv_head));
+        warpgroup_wait<0>();
+        FLASH_MMA_TRACE(kPV);
+        pipeline_v.consumer_release(state_v);
+        ++state_v;
+        softmax.rescale_o(tOrO_rc, factor);
+      } else {
+        warpgroup_wait<0>();
+        FLASH_MMA_TRACE(kPV);
+        pipeline_v.consumer_release(state_v);
+        ++state_v;  // persistent mode: the next tile's first V is the next stage
+        softmax.finalize(tOrO_rc, kDescaleScores ? params.lse_scale * descale_qk : params.lse_scale, lse,
+                         params.sink != nullptr ? params.sink[head] : -INFINITY);
+        if constexpr (kFp8) {
+          float const descale_v = params.fp8.v(batch, head / params.q_heads_per_kv_head);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= descale_v; }
+        }
       }
     } else {
       clear(tOrO);
       fill(lse, params.sink != nullptr ? params.sink[head] : -INFINITY);
     }
     epilogue.store(params, seq, smem, tiled_mma_pv, tOrO, lse, m_block, head, batch, mma_tidx, wg, split);
+    FLASH_MMA_TRACE(kEpi);
   }
+
+#undef FLASH_MMA_TRACE
 
   // kEarlyQ (own O buffer, or O stored from registers): this warpgroup's last Q.K^T GEMM of the
   // tile has completed, so the producer may load the next tile's Q; one arrival per warpgroup and

@@ -45,12 +45,15 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
   constexpr int kStageV = kBlockN * kHeadDimV;  // elements (bytes) per stage of either buffer
   auto transpose = [&](int c) {  // V of the producer's block c
     pipeline_v.consumer_wait(fp8_state(c, false));
+    if (leader) { FLASH_TRACE(0, kVLanded); }
     pipeline_vt.producer_acquire(fp8_state(c, true));
+    if (leader) { FLASH_TRACE(0, kVtFree); }
     int const stage = fp8_state(c, false).index();
     transpose_v<kBlockN, kHeadDimV, LayoutV1, LayoutVt1>(smem.v.data() + stage * kStageV,
                                                          smem.vt.data.data() + stage * kStageV, tid);
     cutlass::arch::fence_view_async_shared();  // V^T, written by the generic proxy, read by WGMMA
     pipeline_vt.producer_commit(fp8_state(c, true));
+    if (leader) { FLASH_TRACE(0, kTDone); }
     pipeline_v.consumer_release(fp8_state(c, false));  // every thread's arrival: this thread read its share
   };
   // Block n's K and V into the stage of the producer's block `blocks` (then the next).
@@ -68,6 +71,7 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, n), tVsV(_, state.index()));
       pipeline_k.producer_acquire(state);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, n), tKsK(_, state.index()));
+      FLASH_TRACE(0, kLoad);
     }
     ++blocks;
   };
@@ -82,6 +86,7 @@ CUTLASS_DEVICE void FwdMainloop<Policy>::load_fp8(Params const& params, Seq cons
     if (q_empty_phase >= 0) { smem.q_empty(q_slot).wait(q_empty_phase); }
     smem.q_full(q_slot).arrive_and_expect_tx(kBytesQ);
     copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full(q_slot))), tQgQ, tQsQ);
+    FLASH_TRACE(0, kQ);
   }
   int pending = 1;  // blocks loaded, V not yet transposed (the oldest is blocks - pending)
   for (--n; n >= range.n_block_min; --n) {
