@@ -50,6 +50,12 @@ enum FwdKeys : int { kShortKeys = 0, kMidKeys = 1, kLongKeys = 2 };
 #define FLASH_FWD_DEV_UNCHECKED_INF 0
 #endif
 constexpr bool kFwdUncheckedInf = FLASH_FWD_DEV_UNCHECKED_INF;
+// 1: the FP8 forward kernels stamp SM clocks at their producer / consumer events (an instrument,
+// kernel/common/trace.h, which reads FLASH_KERNEL_TRACE) [D:100].
+#ifndef FLASH_FWD_DEV_TRACE
+#define FLASH_FWD_DEV_TRACE 0
+#endif
+#define FLASH_KERNEL_TRACE FLASH_FWD_DEV_TRACE
 // 1: FP8 kernels issue a tile's first S GEMM and last P.V GEMM outside the ping-pong (FA3's); 2: that,
 // and the final row factors computed while the last P.V runs; not yet measured [D:101].
 #ifndef FLASH_FWD_DEV_FP8_ENDS

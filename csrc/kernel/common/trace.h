@@ -1,4 +1,4 @@
-// Dev knob FLASH_FWD_DEV_TRACE=1 (default 0: no code): SM clock stamps of CTA 0's producer and
+// The trace dev knob (policy.h; default 0: no code): SM clock stamps of CTA 0's producer and
 // consumer events in the FP8 forward, printed by its first consumer thread at the end of the third
 // launch, and every CTA's %globaltimer start and end, printed at the fourth; tools/profile/trace_report.py
 // reads them (docs/decisions/100-fp8-h128-tile-timeline.md).
@@ -7,9 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#ifndef FLASH_FWD_DEV_TRACE
-#define FLASH_FWD_DEV_TRACE 0
-#endif
+#include "kernel/common/policy.h"  // FLASH_KERNEL_TRACE
 
 namespace flash {
 
@@ -29,7 +27,7 @@ enum class TraceEvent : uint32_t {
   kEpi = 17,      // consumer: epilogue stored O
 };
 
-#if FLASH_FWD_DEV_TRACE
+#if FLASH_KERNEL_TRACE
 static __device__ uint32_t g_fwd_trace[3][2 * 4096];  // role (producer, consumer wg 0, 1): (event, clock)
 static __device__ int g_fwd_trace_launch;
 

@@ -293,7 +293,7 @@ struct FwdMainloop {
     }
   }
 
-// FLASH_FWD_DEV_TRACE: FP8 consumers stamp their events (trace.h), warpgroup w as role 1 + w.
+// The trace knob (trace.h): FP8 consumers stamp their events, warpgroup w as role 1 + w.
 #define FLASH_MMA_TRACE(e) FLASH_TRACE(kFp8 && mma_tidx % 128 == 0 ? 1 + wg : 3, e)
   // Consumer warpgroup `wg` (0-based) owns rows [64 wg, 64 wg + 64) of the tile.
   // The epilogue (epilogue.h) stores the tile's O and LSE.
