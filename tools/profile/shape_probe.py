@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 from variants import time_in_rounds  # noqa: E402  (tools/gpu/)
 
 
-def provider_fn(name, fp8):
+def provider_fn(name):
     if name == "fa3":
         from flash_attn_interface import flash_attn_func as f  # the peer (tools/gpu/fa3_peer.py)
     else:
@@ -64,7 +64,7 @@ def main():
         if args.fp8:
             q, k, v = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
         for p in providers:
-            fn = provider_fn(p, args.fp8)
+            fn = provider_fn(p)
             runs[(p, sq, sk, b, h)] = (lambda fn=fn, q=q, k=k, v=v: fn(q, k, v, causal=args.causal))
     med = time_in_rounds(runs, args.rounds)
     points = {p: [] for p in providers}
